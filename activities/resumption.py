@@ -1,0 +1,139 @@
+"""The resumption's activities, run as local activities by ``ResumptionWorkflow``.
+
+Each takes and returns a pydantic model and calls one function of ``redisclient``. Errors are
+sorted for Temporal's retry policy: bad arguments, a missing consumer group under the ``error``
+policy and a key of the wrong type raise a non-retryable ``ApplicationError`` whose ``type`` names
+the fault; connection faults, timeouts and other Redis errors propagate and are retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from redisclient import backlog, fencing, publish
+from redisclient.errors import MissingConsumerGroupError
+from redisclient.keys import ExperimentKeys
+from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, GroupStatus, PublishResult
+from workflows.models import (
+    AcquireRequest,
+    BacklogRequest,
+    CheckRequest,
+    ExperimentRef,
+    PublishRequest,
+    ReleaseRequest,
+)
+
+NON_RETRYABLE_TYPES = ("InvalidArgument", "MissingConsumerGroup", "RedisWrongType")
+"""``ApplicationError`` types these activities raise that retrying cannot mend."""
+
+
+@asynccontextmanager
+async def _classified() -> AsyncIterator[None]:
+    """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s."""
+    try:
+        yield
+    except ValueError as err:
+        raise ApplicationError(str(err), type="InvalidArgument", non_retryable=True) from err
+    except MissingConsumerGroupError as err:
+        raise ApplicationError(str(err), type="MissingConsumerGroup", non_retryable=True) from err
+    except ResponseError as err:
+        if str(err).startswith("WRONGTYPE"):
+            raise ApplicationError(
+                f"a key of the wrong type is in the way: {err}", type="RedisWrongType", non_retryable=True
+            ) from err
+        raise
+
+
+def _keys(ref: ExperimentRef) -> ExperimentKeys:
+    try:
+        return ExperimentKeys(ref.stream, ref.experiment_id)
+    except ValueError as err:
+        raise ApplicationError(str(err), type="InvalidArgument", non_retryable=True) from err
+
+
+class ResumptionActivities:
+    """The activities, bound to one asyncio Redis client (``decode_responses=False``: task field
+    maps are moved byte for byte).
+
+    Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``.
+    """
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    def all(self) -> list[object]:
+        """The bound activity methods, for ``Worker(activities=...)``."""
+        return [self.acquire_claim, self.check_claim, self.measure_backlog, self.publish_batch, self.release_claim]
+
+    @activity.defn
+    async def acquire_claim(self, req: AcquireRequest) -> ClaimGrant:
+        """Take the claim (a new fencing token); moves the experiment paused -> resuming."""
+        async with _classified():
+            grant = await fencing.acquire_claim(self.redis, _keys(req.ref), req.owner, req.lease_ms)
+        activity.logger.info(
+            "claim taken",
+            extra={"experiment_id": req.ref.experiment_id, "token": grant.token, "held": grant.held},
+        )
+        return grant
+
+    @activity.defn
+    async def check_claim(self, req: CheckRequest) -> ClaimCheck:
+        """Check pause state and fencing token; extend the claim's lease."""
+        async with _classified():
+            check = await fencing.check_claim(self.redis, _keys(req.ref), req.token, req.owner, req.lease_ms)
+        if check.reestablished:
+            activity.logger.warning(
+                "claim lease had lapsed; re-established for the current token",
+                extra={"experiment_id": req.ref.experiment_id, "token": req.token},
+            )
+        return check
+
+    @activity.defn
+    async def measure_backlog(self, req: BacklogRequest) -> BacklogReading:
+        """Measure the consumer group's backlog (pending + lag, capped near the threshold)."""
+        async with _classified():
+            reading = await backlog.measure_backlog(
+                self.redis, req.ref.stream, req.ref.consumer_group, req.threshold, req.missing_group
+            )
+        if reading.status is GroupStatus.NO_GROUP:
+            activity.logger.warning(
+                "consumer group missing: backlog taken as 0",
+                extra={"stream": req.ref.stream, "group": req.ref.consumer_group},
+            )
+        return reading
+
+    @activity.defn
+    async def publish_batch(self, req: PublishRequest) -> PublishResult:
+        """Atomically move the next batch of held tasks into the task stream."""
+        async with _classified():
+            return await publish.publish_batch(
+                self.redis,
+                _keys(req.ref),
+                req.ref.consumer_group,
+                token=req.token,
+                seq=req.seq,
+                batch_size=req.batch_size,
+                threshold=req.threshold,
+                owner=req.owner,
+                lease_ms=req.lease_ms,
+                missing_group=req.missing_group,
+            )
+
+    @activity.defn
+    async def release_claim(self, req: ReleaseRequest) -> bool:
+        """Release the claim if still ours; True when released."""
+        async with _classified():
+            released = await fencing.release_claim(
+                self.redis, _keys(req.ref), req.token, back_to_paused=req.back_to_paused
+            )
+        activity.logger.info(
+            "claim released" if released else "claim not released: a newer token owns it",
+            extra={"experiment_id": req.ref.experiment_id, "token": req.token},
+        )
+        return released

@@ -1,0 +1,104 @@
+"""Claims, leases and fencing tokens of an experiment's resumption.
+
+A claim is the right to replay an experiment's held tasks. Taking it issues a new fencing token
+with ``INCR`` on ``{S}:experiment:E:fence``: the newest claim wins, and every write re-checks its
+token against that counter inside the same Lua script as the write (Kleppmann, "How to do
+distributed locking": the resource itself rejects stale tokens). The claim hash carries the token,
+the owner and a lease (``PEXPIRE``, milliseconds) that the replay extends on every turn; the fence
+counter, not the lease, decides who may publish, so a lease that lapsed while a worker was down is
+re-established for the current token instead of stranding the held tasks.
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from redisclient.keys import ExperimentKeys
+from redisclient.results import ClaimCheck, ClaimGrant
+from redisclient.scripts import script
+
+
+def validate_lease(lease_ms: int) -> None:
+    """Raise ``ValueError`` unless the lease (milliseconds) is at least 1."""
+    if lease_ms < 1:
+        raise ValueError(f"lease must be >= 1 ms, got {lease_ms}")
+
+
+async def acquire_claim(client: Redis, keys: ExperimentKeys, owner: str, lease_ms: int) -> ClaimGrant:
+    """Take the claim: a new fencing token, and the experiment moves ``paused`` -> ``resuming``.
+
+    Args:
+        client: an asyncio Redis client.
+        keys: the experiment's keys.
+        owner: who holds the claim (e.g. the workflow ID), stored for operators.
+        lease_ms: the claim hash's time to live in milliseconds.
+
+    Returns:
+        The token (1, 2, ...), the state after the claim and the held tasks (entries).
+
+    Raises:
+        ValueError: lease_ms < 1.
+        redis.exceptions.RedisError: on any Redis fault.
+    """
+    validate_lease(lease_ms)
+    raw = await script(client, "acquire")(keys=[keys.fence, keys.claim, keys.state, keys.held], args=[owner, lease_ms])
+    return ClaimGrant.model_validate_json(raw)
+
+
+async def check_claim(client: Redis, keys: ExperimentKeys, token: int, owner: str, lease_ms: int) -> ClaimCheck:
+    """Check the pause state and the fencing token, and extend the claim's lease to ``lease_ms``.
+
+    Returns:
+        ``fenced=True`` when a newer token was issued (nothing is extended then); else the state,
+        the held tasks (entries) and whether a lapsed lease was re-established.
+
+    Raises:
+        ValueError: lease_ms < 1.
+        redis.exceptions.RedisError: on any Redis fault.
+    """
+    validate_lease(lease_ms)
+    raw = await script(client, "check")(
+        keys=[keys.fence, keys.claim, keys.state, keys.held], args=[token, owner, lease_ms]
+    )
+    return ClaimCheck.model_validate_json(raw)
+
+
+async def release_claim(client: Redis, keys: ExperimentKeys, token: int, *, back_to_paused: bool) -> bool:
+    """Release the claim if ``token`` is still current.
+
+    Args:
+        back_to_paused: also move a ``resuming`` experiment back to ``paused`` (a cancelled
+            replay: producers keep holding tasks, and the next start resumes them in order).
+
+    Returns:
+        True when released; False when a newer claim owns the experiment (nothing changed).
+
+    Raises:
+        redis.exceptions.RedisError: on any Redis fault.
+    """
+    released = await script(client, "release")(
+        keys=[keys.fence, keys.claim, keys.state], args=[token, "1" if back_to_paused else "0"]
+    )
+    return bool(released)
+
+
+async def current_token(client: Redis, keys: ExperimentKeys) -> int:
+    """The last fencing token issued for the experiment (0 when none)."""
+    return int(await client.get(keys.fence) or 0)
+
+
+async def claim_info(client: Redis, keys: ExperimentKeys) -> dict[str, str]:
+    """The claim hash as text (``token``, ``owner``, ``seq``, ...) plus ``lease_ms`` left; {} when none."""
+    raw = await client.hgetall(keys.claim)
+    if not raw:
+        return {}
+    info = {_text(k): _text(v) for k, v in raw.items() if _text(k) != "result"}
+    info["lease_ms"] = str(await client.pttl(keys.claim))
+    return info
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+__all__ = ["acquire_claim", "check_claim", "claim_info", "current_token", "release_claim"]

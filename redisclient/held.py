@@ -1,0 +1,66 @@
+"""Experiment pause state and the pause-aware enqueue of tasks (DESIGN.md section 3).
+
+State machine: running --pause--> paused --resume--> resuming --(held stream drained)--> running;
+pause is allowed from resuming too. Producers enqueue through ``enqueue_task``: running goes to the
+task stream, paused or resuming to the experiment's held stream, so order is kept while a replay
+runs. The move ``paused`` -> ``resuming`` is taken by ``fencing.acquire_claim``; the move back to
+running by the publish script when the held stream is drained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from redis.asyncio import Redis
+
+from redisclient.keys import ExperimentKeys
+from redisclient.results import ExperimentState
+from redisclient.scripts import script
+
+Task = Mapping[str | bytes, str | bytes | int | float]
+"""A task: a stream entry's field map. Stored byte for byte; an int or float is stored as its text."""
+
+
+async def enqueue_task(client: Redis, keys: ExperimentKeys, task: Task) -> tuple[str, bytes]:
+    """Enqueue one task of the experiment, honouring its pause state, in one atomic step.
+
+    Args:
+        task: the entry's field map (at least one field).
+
+    Returns:
+        (destination, entry ID): destination ``"stream"`` (running) or ``"held"`` (paused or
+        resuming); the entry ID as bytes (or str with ``decode_responses``).
+
+    Raises:
+        ValueError: an empty task (XADD needs a field).
+        redis.exceptions.RedisError: on any Redis fault.
+    """
+    if not task:
+        raise ValueError("a task needs at least one field")
+    flat: list[str | bytes | int | float] = []
+    for field, value in task.items():
+        flat += [field, value]
+    where, entry_id = await script(client, "enqueue")(keys=[keys.stream, keys.state, keys.held], args=flat)
+    return (where.decode() if isinstance(where, bytes) else where), entry_id
+
+
+async def pause(client: Redis, keys: ExperimentKeys) -> None:
+    """Pause the experiment: its new tasks are held, and a running replay stops at its next turn."""
+    await client.set(keys.state, ExperimentState.PAUSED.value)
+
+
+async def get_state(client: Redis, keys: ExperimentKeys) -> ExperimentState:
+    """The experiment's state (``running`` when the state key is absent).
+
+    Raises:
+        ValueError: the key holds something else than ``paused`` or ``resuming``.
+    """
+    raw = await client.get(keys.state)
+    if raw is None:
+        return ExperimentState.RUNNING
+    return ExperimentState(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+async def held_count(client: Redis, keys: ExperimentKeys) -> int:
+    """Held tasks of the experiment (entries)."""
+    return int(await client.xlen(keys.held))

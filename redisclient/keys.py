@@ -1,0 +1,62 @@
+"""Key layout of DESIGN.md section 3.
+
+Companion keys carry the stream's name as a hash tag, ``{S}:experiment:E:...``, so they hash to
+the same Redis Cluster slot as the stream ``S`` itself (Redis Cluster spec, "Hash tags") and one
+Lua script may touch them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_STREAM = "xmc-tasks-stream"
+DEFAULT_GROUP = "xmc-workers"
+
+
+@dataclass(frozen=True)
+class ExperimentKeys:
+    """The Redis keys of one experiment on one task stream.
+
+    Attributes:
+        stream: the task stream ``S`` the workers read with ``XREADGROUP``.
+        experiment_id: the experiment ``E``.
+
+    Raises:
+        ValueError: when ``stream`` or ``experiment_id`` is empty, or ``stream`` contains a brace
+            (it would change the hash tag and split the keys across cluster slots).
+    """
+
+    stream: str
+    experiment_id: str
+
+    def __post_init__(self) -> None:
+        if not self.stream:
+            raise ValueError("stream must not be empty")
+        if "{" in self.stream or "}" in self.stream:
+            raise ValueError(f"stream {self.stream!r} must not contain braces: they set the hash tag")
+        if not self.experiment_id:
+            raise ValueError("experiment_id must not be empty")
+
+    @property
+    def _prefix(self) -> str:
+        return f"{{{self.stream}}}:experiment:{self.experiment_id}"
+
+    @property
+    def state(self) -> str:
+        """String key: ``paused`` or ``resuming``; absent means running."""
+        return f"{self._prefix}:state"
+
+    @property
+    def held(self) -> str:
+        """Stream key: the held tasks, oldest first."""
+        return f"{self._prefix}:held"
+
+    @property
+    def claim(self) -> str:
+        """Hash key: ``token``, ``owner``, ``seq``, ``result``; its TTL is the claim's lease."""
+        return f"{self._prefix}:claim"
+
+    @property
+    def fence(self) -> str:
+        """Integer key: the last fencing token issued (``INCR``)."""
+        return f"{self._prefix}:fence"

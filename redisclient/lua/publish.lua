@@ -1,0 +1,66 @@
+-- The atomic publish (DESIGN.md section 5, step 4): move the oldest held tasks into the task stream.
+-- KEYS[1] task stream, KEYS[2] held stream, KEYS[3] state, KEYS[4] fence counter, KEYS[5] claim hash
+-- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
+-- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group,
+-- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner
+--
+-- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
+--   fencing: a token other than the fence counter's moves nothing ('fenced');
+--   idempotency: a repeated seq returns the recorded result, an older seq moves nothing ('stale');
+--   pause: a paused experiment moves nothing ('paused');
+--   bound: moves at most min(batch, threshold - backlog) entries ('throttled' when that is 0);
+--   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream;
+--   done: when the held stream is empty the experiment is running again ('completed').
+-- Returns JSON {status, moved, backlog, remaining, pending, lag, group_status}.
+local token, seq = tonumber(ARGV[1]), tonumber(ARGV[2])
+local batch, threshold = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+local function reply(status, moved, b, remaining)
+  return cjson.encode({status = status, moved = moved, backlog = b.pending + b.lag, remaining = remaining,
+                       pending = b.pending, lag = b.lag, group_status = b.status})
+end
+local none = {status = 'ok', pending = 0, lag = 0}
+
+if tonumber(redis.call('GET', KEYS[4]) or '0') ~= token then
+  return reply('fenced', 0, none, redis.call('XLEN', KEYS[2]))
+end
+local claim_token = tonumber(redis.call('HGET', KEYS[5], 'token') or '0')
+local last_seq = tonumber(redis.call('HGET', KEYS[5], 'seq') or '0')
+if claim_token == token then
+  if seq == last_seq then
+    local recorded = redis.call('HGET', KEYS[5], 'result')
+    if recorded then return recorded end
+  elseif seq < last_seq then
+    return reply('stale', 0, none, redis.call('XLEN', KEYS[2]))
+  end
+end
+if redis.call('GET', KEYS[3]) == 'paused' then
+  return reply('paused', 0, none, redis.call('XLEN', KEYS[2]))
+end
+
+local b = xmc_backlog(KEYS[1], ARGV[5], threshold)
+if b.status == 'no_group' and ARGV[6] == 'error' then
+  return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
+end
+local room = math.min(batch, threshold - (b.pending + b.lag))
+local moved = 0
+if room > 0 then
+  for _, e in ipairs(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', room)) do
+    redis.call('XADD', KEYS[1], '*', unpack(e[2]))
+    redis.call('XDEL', KEYS[2], e[1])
+    moved = moved + 1
+  end
+end
+local remaining = redis.call('XLEN', KEYS[2])
+local status = 'published'
+if remaining == 0 then
+  -- drained: new tasks go straight to the task stream again
+  redis.call('DEL', KEYS[3], KEYS[2])
+  status = 'completed'
+elseif room <= 0 then
+  status = 'throttled'
+end
+local result = reply(status, moved, b, remaining)
+redis.call('HSET', KEYS[5], 'token', token, 'owner', ARGV[8], 'seq', seq, 'result', result)
+redis.call('PEXPIRE', KEYS[5], ARGV[7])
+return result

@@ -1,0 +1,72 @@
+"""The atomic publish: move held tasks into the task stream (DESIGN.md section 5, step 4).
+
+One Lua script (``lua/publish.lua``) checks the fencing token, the call's sequence number and the
+pause state, measures the backlog with the shared rule, and moves at most
+``min(batch, threshold - backlog)`` of the oldest held entries to the task stream (XADD with the
+field map byte for byte, then XDEL) in one step. Redis runs a script atomically, so a retried or
+zombie call can never duplicate, lose or overshoot: a repeated ``seq`` returns the recorded result,
+an older one moves nothing.
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from redisclient.backlog import validate_threshold
+from redisclient.errors import MissingConsumerGroupError
+from redisclient.fencing import validate_lease
+from redisclient.keys import ExperimentKeys
+from redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
+from redisclient.scripts import script
+
+
+async def publish_batch(
+    client: Redis,
+    keys: ExperimentKeys,
+    group: str,
+    *,
+    token: int,
+    seq: int,
+    batch_size: int,
+    threshold: int,
+    owner: str,
+    lease_ms: int,
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
+) -> PublishResult:
+    """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
+
+    Args:
+        client: an asyncio Redis client.
+        keys: the experiment's keys; the task stream is ``keys.stream``.
+        group: the consumer group whose backlog bounds the move.
+        token: the caller's fencing token.
+        seq: the caller's turn number (>= 1), strictly increasing per token: the idempotency key.
+        batch_size: the most entries one call moves (>= 1).
+        threshold: the backlog bound in entries (>= 1); the move never takes the backlog past it.
+        owner: the claim's owner, stored when the claim hash is written.
+        lease_ms: the claim's lease, extended by a successful call (milliseconds).
+        missing_group: a missing group counts as backlog 0 (``zero``) or refuses (``error``).
+
+    Returns:
+        What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
+        and the experiment is running again.
+
+    Raises:
+        ValueError: a non-positive seq, batch_size, threshold or lease_ms.
+        MissingConsumerGroupError: the group is missing and the policy is ``error``.
+        redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream).
+    """
+    if seq < 1:
+        raise ValueError(f"seq must be >= 1, got {seq}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 entry, got {batch_size}")
+    validate_threshold(threshold)
+    validate_lease(lease_ms)
+    raw = await script(client, "publish")(
+        keys=[keys.stream, keys.held, keys.state, keys.fence, keys.claim],
+        args=[token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner],
+    )
+    result = PublishResult.model_validate_json(raw)
+    if result.status is PublishStatus.NO_GROUP:
+        raise MissingConsumerGroupError(keys.stream, group)
+    return result

