@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM
 from redisclient.results import MissingGroupPolicy
@@ -89,13 +89,14 @@ class ResumptionInput(BaseModel):
             raise ValueError("must not contain braces: the stream's name is the hash tag of its companion keys")
         return value
 
-    @field_validator("claim_lease_seconds")
-    @classmethod
-    def _lease_outlasts_throttle(cls, value: float, info) -> float:  # type: ignore[no-untyped-def]
-        throttle = info.data.get("throttle_seconds")
-        if throttle is not None and value <= throttle:
-            raise ValueError(f"must be longer than throttle_seconds ({throttle})")
-        return value
+    @model_validator(mode="after")
+    def _lease_outlasts_throttle(self) -> ResumptionInput:
+        if self.claim_lease_seconds <= self.throttle_seconds:
+            raise ValueError(
+                f"claim_lease_seconds ({self.claim_lease_seconds:g}) must be longer than "
+                f"throttle_seconds ({self.throttle_seconds:g}): the lease is extended once per turn"
+            )
+        return self
 
     @property
     def lease_ms(self) -> int:

@@ -1,0 +1,173 @@
+"""ResumptionWorkflow on Temporal's time-skipping test server, against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import CancelledError
+from temporalio.testing import WorkflowEnvironment
+
+from redisclient import fencing, held
+from redisclient.keys import ExperimentKeys
+from redisclient.publish import publish_batch
+from redisclient.results import ExperimentState, PublishStatus
+from tests.helpers import (
+    GROUP,
+    STREAM,
+    consume,
+    fill_backlog,
+    hold_tasks,
+    resumption_worker,
+    stream_tasks,
+    throttled,
+    wait_for,
+)
+from workflows.models import Outcome, ResumptionInput, ResumptionResult
+from workflows.resumption import ResumptionWorkflow
+
+
+def experiment() -> str:
+    return f"E{uuid.uuid4().hex[:6]}"
+
+
+async def start(env: WorkflowEnvironment, task_queue: str, **fields):  # type: ignore[no-untyped-def]
+    inp = ResumptionInput(**fields)
+    return await env.client.start_workflow(
+        ResumptionWorkflow.run, inp, id=f"resumption-{inp.experiment_id}", task_queue=task_queue
+    )
+
+
+async def timer_durations(handle) -> list[timedelta]:  # type: ignore[no-untyped-def]
+    history = await handle.fetch_history()
+    return [
+        e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+    ]
+
+
+async def test_throttle_waits_then_replays_everything(ts_env, redis, redis_url, task_queue) -> None:
+    e = experiment()
+    names = await hold_tasks(redis, e, 40)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=3)
+        progress = await wait_for(handle, throttled)
+        assert (progress.backlog, progress.pending, progress.lag) == (5, 0, 5)
+        assert progress.throttle_reason == "backlog 5 >= 5 (pending 0 + lag 5)"
+        assert await redis.xlen(STREAM) == 5  # nothing published while throttled
+        stop, seen = asyncio.Event(), []
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+        result = await handle.result()
+        stop.set()
+        await consumer
+    assert result.outcome is Outcome.COMPLETED
+    assert (result.replayed, result.remaining) == (40, 0)
+    assert result.throttles >= 1
+    assert (await stream_tasks(redis))[5:] == names
+    assert await held.get_state(redis, ExperimentKeys(STREAM, e)) is ExperimentState.RUNNING
+    assert set(await timer_durations(handle)) == {timedelta(seconds=10)}
+
+
+async def test_pause_during_the_throttle_wait_publishes_nothing(ts_env, redis, redis_url, task_queue) -> None:
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5)
+        await wait_for(handle, throttled)
+        await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone: only the pause stops it now
+        await held.pause(redis, keys)
+        result = await handle.result()
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.PAUSED, 0, 10)
+    assert await redis.xlen(STREAM) == 5
+    assert await redis.xlen(keys.held) == 10
+    assert await held.get_state(redis, keys) is ExperimentState.PAUSED
+    assert not await redis.exists(keys.claim)
+
+
+async def test_newer_claim_during_the_wait_fences_the_replay(ts_env, redis, redis_url, task_queue) -> None:
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5)
+        await wait_for(handle, throttled)
+        await redis.xgroup_setid(STREAM, GROUP, "$")
+        newer = await fencing.acquire_claim(redis, keys, "operator", 60_000)
+        result = await handle.result()
+    assert (result.outcome, result.token, result.replayed) == (Outcome.FENCED, 1, 0)
+    assert newer.token == 2
+    assert await redis.xlen(keys.held) == 10 and await redis.xlen(STREAM) == 5
+    assert (await fencing.claim_info(redis, keys))["owner"] == "operator"  # not released by the fenced run
+    stale = await publish_batch(
+        redis, keys, GROUP, token=1, seq=99, batch_size=10, threshold=100, owner="zombie", lease_ms=1000
+    )
+    assert (stale.status, stale.moved) == (PublishStatus.FENCED, 0)
+
+
+async def test_cancel_interrupts_the_wait_and_hands_back_a_paused_experiment(
+    ts_env, redis, redis_url, task_queue
+) -> None:
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5)
+        await wait_for(handle, throttled)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        progress = await handle.query(ResumptionWorkflow.progress)
+    assert isinstance(failure.value.cause, CancelledError)
+    assert progress.outcome is Outcome.CANCELLED
+    assert not await redis.exists(keys.claim)
+    assert await held.get_state(redis, keys) is ExperimentState.PAUSED
+    assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names
+    assert await redis.xlen(STREAM) == 5
+
+
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ({"experiment_id": "E", "batch_size": 0}, "batch_size"),
+        ({"experiment_id": "E", "max_backlog_treshold": 10}, "max_backlog_treshold"),
+        ({"experiment_id": ""}, "experiment_id"),
+        ({"batch_size": 10}, "experiment_id"),
+        ({"experiment_id": "E", "throttle_seconds": -1}, "throttle_seconds"),
+        ({"experiment_id": "E", "throttle_seconds": 200}, "claim_lease_seconds"),
+        ({"experiment_id": "E", "stream": "a{b}"}, "stream"),
+        ({"experiment_id": "E", "missing_group": "ignore"}, "missing_group"),
+    ],
+)
+async def test_bad_input_fails_at_once_naming_the_field(ts_env, redis, redis_url, task_queue, bad, field) -> None:
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await ts_env.client.start_workflow(
+            "ResumptionWorkflow",
+            bad,
+            id=f"bad-{uuid.uuid4().hex[:6]}",
+            task_queue=task_queue,
+            result_type=ResumptionResult,
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 10)
+    assert field in str(failure.value.cause)
+    assert await redis.dbsize() == 0  # nothing was claimed, moved or changed
+
+
+async def test_nothing_held_completes_at_once(ts_env, redis, redis_url, task_queue) -> None:
+    e = experiment()
+    await held.pause(redis, ExperimentKeys(STREAM, e))
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env, task_queue, experiment_id=e)
+        result = await handle.result()
+    assert (result.outcome, result.replayed, result.throttles, result.turns) == (Outcome.COMPLETED, 0, 0, 1)
+    assert await held.get_state(redis, ExperimentKeys(STREAM, e)) is ExperimentState.RUNNING

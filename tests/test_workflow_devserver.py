@@ -1,0 +1,136 @@
+"""ResumptionWorkflow on the Temporal dev server (real time, the real server's continue-as-new),
+against a real redis-server: exactly once with consumers, continue-as-new, a worker restart
+during a throttle wait."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+
+from temporalio.api.enums.v1 import EventType
+
+from redisclient import held
+from redisclient.backlog import measure_backlog
+from redisclient.keys import ExperimentKeys
+from tests.helpers import (
+    GROUP,
+    STREAM,
+    consume,
+    fill_backlog,
+    hold_tasks,
+    resumption_worker,
+    stream_tasks,
+    throttled,
+    wait_for,
+)
+from workflows.models import Outcome, ResumptionInput
+from workflows.resumption import ResumptionWorkflow
+
+
+async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis, redis_url, task_queue) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 2_000)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    threshold = 100
+    stop, seen, worst = asyncio.Event(), [], 0
+    later: list[bytes] = []
+    held_later = 0
+
+    async def producer() -> None:  # the experiment keeps producing while it resumes
+        nonlocal held_later
+        for i in range(2_000, 2_200):
+            name = f"{e}-t{i}".encode()
+            where, _ = await held.enqueue_task(redis, keys, {b"task": name})
+            later.append(name)
+            held_later += where == "held"
+            await asyncio.sleep(random.random() / 100)
+
+    async def sampler() -> None:
+        nonlocal worst
+        while not stop.is_set():
+            worst = max(worst, (await measure_backlog(redis, STREAM, GROUP, threshold)).backlog)
+            await asyncio.sleep(0.005)
+
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        consumers = [asyncio.create_task(consume(redis, f"c{i}", stop, seen, 5, 0.01)) for i in range(3)]
+        watch = asyncio.create_task(sampler())
+        handle = await dev_env.client.start_workflow(
+            ResumptionWorkflow.run,
+            ResumptionInput(experiment_id=e, max_backlog_threshold=threshold, batch_size=50, throttle_seconds=0.2),
+            id=f"resumption-{e}",
+            task_queue=task_queue,
+        )
+        await producer()
+        result = await asyncio.wait_for(handle.result(), 120)
+        stop.set()
+        await asyncio.gather(*consumers, watch)
+    assert result.outcome is Outcome.COMPLETED
+    assert result.replayed == 2_000 + held_later
+    assert result.throttles >= 1
+    assert await stream_tasks(redis) == names + later
+    assert sorted(seen) == sorted(names + later)
+    assert worst <= threshold
+
+
+async def test_continue_as_new_carries_token_and_counters(dev_env, redis, redis_url, task_queue) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 30)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        handle = await dev_env.client.start_workflow(
+            ResumptionWorkflow.run,
+            ResumptionInput(experiment_id=e, batch_size=4, turns_per_run=2),
+            id=f"resumption-{e}",
+            task_queue=task_queue,
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        first_run = dev_env.client.get_workflow_handle(handle.id, run_id=handle.result_run_id)
+        first_history = await first_run.fetch_history()
+    # 30 tasks at 4 a turn: 8 publishing turns, 2 turns a run
+    assert (result.outcome, result.replayed, result.turns, result.runs, result.token) == (
+        Outcome.COMPLETED,
+        30,
+        8,
+        4,
+        1,
+    )
+    assert await stream_tasks(redis) == names
+    assert first_history.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+
+
+async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, redis, redis_url, task_queue) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 20)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        handle = await dev_env.client.start_workflow(
+            ResumptionWorkflow.run,
+            ResumptionInput(experiment_id=e, max_backlog_threshold=5, throttle_seconds=3),
+            id=f"resumption-{e}",
+            task_queue=task_queue,
+        )
+        await wait_for(handle, throttled)
+        throttled_at = time.monotonic()
+    # no worker now; the timer lives in the server. Drain the backlog meanwhile.
+    await redis.xgroup_setid(STREAM, GROUP, "$")
+    await asyncio.sleep(1)
+    stop, seen = asyncio.Event(), []
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+        result = await asyncio.wait_for(handle.result(), 60)
+        stop.set()
+        await consumer
+    waited = time.monotonic() - throttled_at
+    history = await handle.fetch_history()
+    started = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    fired = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED]
+    assert result.outcome is Outcome.COMPLETED and result.replayed == 20
+    assert result.throttles == len(started) == len(fired)
+    assert [f.timer_fired_event_attributes.started_event_id for f in fired] == [s.event_id for s in started]
+    first_wait = fired[0].event_time.ToDatetime() - started[0].event_time.ToDatetime()
+    assert 2.9 <= first_wait.total_seconds() < 4, "the timer resumed, neither restarted nor skipped"
+    assert waited < 6
+    assert (await stream_tasks(redis))[5:] == names
