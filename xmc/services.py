@@ -42,6 +42,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_is_free(port: int) -> bool:
+    """True when 127.0.0.1:``port`` can be bound now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Wait until 127.0.0.1:``port`` accepts connections.
 

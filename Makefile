@@ -1,0 +1,35 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   venv + install + local redis-server and Temporal dev server + the 5,000-task demo
+#   make test   venv + install + the whole test suite (what CI runs through .ci/run)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo test lint worker clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	scripts/ensure-redis-server --unless-configured
+	$(PY) -m xmc demo $(ARGS)
+
+test: install
+	scripts/ensure-redis-server
+	$(PY) -m pytest $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+worker: install
+	$(PY) -m worker
+
+clean:
+	rm -rf $(VENV) .xmc .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,105 @@
+"""Record workflow histories for the replay test: ``python -m tests.record_histories``.
+
+Runs one scenario per outcome on a fresh dev server and redis-server and writes each history as
+JSON to ``tests/histories/``. Re-record only for a deliberate, versioned change of the workflow;
+the old files stay, so that runs started by the old code still replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from redis.asyncio import Redis
+from temporalio.client import WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from redisclient import fencing, held
+from redisclient.keys import ExperimentKeys
+from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, resumption_worker, throttled, wait_for
+from workflows.models import ResumptionInput
+from workflows.resumption import ResumptionWorkflow
+from xmc.services import installed_binary, local_redis
+
+OUT = Path(__file__).parent / "histories"
+
+Scenario = Callable[[Redis, WorkflowHandle, str], Awaitable[None]]
+
+
+async def completed(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    await wait_for(handle, throttled)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+    await handle.result()
+    stop.set()
+    await consumer
+
+
+async def paused(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    await wait_for(handle, throttled)
+    await held.pause(redis, ExperimentKeys(STREAM, e))
+    await handle.result()
+
+
+async def fenced(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    await wait_for(handle, throttled)
+    await fencing.acquire_claim(redis, ExperimentKeys(STREAM, e), "operator", 60_000)
+    await handle.result()
+
+
+async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    await wait_for(handle, throttled)
+    await handle.cancel()
+    try:
+        await handle.result()
+    except Exception:
+        pass
+
+
+SCENARIOS: dict[str, tuple[Scenario, dict]] = {
+    "completed_after_throttles": (completed, {"max_backlog_threshold": 5, "batch_size": 3, "throttle_seconds": 0.5}),
+    "paused_during_wait": (paused, {"max_backlog_threshold": 5, "throttle_seconds": 1}),
+    "fenced_during_wait": (fenced, {"max_backlog_threshold": 5, "throttle_seconds": 1}),
+    "cancelled_during_wait": (cancelled, {"max_backlog_threshold": 5, "throttle_seconds": 5}),
+    "continued_as_new": (completed, {"max_backlog_threshold": 5, "batch_size": 2, "throttle_seconds": 0.3,
+                                     "turns_per_run": 3}),
+}
+
+
+async def record() -> None:
+    OUT.mkdir(exist_ok=True)
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=installed_binary("temporal"), data_converter=pydantic_data_converter
+    )
+    try:
+        with local_redis() as url:
+            redis = Redis.from_url(url)
+            for name, (scenario, fields) in SCENARIOS.items():
+                await redis.flushall()
+                e = f"E{uuid.uuid4().hex[:6]}"
+                await hold_tasks(redis, e, 12)
+                await fill_backlog(redis, 5)
+                queue = f"record-{name}"
+                async with resumption_worker(env.client, queue, url):
+                    handle = await env.client.start_workflow(
+                        ResumptionWorkflow.run, ResumptionInput(experiment_id=e, **fields),
+                        id=f"resumption-{e}", task_queue=queue,
+                    )
+                    await scenario(redis, handle, e)
+                # the first run's history (a continue-as-new chain's later runs start from a carry)
+                first = env.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+                history = await first.fetch_history()
+                (OUT / f"{name}.json").write_text(history.to_json())
+                print(f"{name}: {len(history.events)} events")
+            await redis.aclose()
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(record())
+    gc.collect()

@@ -1,0 +1,134 @@
+"""End to end: the dev server, the worker in its own process (``python -m worker``), a real
+redis-server; started from the Temporal CLI and as a child of another workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.worker import Worker
+
+from redisclient import held
+from redisclient.keys import ExperimentKeys
+from tests.helpers import GROUP, STREAM, consume, hold_tasks, stream_tasks
+from tests.parent import ResumeExperimentParent
+from workflows.models import Outcome, ResumptionInput, ResumptionResult
+from workflows.resumption import ResumptionWorkflow
+from xmc.services import installed_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def worker_process(dev_env, redis_url, task_queue, tmp_path) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m worker`` configured only through the environment, as an operator runs it."""
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+        "TEMPORAL_NAMESPACE": "default",
+        "XMC_REDIS_URL": redis_url,
+        "XMC_TASK_QUEUE": task_queue,
+    }
+    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "worker"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_process) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 300)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20, pause=0.01))
+    address = dev_env.client.service_client.config.target_host
+    payload = {"experiment_id": e, "max_backlog_threshold": 50, "batch_size": 20, "throttle_seconds": 0.5}
+    cli = [installed_binary("temporal"), "--address", address, "workflow"]
+    started = subprocess.run(
+        [*cli, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue,
+         "--workflow-id", f"resumption-{e}", "--input", json.dumps(payload)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert started.returncode == 0, started.stderr
+    handle = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, f"resumption-{e}")
+    result = await asyncio.wait_for(handle.result(), 60)
+    queried = subprocess.run(
+        [*cli, "query", "--workflow-id", f"resumption-{e}", "--type", "progress", "-o", "json"],
+        capture_output=True, text=True, timeout=30,
+    )
+    stop.set()
+    await consumer
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 300)
+    assert result.throttles >= 1
+    assert await stream_tasks(redis) == names
+    assert sorted(seen) == sorted(names)
+    assert queried.returncode == 0, queried.stderr
+    progress = json.loads(queried.stdout)["queryResult"][0]
+    assert (progress["outcome"], progress["replayed"], progress["phase"]) == ("completed", 300, "done")
+
+
+async def test_bad_cli_input_fails_the_run_naming_the_field(dev_env, redis, task_queue, worker_process) -> None:
+    address = dev_env.client.service_client.config.target_host
+    wid = f"resumption-bad-{uuid.uuid4().hex[:6]}"
+    started = subprocess.run(
+        [installed_binary("temporal"), "--address", address, "workflow", "start", "--type", "ResumptionWorkflow",
+         "--task-queue", task_queue, "--workflow-id", wid, "--input", '{"experiment_id": "E", "batch_size": "lots"}'],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert started.returncode == 0, started.stderr
+    handle = dev_env.client.get_workflow_handle(wid, result_type=ResumptionResult)
+    t0 = time.monotonic()
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), 30)
+    assert time.monotonic() - t0 < 10
+    assert "batch_size" in str(failure.value.cause)
+    assert await redis.dbsize() == 0
+
+
+async def test_started_as_a_child_workflow(dev_env, redis, task_queue, worker_process) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 120)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20))
+    parent_queue = f"{task_queue}-parent"
+    async with Worker(dev_env.client, task_queue=parent_queue, workflows=[ResumeExperimentParent]):
+        result = await asyncio.wait_for(
+            dev_env.client.execute_workflow(
+                ResumeExperimentParent.run,
+                args=[ResumptionInput(experiment_id=e, max_backlog_threshold=40, throttle_seconds=0.3), task_queue],
+                id=f"parent-{e}",
+                task_queue=parent_queue,
+            ),
+            60,
+        )
+    stop.set()
+    await consumer
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 120)
+    assert await stream_tasks(redis) == names
+    child = await dev_env.client.get_workflow_handle(f"resumption-{e}").describe()
+    assert child.parent_id == f"parent-{e}"
+    assert await held.get_state(redis, ExperimentKeys(STREAM, e)) == "running"
+
+
+async def test_worker_stops_cleanly_on_sigterm(worker_process) -> None:
+    await asyncio.sleep(1.5)  # connected and polling
+    assert worker_process.poll() is None
+    worker_process.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    while worker_process.poll() is None and time.monotonic() - t0 < 20:
+        await asyncio.sleep(0.1)
+    assert worker_process.returncode == 0

@@ -1,0 +1,34 @@
+"""Starting a resumption from another workflow, as a child workflow."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.models import TASK_QUEUE, ResumptionInput, ResumptionResult, workflow_id_for
+    from workflows.resumption import ResumptionWorkflow
+
+
+async def start_resumption_child(
+    inp: ResumptionInput, *, task_queue: str = TASK_QUEUE
+) -> ChildWorkflowHandle[ResumptionWorkflow, ResumptionResult]:
+    """Start ``ResumptionWorkflow`` as a child of the calling workflow; call only from workflow code.
+
+    The child gets the conventional ID ``resumption-<experiment_id>`` (so a second resume of the
+    same experiment is refused while one runs) and ``ParentClosePolicy.ABANDON`` (the SDK's default,
+    TERMINATE, would kill a half-done replay with its parent and leave the experiment resuming).
+
+    Returns:
+        The child's handle; ``await handle`` for its ``ResumptionResult``.
+
+    Raises:
+        temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
+    """
+    return await workflow.start_child_workflow(
+        ResumptionWorkflow.run,
+        inp,
+        id=workflow_id_for(inp.experiment_id),
+        task_queue=task_queue,
+        parent_close_policy=ParentClosePolicy.ABANDON,
+    )

@@ -1,0 +1,7 @@
+"""``python -m xmc``: see ``xmc.cli``."""
+
+import sys
+
+from xmc.cli import main
+
+sys.exit(main())

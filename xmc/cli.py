@@ -1,0 +1,118 @@
+"""The ``xmc`` command: ``xmc demo``, ``xmc pause E``, ``xmc enqueue E``, ``xmc status E``, ``xmc resume E``.
+
+Redis from ``XMC_REDIS_URL``, Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), like the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+from collections.abc import Awaitable, Callable
+
+from redisclient import held
+from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from workflows.models import ResumptionInput
+from xmc.demo import DemoOptions, run_demo
+from xmc.ops import experiment_status, start_resumption
+from xmc.settings import Settings, connect_temporal
+
+
+async def _pause(args: argparse.Namespace) -> int:
+    redis = Settings().redis()
+    await held.pause(redis, ExperimentKeys(args.stream, args.experiment_id))
+    print(f"experiment {args.experiment_id} paused: its new tasks are held")
+    await redis.aclose()
+    return 0
+
+
+async def _enqueue(args: argparse.Namespace) -> int:
+    redis = Settings().redis()
+    keys = ExperimentKeys(args.stream, args.experiment_id)
+    where: dict[str, int] = {}
+    for i in range(args.count):
+        dest, _ = await held.enqueue_task(redis, keys, {"task": f"{args.experiment_id}:{i:06d}", "n": i})
+        where[dest] = where.get(dest, 0) + 1
+    print(json.dumps({"experiment_id": args.experiment_id, "enqueued": where}))
+    await redis.aclose()
+    return 0
+
+
+async def _status(args: argparse.Namespace) -> int:
+    redis = Settings().redis()
+    status = await experiment_status(redis, ExperimentKeys(args.stream, args.experiment_id), args.group, args.threshold)
+    print(json.dumps(status, indent=2))
+    await redis.aclose()
+    return 0
+
+
+async def _resume(args: argparse.Namespace) -> int:
+    settings = Settings()
+    inp = ResumptionInput(
+        experiment_id=args.experiment_id, stream=args.stream, consumer_group=args.group, batch_size=args.batch,
+        max_backlog_threshold=args.threshold, throttle_seconds=args.throttle_seconds,
+    )
+    client = await connect_temporal()
+    handle = await start_resumption(client, inp, settings.task_queue)
+    print(f"started {handle.id} (run {handle.result_run_id})")
+    if args.wait:
+        print((await handle.result()).model_dump_json(indent=2))
+    return 0
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    return await run_demo(DemoOptions(
+        tasks=args.tasks, rate=args.rate, consumers=args.consumers, threshold=args.threshold, batch=args.batch,
+        throttle_seconds=args.throttle_seconds, linger=args.linger,
+    ))
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of ``xmc``."""
+    p = argparse.ArgumentParser(prog="xmc", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def experiment_cmd(name: str, help_text: str, fn: Callable[[argparse.Namespace], Awaitable[int]]):  # type: ignore[no-untyped-def]
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("experiment_id")
+        cmd.add_argument("--stream", default=DEFAULT_STREAM)
+        cmd.set_defaults(fn=fn)
+        return cmd
+
+    experiment_cmd("pause", "pause an experiment: its new tasks are held", _pause)
+    enqueue = experiment_cmd("enqueue", "enqueue synthetic tasks through the pause-aware script", _enqueue)
+    enqueue.add_argument("--count", type=int, default=100)
+    status = experiment_cmd("status", "state, held tasks, claim, fencing token, backlog", _status)
+    status.add_argument("--group", default=DEFAULT_GROUP)
+    status.add_argument("--threshold", type=int, default=500)
+    resume = experiment_cmd("resume", "start ResumptionWorkflow for the experiment", _resume)
+    resume.add_argument("--group", default=DEFAULT_GROUP)
+    resume.add_argument("--batch", type=int, default=100)
+    resume.add_argument("--threshold", type=int, default=500)
+    resume.add_argument("--throttle-seconds", type=float, default=10.0)
+    resume.add_argument("--wait", action="store_true", help="wait for the result and print it")
+
+    demo = sub.add_parser("demo", help="replay held tasks end to end on local services")
+    demo.add_argument("--tasks", type=int, default=5_000)
+    demo.add_argument("--rate", type=float, default=400.0, help="consumer rate, tasks per second in all")
+    demo.add_argument("--consumers", type=int, default=4)
+    demo.add_argument("--threshold", type=int, default=500)
+    demo.add_argument("--batch", type=int, default=100)
+    demo.add_argument("--throttle-seconds", type=float, default=2.0)
+    demo.add_argument("--linger", type=float, default=0.0, help="seconds to keep the services up at the end")
+    demo.set_defaults(fn=_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``xmc`` command; returns its exit code."""
+    args = parser().parse_args(argv)
+    code = asyncio.run(args.fn(args))
+    gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The demo: 5,000 held tasks replayed into a Redis stream under a real Temporal server.
+
+Starts what is not configured (a redis-server unless ``XMC_REDIS_URL`` is set, a Temporal dev
+server with its web UI on port 8233 unless ``TEMPORAL_ADDRESS`` is set), runs the worker in its
+own process, pauses an experiment, holds the tasks, starts consumers that drain the stream at a
+modest rate, starts the workflow, draws a progress bar from the ``progress`` query, and checks at
+the end that every task reached the stream exactly once and in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+
+from redisclient import held
+from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from workflows.models import ResumptionInput, ResumptionResult
+from workflows.resumption import ResumptionWorkflow
+from xmc.ops import start_resumption
+from xmc.services import free_port, local_redis, local_temporal, port_is_free
+from xmc.settings import Settings, connect_temporal
+
+STATE_DIR = Path(".xmc")
+
+
+@dataclass
+class DemoOptions:
+    """Knobs of the demo: tasks (entries), consumer rate (tasks per second, all consumers),
+    threshold (entries), batch (entries), throttle wait (seconds), linger (seconds to keep the
+    services up at the end for the web UI)."""
+
+    tasks: int = 5_000
+    consumers: int = 4
+    rate: float = 400.0
+    threshold: int = 500
+    batch: int = 100
+    throttle_seconds: float = 2.0
+    linger: float = 0.0
+    stream: str = DEFAULT_STREAM
+    group: str = DEFAULT_GROUP
+
+
+@dataclass
+class Consumed:
+    tasks: list[bytes] = field(default_factory=list)
+
+
+async def _consumer(redis: Redis, opts: DemoOptions, name: str, stop: asyncio.Event, out: Consumed) -> None:
+    per_consumer = opts.rate / opts.consumers
+    count = 10
+    while True:
+        started = time.monotonic()
+        reply = await redis.xreadgroup(opts.group, name, {opts.stream: ">"}, count=count, block=100)
+        entries = [entry for _, batch in reply or [] for entry in batch]
+        if entries:
+            out.tasks += [fields[b"task"] for _, fields in entries]
+            await redis.xack(opts.stream, opts.group, *[entry_id for entry_id, _ in entries])
+            # pace: `count` tasks per consumer take count / per_consumer seconds
+            await asyncio.sleep(max(0.0, len(entries) / per_consumer - (time.monotonic() - started)))
+        elif stop.is_set():
+            return
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    filled = width * done // max(total, 1)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+async def _history_events(client: Client, handle: WorkflowHandle) -> tuple[int, int]:
+    """(events over all runs, runs), following the continue-as-new chain from the first run."""
+    run_id: str | None = handle.first_execution_run_id or handle.result_run_id
+    events = runs = 0
+    while run_id:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        events += len(history.events)
+        runs += 1
+        last = history.events[-1]
+        run_id = None
+        if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return events, runs
+
+
+async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> int:
+    os.environ["TEMPORAL_ADDRESS"] = temporal_address
+    client = await connect_temporal()
+    redis = settings.redis()
+    worker_env = {**os.environ, "XMC_REDIS_URL": settings.redis_url, "XMC_TASK_QUEUE": settings.task_queue}
+    worker_log = open(STATE_DIR / "worker.log", "ab")  # noqa: ASYNC230, SIM115
+    worker = subprocess.Popen([sys.executable, "-m", "worker"], env=worker_env, stdout=worker_log,
+                              stderr=subprocess.STDOUT)
+    stop = asyncio.Event()
+    consumed = Consumed()
+    consumers: list[asyncio.Task[None]] = []
+    try:
+        experiment = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        keys = ExperimentKeys(opts.stream, experiment)
+        with contextlib.suppress(ResponseError):  # BUSYGROUP: the group exists already
+            await redis.xgroup_create(opts.stream, opts.group, id="$", mkstream=True)
+        await held.pause(redis, keys)
+        names = [f"{experiment}:{i:05d}".encode() for i in range(opts.tasks)]
+        t0 = time.monotonic()
+        for i, name in enumerate(names):
+            await held.enqueue_task(redis, keys, {b"task": name, b"n": str(i).encode()})
+        print(f"experiment {experiment}: paused, {opts.tasks} tasks held in {time.monotonic() - t0:.1f} s")
+        consumers = [asyncio.create_task(_consumer(redis, opts, f"demo-consumer-{i}", stop, consumed))
+                     for i in range(opts.consumers)]
+        inp = ResumptionInput(experiment_id=experiment, stream=opts.stream, consumer_group=opts.group,
+                              batch_size=opts.batch, max_backlog_threshold=opts.threshold,
+                              throttle_seconds=opts.throttle_seconds)
+        started = time.monotonic()
+        handle = await start_resumption(client, inp, settings.task_queue)
+        print(f"started workflow {handle.id} on task queue {settings.task_queue} "
+              f"(threshold {opts.threshold}, batch {opts.batch}, throttle {opts.throttle_seconds:g} s, "
+              f"consumers {opts.rate:g} tasks/s)")
+        result_task: asyncio.Task[ResumptionResult] = asyncio.create_task(handle.result())
+        tty, last = sys.stdout.isatty(), ""
+        while not result_task.done():
+            with contextlib.suppress(Exception):  # the first workflow task may not have run yet
+                p = await handle.query(ResumptionWorkflow.progress)
+                line = (f"{_bar(p.replayed, opts.tasks)} {p.replayed}/{opts.tasks} replayed | backlog "
+                        f"{p.backlog if p.backlog is not None else '?'}/{p.threshold} | throttles {p.throttles} "
+                        f"| {p.phase.value:<10}")
+                if tty:
+                    print("\r" + line, end="", flush=True)
+                elif line.split("|")[0] != last.split("|")[0]:  # a line per change when piped to a log
+                    print(line, flush=True)
+                last = line
+            await asyncio.wait([result_task], timeout=0.25)
+        result = result_task.result()
+        wall = time.monotonic() - started
+        print(("\r" if tty else "") + f"{_bar(result.replayed, opts.tasks)} {result.replayed}/{opts.tasks} replayed"
+              + " " * 40)
+        while (await redis.xpending(opts.stream, opts.group))["pending"] or len(consumed.tasks) < opts.tasks:
+            await asyncio.sleep(0.1)
+            if time.monotonic() - started > wall + 120:
+                break
+        stop.set()
+        await asyncio.gather(*consumers)
+        events, runs = await _history_events(client, handle)
+        in_stream = [f[b"task"] for _, f in await redis.xrange(opts.stream) if f.get(b"task", b"").startswith(
+            experiment.encode() + b":")]
+        mine = [t for t in consumed.tasks if t.startswith(experiment.encode() + b":")]
+        checks = {
+            "every task in the stream exactly once, in order": in_stream == names,
+            "every task consumed exactly once": sorted(mine) == names,
+            "held stream drained, experiment running": await held.held_count(redis, keys) == 0
+            and (await held.get_state(redis, keys)).value == "running",
+            "throttle engaged": result.throttles >= 1,
+        }
+        print(f"outcome: {result.outcome.value}; {result.replayed} tasks replayed in {wall:.1f} s; "
+              f"{result.throttles} throttle waits; {result.turns} turns; {runs} run(s), {events} history events")
+        for name, ok in checks.items():
+            print(f"  [{'ok' if ok else 'FAILED'}] {name}")
+        if opts.linger:
+            print(f"services stay up for {opts.linger:g} s: web UI and `temporal workflow show -w {handle.id}`")
+            await asyncio.sleep(opts.linger)
+        return 0 if all(checks.values()) and result.outcome.value == "completed" else 1
+    finally:
+        stop.set()
+        for task in consumers:
+            task.cancel()
+        worker.terminate()
+        worker.wait(timeout=30)
+        worker_log.close()
+        await redis.aclose()
+
+
+async def run_demo(opts: DemoOptions) -> int:
+    """Run the demo; returns the process exit code (0 when every check passed)."""
+    STATE_DIR.mkdir(exist_ok=True)
+    with contextlib.ExitStack() as services:
+        if "XMC_REDIS_URL" not in os.environ:
+            url = services.enter_context(local_redis(log_file=STATE_DIR / "redis.log"))
+            print(f"started redis-server at {url} (set XMC_REDIS_URL to use your own)")
+            os.environ["XMC_REDIS_URL"] = url
+        address = os.environ.get("TEMPORAL_ADDRESS")
+        if not address:
+            port = 7233 if port_is_free(7233) else free_port()
+            ui = 8233 if port_is_free(8233) else free_port()
+            address = services.enter_context(local_temporal(port=port, ui_port=ui,
+                                                            log_file=STATE_DIR / "temporal.log"))
+            print(f"started Temporal dev server at {address}, web UI http://127.0.0.1:{ui} "
+                  "(set TEMPORAL_ADDRESS to use your own)")
+        return await _run(Settings(), opts, address)
+

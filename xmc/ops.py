@@ -1,0 +1,39 @@
+"""Operator actions shared by the CLI and the demo: status of an experiment, starting a resumption."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+from temporalio.client import Client, WorkflowHandle
+
+from redisclient import fencing, held
+from redisclient.backlog import measure_backlog
+from redisclient.keys import ExperimentKeys
+from workflows.models import ResumptionInput, ResumptionResult, workflow_id_for
+from workflows.resumption import ResumptionWorkflow
+
+
+async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
+    """State, held tasks (entries), claim, last fencing token and the group's backlog, as a dict."""
+    reading = await measure_backlog(redis, keys.stream, group, threshold)
+    return {
+        "experiment_id": keys.experiment_id,
+        "state": (await held.get_state(redis, keys)).value,
+        "held": await held.held_count(redis, keys),
+        "claim": await fencing.claim_info(redis, keys),
+        "fence": await fencing.current_token(redis, keys),
+        "backlog": {"group": group, "pending": reading.pending, "lag": reading.lag, "capped": reading.capped,
+                    "status": reading.status.value, "threshold": threshold},
+    }
+
+
+async def start_resumption(
+    client: Client, inp: ResumptionInput, task_queue: str
+) -> WorkflowHandle[ResumptionWorkflow, ResumptionResult]:
+    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``.
+
+    Raises:
+        temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
+    """
+    return await client.start_workflow(
+        ResumptionWorkflow.run, inp, id=workflow_id_for(inp.experiment_id), task_queue=task_queue
+    )
