@@ -8,8 +8,9 @@ the fault; connection faults, timeouts and other Redis errors propagate and are 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -67,7 +68,7 @@ class ResumptionActivities:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
 
-    def all(self) -> list[object]:
+    def all(self) -> list[Callable[..., Any]]:
         """The bound activity methods, for ``Worker(activities=...)``."""
         return [self.acquire_claim, self.check_claim, self.measure_backlog, self.publish_batch, self.release_claim]
 

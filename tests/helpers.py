@@ -16,6 +16,7 @@ from redisclient import held
 from redisclient.keys import ExperimentKeys
 from workflows.models import Phase, Progress
 from workflows.resumption import ResumptionWorkflow
+from xmc.consumer import run_consumer
 
 STREAM = "xmc-tasks-stream"
 GROUP = "xmc-workers"
@@ -76,16 +77,7 @@ def throttled(progress: Progress) -> bool:
 
 
 async def consume(
-    redis: Redis, name: str, stop: asyncio.Event, out: list[bytes], per_read: int = 10, pause: float = 0.0
+    redis: Redis, name: str, stop: asyncio.Event, out: list[bytes], per_read: int = 10, rate: float | None = None
 ) -> None:
-    """A task worker: XREADGROUP in group ``GROUP`` and XACK, until ``stop`` is set and nothing is left."""
-    while True:
-        reply = await redis.xreadgroup(GROUP, name, {STREAM: ">"}, count=per_read, block=20)
-        entries = [e for _, batch in reply or [] for e in batch]
-        for entry_id, fields in entries:
-            out.append(fields[b"task"])
-            await redis.xack(STREAM, GROUP, entry_id)
-        if not entries and stop.is_set():
-            return
-        if pause:
-            await asyncio.sleep(pause)
+    """A task worker on ``STREAM`` in ``GROUP``: see ``xmc.consumer.run_consumer``."""
+    await run_consumer(redis, STREAM, GROUP, name, stop, out, count=per_read, rate=rate)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,15 +25,21 @@ from tests.helpers import GROUP, STREAM, consume, hold_tasks, stream_tasks
 from tests.parent import ResumeExperimentParent
 from workflows.models import Outcome, ResumptionInput, ResumptionResult
 from workflows.resumption import ResumptionWorkflow
-from xmc.services import installed_binary
+from xmc.services import free_port, installed_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def worker_process(dev_env, redis_url, task_queue, tmp_path) -> Iterator[subprocess.Popen[bytes]]:
+def metrics_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def worker_process(dev_env, redis_url, task_queue, tmp_path, metrics_port) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m worker`` configured only through the environment, as an operator runs it."""
     env = {
+        "XMC_METRICS_BIND": f"127.0.0.1:{metrics_port}",
         **os.environ,
         "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
         "TEMPORAL_NAMESPACE": "default",
@@ -48,26 +55,40 @@ def worker_process(dev_env, redis_url, task_queue, tmp_path) -> Iterator[subproc
     log.close()
 
 
-async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_process) -> None:
+async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_process, metrics_port) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 300)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     stop, seen = asyncio.Event(), []
-    consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20, pause=0.01))
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20, rate=300))
     address = dev_env.client.service_client.config.target_host
     payload = {"experiment_id": e, "max_backlog_threshold": 50, "batch_size": 20, "throttle_seconds": 0.5}
     cli = [installed_binary("temporal"), "--address", address, "workflow"]
     started = subprocess.run(
-        [*cli, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue,
-         "--workflow-id", f"resumption-{e}", "--input", json.dumps(payload)],
-        capture_output=True, text=True, timeout=30,
+        [
+            *cli,
+            "start",
+            "--type",
+            "ResumptionWorkflow",
+            "--task-queue",
+            task_queue,
+            "--workflow-id",
+            f"resumption-{e}",
+            "--input",
+            json.dumps(payload),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert started.returncode == 0, started.stderr
     handle = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, f"resumption-{e}")
     result = await asyncio.wait_for(handle.result(), 60)
     queried = subprocess.run(
         [*cli, "query", "--workflow-id", f"resumption-{e}", "--type", "progress", "-o", "json"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     stop.set()
     await consumer
@@ -78,15 +99,38 @@ async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_
     assert queried.returncode == 0, queried.stderr
     progress = json.loads(queried.stdout)["queryResult"][0]
     assert (progress["outcome"], progress["replayed"], progress["phase"]) == ("completed", 300, "done")
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    counters = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(("xmc_", "temporal_xmc_"))
+    }
+    assert counters == {"xmc_tasks_replayed": 300, "xmc_throttle_waits": result.throttles}
 
 
 async def test_bad_cli_input_fails_the_run_naming_the_field(dev_env, redis, task_queue, worker_process) -> None:
     address = dev_env.client.service_client.config.target_host
     wid = f"resumption-bad-{uuid.uuid4().hex[:6]}"
     started = subprocess.run(
-        [installed_binary("temporal"), "--address", address, "workflow", "start", "--type", "ResumptionWorkflow",
-         "--task-queue", task_queue, "--workflow-id", wid, "--input", '{"experiment_id": "E", "batch_size": "lots"}'],
-        capture_output=True, text=True, timeout=30,
+        [
+            installed_binary("temporal"),
+            "--address",
+            address,
+            "workflow",
+            "start",
+            "--type",
+            "ResumptionWorkflow",
+            "--task-queue",
+            task_queue,
+            "--workflow-id",
+            wid,
+            "--input",
+            '{"experiment_id": "E", "batch_size": "lots"}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert started.returncode == 0, started.stderr
     handle = dev_env.client.get_workflow_handle(wid, result_type=ResumptionResult)

@@ -130,7 +130,7 @@ async def test_wrong_type_task_stream_raises_and_moves_nothing(redis: Redis) -> 
     await hold(redis, 5)
     await redis.set(KEYS.stream, "oops")
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
-    with pytest.raises(ResponseError, match="^WRONGTYPE"):
+    with pytest.raises(ResponseError, match=r"^WRONGTYPE"):
         await publish(redis, grant.token, 1)
     assert await redis.xlen(KEYS.held) == 5
 

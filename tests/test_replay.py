@@ -17,7 +17,10 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 def test_histories_are_recorded() -> None:
     assert {p.stem for p in HISTORIES} >= {
-        "completed_after_throttles", "paused_during_wait", "fenced_during_wait", "cancelled_during_wait",
+        "completed_after_throttles",
+        "paused_during_wait",
+        "fenced_during_wait",
+        "cancelled_during_wait",
         "continued_as_new",
     }
 

@@ -55,7 +55,7 @@ async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis
             await asyncio.sleep(0.005)
 
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        consumers = [asyncio.create_task(consume(redis, f"c{i}", stop, seen, 5, 0.01)) for i in range(3)]
+        consumers = [asyncio.create_task(consume(redis, f"c{i}", stop, seen, 5, rate=200)) for i in range(3)]
         watch = asyncio.create_task(sampler())
         handle = await dev_env.client.start_workflow(
             ResumptionWorkflow.run,
@@ -134,3 +134,37 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, r
     assert 2.9 <= first_wait.total_seconds() < 4, "the timer resumed, neither restarted nor skipped"
     assert waited < 6
     assert (await stream_tasks(redis))[5:] == names
+
+
+async def test_redis_outage_is_retried_and_loses_nothing(dev_env, redis, redis_url, task_queue) -> None:
+    """Redis refuses the worker (authentication required, connections dropped) for a while: the
+    local activities retry, nothing is published meanwhile, and the replay completes exactly once."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 60)
+    await fill_backlog(redis, 5)
+    try:
+        async with resumption_worker(dev_env.client, task_queue, redis_url):
+            handle = await dev_env.client.start_workflow(
+                ResumptionWorkflow.run,
+                ResumptionInput(experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.5),
+                id=f"resumption-{e}",
+                task_queue=task_queue,
+            )
+            await wait_for(handle, throttled)
+            await redis.config_set("requirepass", "outage")
+            await redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone; only the outage holds it
+            await asyncio.sleep(2.5)
+            during = await handle.query(ResumptionWorkflow.progress)
+            assert during.replayed == 0 and await redis.xlen(STREAM) == 5
+            await redis.config_set("requirepass", "")
+            stop, seen = asyncio.Event(), []
+            consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+            result = await asyncio.wait_for(handle.result(), 60)
+            stop.set()
+            await consumer
+    finally:
+        await redis.config_set("requirepass", "")
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 60)
+    assert (await stream_tasks(redis))[5:] == names
+    assert sorted(seen) == sorted(names)

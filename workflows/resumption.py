@@ -15,8 +15,9 @@ after ``turns_per_run`` turns or when Temporal suggests it, carrying the token a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import TypeVar
 
 from pydantic import ValidationError
 from temporalio import workflow
@@ -42,6 +43,9 @@ with workflow.unsafe.imports_passed_through():
         ResumptionResult,
     )
     from workflows.throttle import must_wait, room, wait_reason
+
+_Arg = TypeVar("_Arg")
+_Result = TypeVar("_Result")
 
 REDIS_CALL_TIMEOUT = timedelta(seconds=10)
 """start-to-close of one Redis local activity: every script is O(batch + threshold)."""
@@ -282,7 +286,10 @@ class ResumptionWorkflow:
             lines.append(f"- waiting until {p.throttled_until.isoformat(timespec='seconds')}")
         workflow.set_current_details("\n".join(lines))
 
-    async def _call(self, fn: Any, arg: Any, *, summary: str) -> Any:
+    async def _call(
+        self, fn: Callable[[ResumptionActivities, _Arg], Awaitable[_Result]], arg: _Arg, *, summary: str
+    ) -> _Result:
+        """Run one Redis local activity with the shared timeout and retry policy."""
         return await workflow.execute_local_activity_method(
             fn,
             arg,

@@ -21,8 +21,14 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
         "held": await held.held_count(redis, keys),
         "claim": await fencing.claim_info(redis, keys),
         "fence": await fencing.current_token(redis, keys),
-        "backlog": {"group": group, "pending": reading.pending, "lag": reading.lag, "capped": reading.capped,
-                    "status": reading.status.value, "threshold": threshold},
+        "backlog": {
+            "group": group,
+            "pending": reading.pending,
+            "lag": reading.lag,
+            "capped": reading.capped,
+            "status": reading.status.value,
+            "threshold": threshold,
+        },
     }
 
 

@@ -62,7 +62,7 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | Non
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with code {proc.returncode} before listening on {port}")
+            raise RuntimeError(f"{proc.args!r} exited with code {proc.returncode} before listening on {port}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return

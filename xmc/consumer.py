@@ -1,0 +1,42 @@
+"""A task worker stand-in for the demo and the tests: reads a consumer group and acknowledges."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+
+def entries_of(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """Flatten an ``XREADGROUP`` reply (bytes client) into ``[(entry ID, field map), ...]``."""
+    return [(entry_id, fields) for _, batch in reply or [] for entry_id, fields in batch]
+
+
+async def run_consumer(
+    redis: Redis,
+    stream: str,
+    group: str,
+    name: str,
+    stop: asyncio.Event,
+    out: list[bytes],
+    *,
+    count: int = 10,
+    rate: float | None = None,
+    field: bytes = b"task",
+) -> None:
+    """Consume ``stream`` as ``name`` in ``group``: ``XREADGROUP`` up to ``count`` entries, append
+    each entry's ``field`` to ``out``, ``XACK`` them; at most ``rate`` entries per second (None: as
+    fast as Redis answers). Returns once ``stop`` is set and a read comes back empty.
+    """
+    while True:
+        started = time.monotonic()
+        entries = entries_of(await redis.xreadgroup(group, name, {stream: ">"}, count=count, block=50))
+        if entries:
+            out += [fields[field] for _, fields in entries]
+            await redis.xack(stream, group, *[entry_id for entry_id, _ in entries])
+            if rate:
+                await asyncio.sleep(max(0.0, len(entries) / rate - (time.monotonic() - started)))
+        elif stop.is_set():
+            return
