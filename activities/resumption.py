@@ -1,9 +1,11 @@
 """The resumption's activities, run as local activities by ``ResumptionWorkflow``.
 
-Each takes and returns a pydantic model and calls one function of ``redisclient``. Errors are
-sorted for Temporal's retry policy: bad arguments, a missing consumer group under the ``error``
-policy and a key of the wrong type raise a non-retryable ``ApplicationError`` whose ``type`` names
-the fault; connection faults, timeouts and other Redis errors propagate and are retried.
+Each takes and returns a pydantic model and calls one function of ``redisclient``; each is
+registered under a name from ``workflows.models``, by which the workflow calls it. Errors are sorted
+for Temporal's retry policy: bad arguments, a missing consumer group under the ``error`` policy, a
+key of the wrong type and other error replies that repeat on every try raise a non-retryable
+``ApplicationError`` whose ``type`` (``workflows.models.NON_RETRYABLE_ERROR_TYPES``) names the
+fault; connection faults, timeouts and transient error replies propagate and are retried.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
 from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, GroupStatus, PublishResult
 from workflows.models import (
+    ACQUIRE_CLAIM,
+    CHECK_CLAIM,
+    MEASURE_BACKLOG,
+    PUBLISH_BATCH,
+    RELEASE_CLAIM,
     AcquireRequest,
     BacklogRequest,
     CheckRequest,
@@ -30,13 +37,27 @@ from workflows.models import (
     ReleaseRequest,
 )
 
-NON_RETRYABLE_TYPES = ("InvalidArgument", "MissingConsumerGroup", "RedisWrongType")
-"""``ApplicationError`` types these activities raise that retrying cannot mend."""
+TRANSIENT_REPLIES = (
+    "OOM",
+    "BUSY",
+    "LOADING",
+    "READONLY",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "NOREPLICAS",
+    "MISCONF",
+)
+"""Error replies of a server that is, for now, out of memory, busy, loading, a replica, failing
+over or unable to persist (Redis docs, "Redis error replies"): they mend themselves and are
+retried. Any other error reply (WRONGTYPE, a non-integer fence key, NOPERM, a cluster MOVED or
+CROSSSLOT with a non-cluster client) repeats on every retry, so it fails the call at once."""
 
 
 @asynccontextmanager
 async def _classified() -> AsyncIterator[None]:
-    """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s."""
+    """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection
+    faults, timeouts and transient error replies (``TRANSIENT_REPLIES``) propagate and are retried."""
     try:
         yield
     except ValueError as err:
@@ -44,11 +65,16 @@ async def _classified() -> AsyncIterator[None]:
     except MissingConsumerGroupError as err:
         raise ApplicationError(str(err), type="MissingConsumerGroup", non_retryable=True) from err
     except ResponseError as err:
-        if str(err).startswith("WRONGTYPE"):
+        reply = str(err)
+        if reply.startswith(TRANSIENT_REPLIES):
+            raise
+        if reply.startswith("WRONGTYPE"):
             raise ApplicationError(
-                f"a key of the wrong type is in the way: {err}", type="RedisWrongType", non_retryable=True
+                f"a key of the wrong type is in the way: {reply}", type="RedisWrongType", non_retryable=True
             ) from err
-        raise
+        raise ApplicationError(
+            f"Redis refused the command: {reply}", type="RedisCommandError", non_retryable=True
+        ) from err
 
 
 def _keys(ref: ExperimentRef) -> ExperimentKeys:
@@ -72,7 +98,7 @@ class ResumptionActivities:
         """The bound activity methods, for ``Worker(activities=...)``."""
         return [self.acquire_claim, self.check_claim, self.measure_backlog, self.publish_batch, self.release_claim]
 
-    @activity.defn
+    @activity.defn(name=ACQUIRE_CLAIM)
     async def acquire_claim(self, req: AcquireRequest) -> ClaimGrant:
         """Take the claim (a new fencing token); moves the experiment paused -> resuming."""
         async with _classified():
@@ -83,7 +109,7 @@ class ResumptionActivities:
         )
         return grant
 
-    @activity.defn
+    @activity.defn(name=CHECK_CLAIM)
     async def check_claim(self, req: CheckRequest) -> ClaimCheck:
         """Check pause state and fencing token; extend the claim's lease."""
         async with _classified():
@@ -95,7 +121,7 @@ class ResumptionActivities:
             )
         return check
 
-    @activity.defn
+    @activity.defn(name=MEASURE_BACKLOG)
     async def measure_backlog(self, req: BacklogRequest) -> BacklogReading:
         """Measure the consumer group's backlog (pending + lag, capped near the threshold)."""
         async with _classified():
@@ -109,7 +135,7 @@ class ResumptionActivities:
             )
         return reading
 
-    @activity.defn
+    @activity.defn(name=PUBLISH_BATCH)
     async def publish_batch(self, req: PublishRequest) -> PublishResult:
         """Atomically move the next batch of held tasks into the task stream."""
         async with _classified():
@@ -126,15 +152,15 @@ class ResumptionActivities:
                 missing_group=req.missing_group,
             )
 
-    @activity.defn
-    async def release_claim(self, req: ReleaseRequest) -> bool:
-        """Release the claim if still ours; True when released."""
+    @activity.defn(name=RELEASE_CLAIM)
+    async def release_claim(self, req: ReleaseRequest) -> int:
+        """Release the claim and revoke its token if still current; returns the released token or 0."""
         async with _classified():
             released = await fencing.release_claim(
-                self.redis, _keys(req.ref), req.token, back_to_paused=req.back_to_paused
+                self.redis, _keys(req.ref), req.token, owner=req.owner, back_to_paused=req.back_to_paused
             )
         activity.logger.info(
-            "claim released" if released else "claim not released: a newer token owns it",
-            extra={"experiment_id": req.ref.experiment_id, "token": req.token},
+            "claim released" if released else "no claim to release: none held, or a newer token owns it",
+            extra={"experiment_id": req.ref.experiment_id, "token": released or req.token},
         )
         return released

@@ -41,15 +41,16 @@ async def measure_backlog(
         stream: the task stream's key.
         group: the consumer group's name.
         threshold: the throttle threshold in entries (>= 1); the count stops just past it.
-        missing_group: what a missing group means (``zero`` logs a warning and reports 0).
+        missing_group: what a missing group means: ``zero`` logs a warning and reports 0;
+            ``error`` raises, for a missing stream too (it has no group).
 
     Returns:
         The reading: exact when ``backlog < threshold``, else ``>= threshold`` with ``capped``.
-        A missing stream is a backlog of 0.
+        A missing stream is a backlog of 0 under the ``zero`` policy.
 
     Raises:
         ValueError: threshold < 1.
-        MissingConsumerGroupError: the group does not exist and the policy is ``error``.
+        MissingConsumerGroupError: the group (or the stream) does not exist and the policy is ``error``.
         redis.exceptions.ResponseError: e.g. WRONGTYPE when ``stream`` is not a stream.
         redis.exceptions.ConnectionError, TimeoutError: Redis is unreachable. No error is ever
             turned into a backlog of 0.
@@ -64,9 +65,9 @@ async def measure_backlog(
             "XINFO lag disagrees with the counted lag",
             extra={"stream": stream, "group": group, "xinfo_lag": reading.xinfo_lag, "lag": reading.lag},
         )
+    if reading.status is not GroupStatus.OK and missing_group is MissingGroupPolicy.ERROR:
+        raise MissingConsumerGroupError(stream, group)
     if reading.status is GroupStatus.NO_GROUP:
-        if missing_group is MissingGroupPolicy.ERROR:
-            raise MissingConsumerGroupError(stream, group)
         log.warning(
             "consumer group %r does not exist on stream %r: backlog taken as 0",
             group,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class MissingConsumerGroupError(LookupError):
-    """The consumer group does not exist on the stream and the policy is ``error``.
+    """The consumer group (or its stream) does not exist and the policy is ``error``.
 
     Attributes:
         stream: the task stream's key.
@@ -12,6 +12,6 @@ class MissingConsumerGroupError(LookupError):
     """
 
     def __init__(self, stream: str, group: str) -> None:
-        super().__init__(f"consumer group {group!r} does not exist on stream {stream!r}")
+        super().__init__(f"consumer group {group!r} does not exist on stream {stream!r} (or the stream does not)")
         self.stream = stream
         self.group = group

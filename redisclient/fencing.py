@@ -3,10 +3,12 @@
 A claim is the right to replay an experiment's held tasks. Taking it issues a new fencing token
 with ``INCR`` on ``{S}:experiment:E:fence``: the newest claim wins, and every write re-checks its
 token against that counter inside the same Lua script as the write (Kleppmann, "How to do
-distributed locking": the resource itself rejects stale tokens). The claim hash carries the token,
-the owner and a lease (``PEXPIRE``, milliseconds) that the replay extends on every turn; the fence
-counter, not the lease, decides who may publish, so a lease that lapsed while a worker was down is
-re-established for the current token instead of stranding the held tasks.
+distributed locking": the resource itself rejects stale tokens). Releasing a claim bumps the
+counter too, so a released token is dead. The claim hash carries the token, the owner and a lease
+(``PEXPIRE``, milliseconds) that the replay extends on every turn. The fence counter, not the lease,
+decides who may publish: a lease that lapsed while a worker was down is re-established for the
+current token instead of stranding the held tasks. What the lease tells is liveness: an experiment
+``resuming`` with no claim has no live replayer (``xmc status`` reports it as orphaned).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ async def acquire_claim(client: Redis, keys: ExperimentKeys, owner: str, lease_m
         redis.exceptions.RedisError: on any Redis fault.
     """
     validate_lease(lease_ms)
-    raw = await script(client, "acquire")(keys=[keys.fence, keys.claim, keys.state, keys.held], args=[owner, lease_ms])
+    raw = await script(client, "acquire")(
+        keys=[keys.fence, keys.claim, keys.state, keys.held, keys.publish], args=[owner, lease_ms]
+    )
     return ClaimGrant.model_validate_json(raw)
 
 
@@ -63,23 +67,32 @@ async def check_claim(client: Redis, keys: ExperimentKeys, token: int, owner: st
     return ClaimCheck.model_validate_json(raw)
 
 
-async def release_claim(client: Redis, keys: ExperimentKeys, token: int, *, back_to_paused: bool) -> bool:
-    """Release the claim if ``token`` is still current.
+async def release_claim(
+    client: Redis, keys: ExperimentKeys, token: int, *, owner: str = "", back_to_paused: bool
+) -> int:
+    """Release the claim and revoke its token, if the token is still current.
+
+    The fence counter is bumped, so the released token is fenced from then on: a zombie attempt of
+    the released run can publish nothing.
 
     Args:
+        token: the claim's token; 0 when the caller never learnt it (a run cancelled before the
+            reply of its acquire was recorded): then the claim is released if ``owner`` holds it.
+        owner: the claim's owner, used when ``token`` is 0.
         back_to_paused: also move a ``resuming`` experiment back to ``paused`` (a cancelled
             replay: producers keep holding tasks, and the next start resumes them in order).
 
     Returns:
-        True when released; False when a newer claim owns the experiment (nothing changed).
+        The released token; 0 when nothing was released (a newer claim owns the experiment).
 
     Raises:
         redis.exceptions.RedisError: on any Redis fault.
     """
     released = await script(client, "release")(
-        keys=[keys.fence, keys.claim, keys.state], args=[token, "1" if back_to_paused else "0"]
+        keys=[keys.fence, keys.claim, keys.state, keys.publish],
+        args=[token, owner, "1" if back_to_paused else "0"],
     )
-    return bool(released)
+    return int(released)
 
 
 async def current_token(client: Redis, keys: ExperimentKeys) -> int:
@@ -88,11 +101,11 @@ async def current_token(client: Redis, keys: ExperimentKeys) -> int:
 
 
 async def claim_info(client: Redis, keys: ExperimentKeys) -> dict[str, str]:
-    """The claim hash as text (``token``, ``owner``, ``seq``, ...) plus ``lease_ms`` left; {} when none."""
+    """The claim hash as text (``token``, ``owner``) plus ``lease_ms`` left; {} when none."""
     raw = await client.hgetall(keys.claim)
     if not raw:
         return {}
-    info = {_text(k): _text(v) for k, v in raw.items() if _text(k) != "result"}
+    info = {_text(k): _text(v) for k, v in raw.items()}
     info["lease_ms"] = str(await client.pttl(keys.claim))
     return info
 

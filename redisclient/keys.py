@@ -57,6 +57,15 @@ class ExperimentKeys:
         return f"{self._prefix}:claim"
 
     @property
+    def publish(self) -> str:
+        """Hash key: ``token``, ``seq``, ``result`` of the last publish (its idempotency record).
+
+        Kept apart from the claim so that it does not lapse with the lease: a publish retried after
+        a lapse still returns its recorded result instead of moving a second batch.
+        """
+        return f"{self._prefix}:publish"
+
+    @property
     def fence(self) -> str:
         """Integer key: the last fencing token issued (``INCR``)."""
         return f"{self._prefix}:fence"

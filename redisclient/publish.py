@@ -45,7 +45,8 @@ async def publish_batch(
         threshold: the backlog bound in entries (>= 1); the move never takes the backlog past it.
         owner: the claim's owner, stored when the claim hash is written.
         lease_ms: the claim's lease, extended by a successful call (milliseconds).
-        missing_group: a missing group counts as backlog 0 (``zero``) or refuses (``error``).
+        missing_group: a missing group counts as backlog 0 (``zero``) or refuses (``error``; a
+            missing stream has no group, so it refuses too).
 
     Returns:
         What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
@@ -53,7 +54,7 @@ async def publish_batch(
 
     Raises:
         ValueError: a non-positive seq, batch_size, threshold or lease_ms.
-        MissingConsumerGroupError: the group is missing and the policy is ``error``.
+        MissingConsumerGroupError: the group (or the stream) is missing and the policy is ``error``.
         redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream).
     """
     if seq < 1:
@@ -63,7 +64,7 @@ async def publish_batch(
     validate_threshold(threshold)
     validate_lease(lease_ms)
     raw = await script(client, "publish")(
-        keys=[keys.stream, keys.held, keys.state, keys.fence, keys.claim],
+        keys=[keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish],
         args=[token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner],
     )
     result = PublishResult.model_validate_json(raw)

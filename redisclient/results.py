@@ -124,7 +124,9 @@ class MissingGroupPolicy(StrEnum):
     """What a missing consumer group means for the backlog.
 
     ``zero``: backlog 0 with a warning (the seed's rule: nobody consumes yet, so nothing is
-    pending). ``error``: raise ``MissingConsumerGroupError`` and publish nothing.
+    pending); tasks replayed then wait in the stream for a group created at ``0``, but a group
+    created later at ``$`` never sees them. ``error``: raise ``MissingConsumerGroupError`` and
+    publish nothing, for a missing stream too (it has no group).
     """
 
     ZERO = "zero"

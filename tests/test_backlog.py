@@ -76,10 +76,11 @@ async def test_missing_group_error_policy_raises(redis: Redis) -> None:
         await measure_backlog(redis, STREAM, "nobody", 5, MissingGroupPolicy.ERROR)
 
 
-async def test_missing_stream_is_zero_under_either_policy(redis: Redis) -> None:
-    for policy in MissingGroupPolicy:
-        reading = await measure_backlog(redis, STREAM, "g", 5, policy)
-        assert (reading.status, reading.backlog) == (GroupStatus.NO_STREAM, 0)
+async def test_missing_stream_is_zero_under_the_zero_policy_and_an_error_under_error(redis: Redis) -> None:
+    reading = await measure_backlog(redis, STREAM, "g", 5, MissingGroupPolicy.ZERO)
+    assert (reading.status, reading.backlog) == (GroupStatus.NO_STREAM, 0)
+    with pytest.raises(MissingConsumerGroupError):
+        await measure_backlog(redis, STREAM, "g", 5, MissingGroupPolicy.ERROR)
 
 
 async def test_connection_error_is_raised_not_zero() -> None:

@@ -87,10 +87,29 @@ async def test_lapsed_lease_is_reestablished_for_the_current_token(redis: Redis)
 async def test_release_can_hand_the_experiment_back_as_paused(redis: Redis) -> None:
     await held.pause(redis, KEYS)
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
-    assert await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True)
+    assert await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True) == 1
     assert await held.get_state(redis, KEYS) is ExperimentState.PAUSED
     assert not await redis.exists(KEYS.claim)
-    assert await fencing.current_token(redis, KEYS) == 1
+    assert await fencing.current_token(redis, KEYS) == 2  # the released token is revoked
+
+
+async def test_a_released_token_is_fenced_for_good(redis: Redis) -> None:
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=False)
+    check = await fencing.check_claim(redis, KEYS, grant.token, "a", 60_000)
+    assert check.fenced and not check.reestablished
+    assert not await redis.exists(KEYS.claim)
+    assert await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=False) == 0
+
+
+async def test_release_by_owner_when_the_token_is_unknown(redis: Redis) -> None:
+    await held.pause(redis, KEYS)
+    grant = await fencing.acquire_claim(redis, KEYS, "resumption-E1", 60_000)
+    assert await fencing.release_claim(redis, KEYS, 0, owner="someone-else", back_to_paused=True) == 0
+    assert await held.get_state(redis, KEYS) is ExperimentState.RESUMING
+    assert await fencing.release_claim(redis, KEYS, 0, owner="resumption-E1", back_to_paused=True) == grant.token
+    assert await held.get_state(redis, KEYS) is ExperimentState.PAUSED
+    assert (await fencing.check_claim(redis, KEYS, grant.token, "resumption-E1", 60_000)).fenced
 
 
 async def test_lease_below_one_ms_is_refused(redis: Redis) -> None:

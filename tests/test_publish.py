@@ -106,6 +106,31 @@ async def test_repeated_seq_returns_the_recorded_result_and_older_seq_moves_noth
     assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(20)]
 
 
+async def test_a_retry_after_the_lease_lapsed_still_returns_the_recorded_result(redis: Redis) -> None:
+    await hold(redis, 30)
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    first = await publish_batch(
+        redis, KEYS, GROUP, token=grant.token, seq=1, batch_size=10, threshold=100, owner="a", lease_ms=50
+    )
+    await asyncio.sleep(0.1)
+    assert not await redis.exists(KEYS.claim)  # the lease lapsed (a worker down longer than the lease)
+    again = await publish(redis, grant.token, 1)
+    assert again == first and await redis.xlen(KEYS.stream) == 10
+    assert (await publish(redis, grant.token, 1)).moved == 10  # the recorded result, not a new move
+    assert await redis.xlen(KEYS.stream) == 10
+    assert (await publish(redis, grant.token, 2)).moved == 10  # the next turn goes on
+    assert (await fencing.claim_info(redis, KEYS))["token"] == str(grant.token)  # the lease taken again
+
+
+async def test_a_released_token_publishes_nothing(redis: Redis) -> None:
+    await hold(redis, 5)
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True)
+    await redis.set(KEYS.state, "resuming")  # even if something moved the state on
+    result = await publish(redis, grant.token, 1)
+    assert (result.status, result.moved) == (PublishStatus.FENCED, 0)
+
+
 async def test_field_maps_move_byte_for_byte(redis: Redis) -> None:
     await held.pause(redis, KEYS)
     tasks = [{b"task": f"t{i}".encode(), b"blob": bytes([i, 0, 255]) * 50, b"": b"empty field"} for i in range(5)]
@@ -114,6 +139,15 @@ async def test_field_maps_move_byte_for_byte(redis: Redis) -> None:
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
     await publish(redis, grant.token, 1)
     assert [fields for _, fields in await redis.xrange(KEYS.stream)] == tasks
+
+
+async def test_missing_stream_refuses_under_the_error_policy(redis: Redis) -> None:
+    await hold(redis, 5)
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    with pytest.raises(MissingConsumerGroupError):
+        await publish(redis, grant.token, 1, missing_group=MissingGroupPolicy.ERROR)
+    assert not await redis.exists(KEYS.stream)
+    assert await redis.xlen(KEYS.held) == 5
 
 
 async def test_missing_group_policies(redis: Redis) -> None:

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 
 from redisclient import fencing, held
@@ -85,7 +85,7 @@ async def test_pause_during_the_throttle_wait_publishes_nothing(ts_env, redis, r
         await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone: only the pause stops it now
         await held.pause(redis, keys)
         result = await handle.result()
-    assert (result.outcome, result.replayed, result.remaining) == (Outcome.PAUSED, 0, 10)
+    assert (result.outcome, result.replayed, result.remaining, result.throttles) == (Outcome.PAUSED, 0, 10, 1)
     assert await redis.xlen(STREAM) == 5
     assert await redis.xlen(keys.held) == 10
     assert await held.get_state(redis, keys) is ExperimentState.PAUSED
@@ -103,7 +103,7 @@ async def test_newer_claim_during_the_wait_fences_the_replay(ts_env, redis, redi
         await redis.xgroup_setid(STREAM, GROUP, "$")
         newer = await fencing.acquire_claim(redis, keys, "operator", 60_000)
         result = await handle.result()
-    assert (result.outcome, result.token, result.replayed) == (Outcome.FENCED, 1, 0)
+    assert (result.outcome, result.token, result.replayed, result.throttles) == (Outcome.FENCED, 1, 0, 1)
     assert newer.token == 2
     assert await redis.xlen(keys.held) == 10 and await redis.xlen(STREAM) == 5
     assert (await fencing.claim_info(redis, keys))["owner"] == "operator"  # not released by the fenced run
@@ -146,6 +146,22 @@ async def test_cancel_interrupts_the_wait_and_hands_back_a_paused_experiment(
         ({"experiment_id": "E", "throttle_seconds": 200}, "claim_lease_seconds"),
         ({"experiment_id": "E", "stream": "a{b}"}, "stream"),
         ({"experiment_id": "E", "missing_group": "ignore"}, "missing_group"),
+        (
+            {
+                "experiment_id": "E",
+                "carry": {
+                    "token": 7,
+                    "owner": "x",
+                    "seq": 0,
+                    "replayed": 0,
+                    "throttles": 0,
+                    "turns": 0,
+                    "runs": 0,
+                    "started_at": "2026-01-01T00:00:00Z",
+                },
+            },
+            "carry",
+        ),
     ],
 )
 async def test_bad_input_fails_at_once_naming_the_field(ts_env, redis, redis_url, task_queue, bad, field) -> None:
@@ -171,3 +187,28 @@ async def test_nothing_held_completes_at_once(ts_env, redis, redis_url, task_que
         result = await handle.result()
     assert (result.outcome, result.replayed, result.throttles, result.turns) == (Outcome.COMPLETED, 0, 0, 1)
     assert await held.get_state(redis, ExperimentKeys(STREAM, e)) is ExperimentState.RUNNING
+
+
+async def test_a_fault_retrying_cannot_mend_fails_the_run_and_hands_back_a_paused_experiment(
+    ts_env, redis, redis_url, task_queue
+) -> None:
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5)
+        await wait_for(handle, throttled)
+        await redis.delete(STREAM)
+        await redis.set(STREAM, "not a stream")  # somebody clobbered the task stream
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 20)
+    chain, cause = [], failure.value.cause
+    while cause is not None:
+        chain.append(cause)
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    assert next(c.type for c in chain if isinstance(c, ApplicationError)) == "RedisWrongType"
+    assert await held.get_state(redis, keys) is ExperimentState.PAUSED
+    assert not await redis.exists(keys.claim)
+    assert await fencing.current_token(redis, keys) == 2  # token 1 released and revoked
+    assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names

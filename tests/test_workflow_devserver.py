@@ -102,13 +102,16 @@ async def test_continue_as_new_carries_token_and_counters(dev_env, redis, redis_
 
 
 async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, redis, redis_url, task_queue) -> None:
+    """DESIGN section 6: a 10 s throttle survives a worker restart and fires once. The worker stays
+    down past the claim's lease too; the next check takes the lease again for the same token."""
     e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(redis, e, 20)
     await fill_backlog(redis, 5)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
         handle = await dev_env.client.start_workflow(
             ResumptionWorkflow.run,
-            ResumptionInput(experiment_id=e, max_backlog_threshold=5, throttle_seconds=3),
+            ResumptionInput(experiment_id=e, max_backlog_threshold=5, throttle_seconds=10, claim_lease_seconds=10.5),
             id=f"resumption-{e}",
             task_queue=task_queue,
         )
@@ -116,23 +119,22 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, r
         throttled_at = time.monotonic()
     # no worker now; the timer lives in the server. Drain the backlog meanwhile.
     await redis.xgroup_setid(STREAM, GROUP, "$")
-    await asyncio.sleep(1)
+    await asyncio.sleep(max(0.0, 11.5 - (time.monotonic() - throttled_at)))
+    assert not await redis.exists(keys.claim), "the lease lapsed while no worker ran"
     stop, seen = asyncio.Event(), []
     async with resumption_worker(dev_env.client, task_queue, redis_url):
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
         result = await asyncio.wait_for(handle.result(), 60)
         stop.set()
         await consumer
-    waited = time.monotonic() - throttled_at
     history = await handle.fetch_history()
     started = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
     fired = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED]
-    assert result.outcome is Outcome.COMPLETED and result.replayed == 20
-    assert result.throttles == len(started) == len(fired)
-    assert [f.timer_fired_event_attributes.started_event_id for f in fired] == [s.event_id for s in started]
-    first_wait = fired[0].event_time.ToDatetime() - started[0].event_time.ToDatetime()
-    assert 2.9 <= first_wait.total_seconds() < 4, "the timer resumed, neither restarted nor skipped"
-    assert waited < 6
+    assert (result.outcome, result.replayed, result.token) == (Outcome.COMPLETED, 20, 1)
+    assert result.throttles == len(started) == len(fired) == 1
+    assert fired[0].timer_fired_event_attributes.started_event_id == started[0].event_id
+    waited = fired[0].event_time.ToDatetime() - started[0].event_time.ToDatetime()
+    assert 9.9 <= waited.total_seconds() < 10.5, "the timer resumed, neither restarted nor skipped"
     assert (await stream_tasks(redis))[5:] == names
 
 

@@ -19,6 +19,18 @@ WORKFLOW_TYPE = "ResumptionWorkflow"
 TASK_QUEUE = "xmc-resumption"
 
 
+# Activity names: the workflow calls its local activities by name, so workflow code imports no
+# Redis client into Temporal's sandbox; activities/resumption.py registers them under these names.
+ACQUIRE_CLAIM = "acquire_claim"
+CHECK_CLAIM = "check_claim"
+MEASURE_BACKLOG = "measure_backlog"
+PUBLISH_BATCH = "publish_batch"
+RELEASE_CLAIM = "release_claim"
+
+NON_RETRYABLE_ERROR_TYPES = ("InvalidArgument", "MissingConsumerGroup", "RedisWrongType", "RedisCommandError")
+"""``ApplicationError`` types the activities raise for faults that retrying cannot mend."""
+
+
 def workflow_id_for(experiment_id: str) -> str:
     """The conventional workflow ID of an experiment's resumption: ``resumption-<E>``."""
     return f"resumption-{experiment_id}"
@@ -159,6 +171,8 @@ class Progress(BaseModel):
         replayed: tasks moved so far (entries); remaining: held tasks left at the last check (entries).
         backlog, pending, lag: the last backlog reading (entries); threshold: the bound (entries).
         throttles: throttle waits so far; throttle_reason: why the last one was taken.
+        throttles_in_a_row: throttle waits since tasks last moved; a long run of them means the
+            consumers are not draining (stopped workers, or a PEL holding entries nobody acknowledges).
         throttled_until: when the current throttle wait ends (workflow time, UTC) or None.
         turns, runs: loop turns and runs so far; outcome: set when done.
     """
@@ -174,6 +188,7 @@ class Progress(BaseModel):
     threshold: int
     throttles: int = 0
     throttle_reason: str | None = None
+    throttles_in_a_row: int = 0
     throttled_until: datetime | None = None
     turns: int = 0
     runs: int = 1
@@ -229,8 +244,10 @@ class PublishRequest(BaseModel):
 
 
 class ReleaseRequest(BaseModel):
-    """Release the claim of ``token``; ``back_to_paused`` moves a resuming experiment back to paused."""
+    """Release the claim of ``token`` (0: whatever claim ``owner`` holds) and revoke the token;
+    ``back_to_paused`` moves a resuming experiment back to paused."""
 
     ref: ExperimentRef
-    token: int = Field(ge=1)
+    token: int = Field(ge=0)
+    owner: str = Field(min_length=1)
     back_to_paused: bool = False

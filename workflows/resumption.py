@@ -15,19 +15,30 @@ after ``turns_per_run`` turns or when Temporal suggests it, carrying the token a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.resumption import NON_RETRYABLE_TYPES, ResumptionActivities
-    from redisclient.results import ExperimentState, PublishStatus
+    from redisclient.results import (
+        BacklogReading,
+        ClaimCheck,
+        ClaimGrant,
+        ExperimentState,
+        PublishResult,
+        PublishStatus,
+    )
     from workflows.models import (
+        ACQUIRE_CLAIM,
+        CHECK_CLAIM,
+        MEASURE_BACKLOG,
+        NON_RETRYABLE_ERROR_TYPES,
+        PUBLISH_BATCH,
+        RELEASE_CLAIM,
         WORKFLOW_TYPE,
         AcquireRequest,
         BacklogRequest,
@@ -44,7 +55,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.throttle import must_wait, room, wait_reason
 
-_Arg = TypeVar("_Arg")
 _Result = TypeVar("_Result")
 
 REDIS_CALL_TIMEOUT = timedelta(seconds=10)
@@ -54,10 +64,22 @@ REDIS_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
-    non_retryable_error_types=list(NON_RETRYABLE_TYPES),
+    non_retryable_error_types=list(NON_RETRYABLE_ERROR_TYPES),
 )
 """Redis faults (connection refused, timeouts, failover) are retried without limit: while Redis is
 away nothing is published, and no task is lost. Faults that retrying cannot mend are not retried."""
+
+RELEASE_DEADLINE = timedelta(seconds=30)
+"""schedule-to-close of the release: a cancel or a failure must end even while Redis is away (the
+claim's lease then lapses by itself and ``xmc status`` shows the experiment as orphaned)."""
+
+FAILED_CALL = (ActivityError, ApplicationError)
+"""What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a
+local activity that failed without retrying, the activity's ``ApplicationError`` itself (measured
+with temporalio 1.35)."""
+
+STALL_WARNING_EVERY = 30
+"""Log a warning after this many throttle waits in a row without a task moving."""
 
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError])
@@ -99,14 +121,21 @@ class ResumptionWorkflow:
         self._throttle_counter = meter.create_counter("xmc_throttle_waits", "throttle waits taken")
         p = self._progress
         self._token = 0
+        self._owner = inp.carry.owner if inp.carry else workflow.info().workflow_id
+        if inp.carry is not None and workflow.info().continued_run_id is None:
+            raise ApplicationError(
+                "carry: set by the workflow itself when it continues as new; leave it out of the input",
+                type="InvalidInput",
+                non_retryable=True,
+            )
         try:
             if inp.carry is None:
-                self._owner = workflow.info().workflow_id
                 self._started_at = workflow.now()
                 self._set_phase(Phase.CLAIMING)
                 grant = await self._call(
-                    ResumptionActivities.acquire_claim,
+                    ACQUIRE_CLAIM,
                     AcquireRequest(ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms),
+                    ClaimGrant,
                     summary=f"take the claim on experiment {inp.experiment_id}",
                 )
                 self._token = p.token = grant.token
@@ -117,7 +146,6 @@ class ResumptionWorkflow:
                 )
             else:
                 self._token = inp.carry.token
-                self._owner = inp.carry.owner
                 self._started_at = inp.carry.started_at
             return await self._loop()
         except asyncio.CancelledError:
@@ -125,7 +153,7 @@ class ResumptionWorkflow:
             await self._release(back_to_paused=True)
             self._set_phase(Phase.DONE)
             raise
-        except ActivityError:
+        except FAILED_CALL:
             # a fault retrying cannot mend: hand the experiment back as paused, then fail the run
             await self._release(back_to_paused=True)
             raise
@@ -142,8 +170,9 @@ class ResumptionWorkflow:
             # 1. pause state and fencing token (extends the lease)
             self._set_phase(Phase.CHECKING)
             check = await self._call(
-                ResumptionActivities.check_claim,
+                CHECK_CLAIM,
                 CheckRequest(ref=self._ref, token=self._token, owner=self._owner, lease_ms=inp.lease_ms),
+                ClaimCheck,
                 summary=f"check pause state and fencing token {self._token}",
             )
             p.remaining = check.held
@@ -156,8 +185,9 @@ class ResumptionWorkflow:
             # 2. backlog
             self._set_phase(Phase.MEASURING)
             reading = await self._call(
-                ResumptionActivities.measure_backlog,
+                MEASURE_BACKLOG,
                 BacklogRequest(ref=self._ref, threshold=inp.max_backlog_threshold, missing_group=inp.missing_group),
+                BacklogReading,
                 summary=f"measure backlog of {inp.consumer_group} on {inp.stream}",
             )
             p.backlog, p.pending, p.lag = reading.backlog, reading.pending, reading.lag
@@ -173,7 +203,7 @@ class ResumptionWorkflow:
             self._set_phase(Phase.PUBLISHING)
             self._seq += 1
             result = await self._call(
-                ResumptionActivities.publish_batch,
+                PUBLISH_BATCH,
                 PublishRequest(
                     ref=self._ref,
                     token=self._token,
@@ -184,12 +214,16 @@ class ResumptionWorkflow:
                     lease_ms=inp.lease_ms,
                     missing_group=inp.missing_group,
                 ),
+                PublishResult,
                 summary=f"publish up to {room(reading.backlog, inp.max_backlog_threshold, inp.batch_size)} tasks",
             )
             p.replayed += result.moved
             p.remaining = result.remaining
-            p.backlog, p.pending, p.lag = result.backlog + result.moved, result.pending, result.lag + result.moved
+            if result.status in (PublishStatus.PUBLISHED, PublishStatus.COMPLETED, PublishStatus.THROTTLED):
+                # the script measured the backlog before its move
+                p.backlog, p.pending, p.lag = result.backlog + result.moved, result.pending, result.lag + result.moved
             if result.moved:
+                p.throttles_in_a_row = 0
                 self._replayed_counter.add(result.moved)
             if result.status is PublishStatus.COMPLETED:
                 await self._release(back_to_paused=False)
@@ -206,7 +240,14 @@ class ResumptionWorkflow:
     async def _throttle(self, reason: str) -> None:
         inp, p = self._input, self._progress
         p.throttles += 1
+        p.throttles_in_a_row += 1
         p.throttle_reason = reason
+        if p.throttles_in_a_row % STALL_WARNING_EVERY == 0:
+            workflow.logger.warning(
+                "replay stalled: throttled %d times in a row; are the consumers draining the group?",
+                p.throttles_in_a_row,
+                extra={"experiment_id": inp.experiment_id, "reason": reason},
+            )
         p.throttled_until = workflow.now() + timedelta(seconds=inp.throttle_seconds)
         self._throttle_counter.add(1)
         self._set_phase(Phase.THROTTLED)
@@ -234,16 +275,19 @@ class ResumptionWorkflow:
         workflow.continue_as_new(self._input.model_copy(update={"carry": carry}))
 
     async def _release(self, *, back_to_paused: bool) -> None:
-        if not self._token:
-            return
+        """Release the claim; token 0 (a run cancelled before its acquire's reply was recorded)
+        releases whatever claim this workflow owns. Bounded by ``RELEASE_DEADLINE``."""
         self._set_phase(Phase.RELEASING)
         try:
-            await self._call(
-                ResumptionActivities.release_claim,
-                ReleaseRequest(ref=self._ref, token=self._token, back_to_paused=back_to_paused),
-                summary=f"release the claim (token {self._token})",
+            await workflow.execute_local_activity(
+                RELEASE_CLAIM,
+                ReleaseRequest(ref=self._ref, token=self._token, owner=self._owner, back_to_paused=back_to_paused),
+                start_to_close_timeout=REDIS_CALL_TIMEOUT,
+                schedule_to_close_timeout=RELEASE_DEADLINE,
+                retry_policy=REDIS_RETRY,
+                summary=f"release the claim (token {self._token or 'of this workflow'})",
             )
-        except ActivityError as err:
+        except FAILED_CALL as err:
             # the lease will lapse on its own; the run's own outcome or failure matters more
             workflow.logger.warning("claim not released", extra={"error": str(err)})
 
@@ -280,19 +324,23 @@ class ResumptionWorkflow:
             f"- replayed: {p.replayed}, remaining: {'?' if p.remaining is None else p.remaining}",
             f"- backlog: {'?' if p.backlog is None else p.backlog} / threshold {p.threshold}",
             f"- throttle waits: {p.throttles}" + (f", last: {p.throttle_reason}" if p.throttle_reason else ""),
+            *(
+                [f"- **stalled**: {p.throttles_in_a_row} waits in a row without progress"]
+                if p.throttles_in_a_row >= STALL_WARNING_EVERY
+                else []
+            ),
             f"- turns: {p.turns}, run {p.runs}, fencing token {p.token}",
         ]
         if phase is Phase.THROTTLED and p.throttled_until:
             lines.append(f"- waiting until {p.throttled_until.isoformat(timespec='seconds')}")
         workflow.set_current_details("\n".join(lines))
 
-    async def _call(
-        self, fn: Callable[[ResumptionActivities, _Arg], Awaitable[_Result]], arg: _Arg, *, summary: str
-    ) -> _Result:
-        """Run one Redis local activity with the shared timeout and retry policy."""
-        return await workflow.execute_local_activity_method(
-            fn,
+    async def _call(self, name: str, arg: BaseModel, result_type: type[_Result], *, summary: str) -> _Result:
+        """Run the Redis local activity ``name`` with the shared timeout and retry policy."""
+        return await workflow.execute_local_activity(
+            name,
             arg,
+            result_type=result_type,
             start_to_close_timeout=REDIS_CALL_TIMEOUT,
             retry_policy=REDIS_RETRY,
             summary=summary,

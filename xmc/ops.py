@@ -8,18 +8,27 @@ from temporalio.client import Client, WorkflowHandle
 from redisclient import fencing, held
 from redisclient.backlog import measure_backlog
 from redisclient.keys import ExperimentKeys
+from redisclient.results import ExperimentState
 from workflows.models import ResumptionInput, ResumptionResult, workflow_id_for
 from workflows.resumption import ResumptionWorkflow
 
 
 async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
-    """State, held tasks (entries), claim, last fencing token and the group's backlog, as a dict."""
+    """State, held tasks (entries), claim, last fencing token and the group's backlog, as a dict.
+
+    ``orphaned`` is True for an experiment that is resuming with no live claim: its replayer is
+    gone (a failed or terminated run whose lease lapsed) and producers are still holding its tasks;
+    starting a resumption again continues the replay in order.
+    """
     reading = await measure_backlog(redis, keys.stream, group, threshold)
+    state = await held.get_state(redis, keys)
+    claim = await fencing.claim_info(redis, keys)
     return {
         "experiment_id": keys.experiment_id,
-        "state": (await held.get_state(redis, keys)).value,
+        "state": state.value,
+        "orphaned": state is ExperimentState.RESUMING and not claim,
         "held": await held.held_count(redis, keys),
-        "claim": await fencing.claim_info(redis, keys),
+        "claim": claim,
         "fence": await fencing.current_token(redis, keys),
         "backlog": {
             "group": group,

@@ -1,5 +1,6 @@
 -- The atomic publish (DESIGN.md section 5, step 4): move the oldest held tasks into the task stream.
--- KEYS[1] task stream, KEYS[2] held stream, KEYS[3] state, KEYS[4] fence counter, KEYS[5] claim hash
+-- KEYS[1] task stream, KEYS[2] held stream, KEYS[3] state, KEYS[4] fence counter, KEYS[5] claim hash,
+-- KEYS[6] publish record (the idempotency record: token, seq, result; it does not lapse with the lease)
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group,
 -- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner
@@ -8,6 +9,7 @@
 --   fencing: a token other than the fence counter's moves nothing ('fenced');
 --   idempotency: a repeated seq returns the recorded result, an older seq moves nothing ('stale');
 --   pause: a paused experiment moves nothing ('paused');
+--   group: under the 'error' policy a missing group, or a missing stream (so no group), moves nothing;
 --   bound: moves at most min(batch, threshold - backlog) entries ('throttled' when that is 0);
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream;
 --   done: when the held stream is empty the experiment is running again ('completed').
@@ -24,12 +26,10 @@ local none = {status = 'ok', pending = 0, lag = 0}
 if tonumber(redis.call('GET', KEYS[4]) or '0') ~= token then
   return reply('fenced', 0, none, redis.call('XLEN', KEYS[2]))
 end
-local claim_token = tonumber(redis.call('HGET', KEYS[5], 'token') or '0')
-local last_seq = tonumber(redis.call('HGET', KEYS[5], 'seq') or '0')
-if claim_token == token then
+if tonumber(redis.call('HGET', KEYS[6], 'token') or '0') == token then
+  local last_seq = tonumber(redis.call('HGET', KEYS[6], 'seq') or '0')
   if seq == last_seq then
-    local recorded = redis.call('HGET', KEYS[5], 'result')
-    if recorded then return recorded end
+    return redis.call('HGET', KEYS[6], 'result')
   elseif seq < last_seq then
     return reply('stale', 0, none, redis.call('XLEN', KEYS[2]))
   end
@@ -39,7 +39,7 @@ if redis.call('GET', KEYS[3]) == 'paused' then
 end
 
 local b = xmc_backlog(KEYS[1], ARGV[5], threshold)
-if b.status == 'no_group' and ARGV[6] == 'error' then
+if b.status ~= 'ok' and ARGV[6] == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
 local room = math.min(batch, threshold - (b.pending + b.lag))
@@ -61,6 +61,9 @@ elseif room <= 0 then
   status = 'throttled'
 end
 local result = reply(status, moved, b, remaining)
-redis.call('HSET', KEYS[5], 'token', token, 'owner', ARGV[8], 'seq', seq, 'result', result)
+redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
+if redis.call('HGET', KEYS[5], 'token') ~= ARGV[1] then
+  redis.call('HSET', KEYS[5], 'token', token, 'owner', ARGV[8])  -- a lapsed lease, taken again
+end
 redis.call('PEXPIRE', KEYS[5], ARGV[7])
 return result

@@ -1,12 +1,21 @@
--- Release the claim, only if the token is still current.
--- KEYS[1] fence counter, KEYS[2] claim hash, KEYS[3] state
--- ARGV[1] token, ARGV[2] '1' to move a `resuming` experiment back to `paused` (a cancelled replay)
--- Returns 1 when released, 0 when the token was stale (a newer claim owns the experiment).
-if tonumber(redis.call('GET', KEYS[1]) or '0') ~= tonumber(ARGV[1]) then
+-- Release the claim and revoke its token.
+-- KEYS[1] fence counter, KEYS[2] claim hash, KEYS[3] state, KEYS[4] publish record
+-- ARGV[1] token, or 0 when the caller does not know it (a run cancelled before its claim's reply
+--         was recorded): then the claim is released if ARGV[2] owns it
+-- ARGV[2] owner, ARGV[3] '1' to move a `resuming` experiment back to `paused` (a cancelled replay)
+-- The fence counter is bumped, so the released token can never publish again (a zombie attempt of
+-- the released run is fenced at the resource). Returns the released token, or 0 when it was not
+-- current (a newer claim owns the experiment, or the owner holds no claim): nothing changes then.
+local token = tonumber(ARGV[1])
+if token == 0 and redis.call('HGET', KEYS[2], 'owner') == ARGV[2] then
+  token = tonumber(redis.call('HGET', KEYS[2], 'token'))
+end
+if token == 0 or tonumber(redis.call('GET', KEYS[1]) or '0') ~= token then
   return 0
 end
-redis.call('DEL', KEYS[2])
-if ARGV[2] == '1' and redis.call('GET', KEYS[3]) == 'resuming' then
+redis.call('INCR', KEYS[1])
+redis.call('DEL', KEYS[2], KEYS[4])
+if ARGV[3] == '1' and redis.call('GET', KEYS[3]) == 'resuming' then
   redis.call('SET', KEYS[3], 'paused')
 end
-return 1
+return token
