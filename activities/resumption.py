@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -37,27 +37,22 @@ from workflows.models import (
     ReleaseRequest,
 )
 
-TRANSIENT_REPLIES = (
-    "OOM",
-    "BUSY",
-    "LOADING",
-    "READONLY",
-    "TRYAGAIN",
-    "MASTERDOWN",
-    "CLUSTERDOWN",
-    "NOREPLICAS",
-    "MISCONF",
-)
-"""Error replies of a server that is, for now, out of memory, busy, loading, a replica, failing
-over or unable to persist (Redis docs, "Redis error replies"): they mend themselves and are
-retried. Any other error reply (WRONGTYPE, a non-integer fence key, NOPERM, a cluster MOVED or
-CROSSSLOT with a non-cluster client) repeats on every retry, so it fails the call at once."""
+TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError)
+TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
+"""Error replies of a server that is, for now, out of memory (OOM), running a long script (BUSY),
+a replica after a failover (READONLY), resharding or failing over (TRYAGAIN, CLUSTERDOWN,
+MASTERDOWN), short of replicas or unable to persist: they mend themselves and are retried.
+redis-py turns the ones it knows into the classes of ``TRANSIENT_ERRORS`` (LOADING becomes a
+ConnectionError), and leaves the rest as ``ResponseError`` with the reply's text. Any other error
+reply (WRONGTYPE, a non-integer fence key, NOPERM, a cluster MOVED or CROSSSLOT with a
+non-cluster client) repeats on every retry, so it fails the call at once."""
 
 
 @asynccontextmanager
 async def _classified() -> AsyncIterator[None]:
     """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection
-    faults, timeouts and transient error replies (``TRANSIENT_REPLIES``) propagate and are retried."""
+    faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``)
+    propagate and are retried."""
     try:
         yield
     except ValueError as err:
@@ -66,7 +61,7 @@ async def _classified() -> AsyncIterator[None]:
         raise ApplicationError(str(err), type="MissingConsumerGroup", non_retryable=True) from err
     except ResponseError as err:
         reply = str(err)
-        if reply.startswith(TRANSIENT_REPLIES):
+        if isinstance(err, TRANSIENT_ERRORS) or reply.startswith(TRANSIENT_REPLIES):
             raise
         if reply.startswith("WRONGTYPE"):
             raise ApplicationError(
