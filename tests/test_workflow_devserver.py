@@ -10,6 +10,8 @@ import time
 import uuid
 
 from temporalio.api.enums.v1 import EventType
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
 from redisclient import held
 from redisclient.backlog import measure_backlog
@@ -27,6 +29,7 @@ from tests.helpers import (
 )
 from workflows.models import Outcome, ResumptionInput
 from workflows.resumption import ResumptionWorkflow
+from xmc.services import installed_binary
 
 
 async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis, redis_url, task_queue) -> None:
@@ -170,3 +173,45 @@ async def test_redis_outage_is_retried_and_loses_nothing(dev_env, redis, redis_u
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 60)
     assert (await stream_tasks(redis))[5:] == names
     assert sorted(seen) == sorted(names)
+
+
+async def test_continue_as_new_when_temporal_suggests_it(redis, redis_url, task_queue) -> None:
+    """A dev server of its own that suggests continue-as-new at 40 events (TEMPORAL_NOTES.md)."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=installed_binary("temporal"),
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        dev_server_extra_args=[
+            "--dynamic-config-value",
+            "limit.historyCount.suggestContinueAsNew=40",
+            "--dynamic-config-value",
+            'history.workflowIdReuseMinimalInterval="0s"',
+        ],
+    )
+    try:
+        e = f"E{uuid.uuid4().hex[:6]}"
+        names = await hold_tasks(redis, e, 40)
+        await fill_backlog(redis, 5)
+        stop, seen = asyncio.Event(), []
+        async with resumption_worker(env.client, task_queue, redis_url):
+            consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=2, rate=40))
+            handle = await env.client.start_workflow(
+                ResumptionWorkflow.run,
+                ResumptionInput(experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.2),
+                id=f"resumption-{e}",
+                task_queue=task_queue,
+            )
+            result = await asyncio.wait_for(handle.result(), 60)
+            stop.set()
+            await consumer
+            first = await env.client.get_workflow_handle(
+                handle.id, run_id=handle.first_execution_run_id
+            ).fetch_history()
+    finally:
+        await env.shutdown()
+    assert (result.outcome, result.replayed, result.token) == (Outcome.COMPLETED, 40, 1)
+    assert result.runs >= 2, "the throttle waits grow the history past 40 events"
+    assert first.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    assert 40 <= len(first.events) < 60
+    assert (await stream_tasks(redis))[5:] == names
+    assert sorted(seen) == sorted([f"other-{i}".encode() for i in range(5)] + names)

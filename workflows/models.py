@@ -70,7 +70,9 @@ class ResumptionInput(BaseModel):
         stream: the task stream's key.
         consumer_group: the consumer group whose backlog throttles the replay.
         batch_size: the most tasks one publish moves (entries, 1..10,000).
-        max_backlog_threshold: at or above this backlog (entries) the replay waits.
+        max_backlog_threshold: at or above this backlog (entries) the replay waits; at most
+            100,000, since counting the lag reads up to this many entries inside a Lua script,
+            which blocks Redis while it runs.
         throttle_seconds: how long one throttle wait lasts (seconds, a durable timer).
         claim_lease_seconds: the claim's lease (seconds), extended every turn; it must outlast a
             throttle wait so a healthy replay never lets it lapse.
@@ -87,7 +89,7 @@ class ResumptionInput(BaseModel):
     stream: str = Field(default=DEFAULT_STREAM, min_length=1)
     consumer_group: str = Field(default=DEFAULT_GROUP, min_length=1)
     batch_size: int = Field(default=100, ge=1, le=10_000)
-    max_backlog_threshold: int = Field(default=500, ge=1)
+    max_backlog_threshold: int = Field(default=500, ge=1, le=100_000)
     throttle_seconds: float = Field(default=10.0, gt=0, le=86_400)
     claim_lease_seconds: float = Field(default=120.0, gt=0)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
