@@ -165,6 +165,8 @@ async def test_started_as_a_child_workflow(dev_env, redis, task_queue, worker_pr
     assert await stream_tasks(redis) == names
     child = await dev_env.client.get_workflow_handle(f"resumption-{e}").describe()
     assert child.parent_id == f"parent-{e}"
+    assert await child.static_summary() == f"Resume experiment {e} into {STREAM} (group {GROUP})"
+    assert "threshold: 40 entries" in (await child.static_details() or "")
     assert await held.get_state(redis, ExperimentKeys(STREAM, e)) == "running"
 
 

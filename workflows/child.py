@@ -31,4 +31,6 @@ async def start_resumption_child(
         id=workflow_id_for(inp.experiment_id),
         task_queue=task_queue,
         parent_close_policy=ParentClosePolicy.ABANDON,
+        static_summary=inp.ui_summary(),
+        static_details=inp.ui_details(),
     )

@@ -112,6 +112,21 @@ class ResumptionInput(BaseModel):
             )
         return self
 
+    def ui_summary(self) -> str:
+        """One line for the start's ``static_summary`` (Temporal UI, "User Metadata")."""
+        return f"Resume experiment {self.experiment_id} into {self.stream} (group {self.consumer_group})"
+
+    def ui_details(self) -> str:
+        """Markdown for the start's ``static_details``: the settings this resumption runs with."""
+        return (
+            f"Replays the held tasks of **{self.experiment_id}** into `{self.stream}`, throttled by the "
+            f"backlog of consumer group `{self.consumer_group}`.\n\n"
+            f"- threshold: {self.max_backlog_threshold} entries (waits at or above it)\n"
+            f"- batch: up to {self.batch_size} tasks per publish\n"
+            f"- throttle wait: {self.throttle_seconds:g} s; claim lease: {self.claim_lease_seconds:g} s\n"
+            f"- missing consumer group: {self.missing_group.value}; continue-as-new every {self.turns_per_run} turns"
+        )
+
     @property
     def lease_ms(self) -> int:
         """The claim's lease in milliseconds."""

@@ -321,6 +321,7 @@ class ResumptionWorkflow:
         p.phase = phase
         lines = [
             f"**{p.experiment_id}**: {phase.value}" + (f" ({p.outcome.value})" if p.outcome else ""),
+            "",  # a blank line, so that markdown renders the list below as a list
             f"- replayed: {p.replayed}, remaining: {'?' if p.remaining is None else p.remaining}",
             f"- backlog: {'?' if p.backlog is None else p.backlog} / threshold {p.threshold}",
             f"- throttle waits: {p.throttles}" + (f", last: {p.throttle_reason}" if p.throttle_reason else ""),

@@ -50,5 +50,10 @@ async def start_resumption(
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
     """
     return await client.start_workflow(
-        ResumptionWorkflow.run, inp, id=workflow_id_for(inp.experiment_id), task_queue=task_queue
+        ResumptionWorkflow.run,
+        inp,
+        id=workflow_id_for(inp.experiment_id),
+        task_queue=task_queue,
+        static_summary=inp.ui_summary(),
+        static_details=inp.ui_details(),
     )
