@@ -76,6 +76,8 @@ async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_
             f"resumption-{e}",
             "--input",
             json.dumps(payload),
+            "--static-summary",
+            f"Resume experiment {e}",
         ],
         capture_output=True,
         text=True,
@@ -99,6 +101,7 @@ async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_
     assert queried.returncode == 0, queried.stderr
     progress = json.loads(queried.stdout)["queryResult"][0]
     assert (progress["outcome"], progress["replayed"], progress["phase"]) == ("completed", 300, "done")
+    assert await (await handle.describe()).static_summary() == f"Resume experiment {e}"
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
         metrics = response.read().decode()
     counters = {
