@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
+from redis.asyncio import Redis
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 
@@ -40,6 +44,29 @@ async def start(env: WorkflowEnvironment, task_queue: str, **fields):  # type: i
     return await env.client.start_workflow(
         ResumptionWorkflow.run, inp, id=f"resumption-{inp.experiment_id}", task_queue=task_queue
     )
+
+
+@dataclass
+class Throttled:
+    experiment_id: str
+    keys: ExperimentKeys
+    names: list[bytes]
+    handle: WorkflowHandle
+
+
+@asynccontextmanager
+async def throttled_replay(
+    env: WorkflowEnvironment, task_queue: str, redis: Redis, redis_url: str
+) -> AsyncIterator[Throttled]:
+    """10 held tasks behind a backlog of 5 at threshold 5: the run is in its first throttle wait,
+    its worker running, when the block starts."""
+    e = experiment()
+    names = await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(env.client, task_queue, redis_url):
+        handle = await start(env, task_queue, experiment_id=e, max_backlog_threshold=5)
+        await wait_for(handle, throttled)
+        yield Throttled(e, ExperimentKeys(STREAM, e), names, handle)
 
 
 async def timer_durations(handle) -> list[timedelta]:  # type: ignore[no-untyped-def]
@@ -75,16 +102,11 @@ async def test_throttle_waits_then_replays_everything(ts_env, redis, redis_url, 
 
 
 async def test_pause_during_the_throttle_wait_publishes_nothing(ts_env, redis, redis_url, task_queue) -> None:
-    e = experiment()
-    keys = ExperimentKeys(STREAM, e)
-    await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5)
-        await wait_for(handle, throttled)
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
         await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone: only the pause stops it now
-        await held.pause(redis, keys)
-        result = await handle.result()
+        await held.pause(redis, run.keys)
+        result = await run.handle.result()
+    keys = run.keys
     assert (result.outcome, result.replayed, result.remaining, result.throttles) == (Outcome.PAUSED, 0, 10, 1)
     assert await redis.xlen(STREAM) == 5
     assert await redis.xlen(keys.held) == 10
@@ -93,16 +115,11 @@ async def test_pause_during_the_throttle_wait_publishes_nothing(ts_env, redis, r
 
 
 async def test_newer_claim_during_the_wait_fences_the_replay(ts_env, redis, redis_url, task_queue) -> None:
-    e = experiment()
-    keys = ExperimentKeys(STREAM, e)
-    await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5)
-        await wait_for(handle, throttled)
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
         await redis.xgroup_setid(STREAM, GROUP, "$")
-        newer = await fencing.acquire_claim(redis, keys, "operator", 60_000)
-        result = await handle.result()
+        newer = await fencing.acquire_claim(redis, run.keys, "operator", 60_000)
+        result = await run.handle.result()
+    keys = run.keys
     assert (result.outcome, result.token, result.replayed, result.throttles) == (Outcome.FENCED, 1, 0, 1)
     assert newer.token == 2
     assert await redis.xlen(keys.held) == 10 and await redis.xlen(STREAM) == 5
@@ -116,17 +133,12 @@ async def test_newer_claim_during_the_wait_fences_the_replay(ts_env, redis, redi
 async def test_cancel_interrupts_the_wait_and_hands_back_a_paused_experiment(
     ts_env, redis, redis_url, task_queue
 ) -> None:
-    e = experiment()
-    keys = ExperimentKeys(STREAM, e)
-    names = await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5)
-        await wait_for(handle, throttled)
-        await handle.cancel()
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+        await run.handle.cancel()
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
-        progress = await handle.query(ResumptionWorkflow.progress)
+            await run.handle.result()
+        progress = await run.handle.query(ResumptionWorkflow.progress)
+    keys, names = run.keys, run.names
     assert isinstance(failure.value.cause, CancelledError)
     assert progress.outcome is Outcome.CANCELLED
     assert not await redis.exists(keys.claim)
@@ -192,17 +204,12 @@ async def test_nothing_held_completes_at_once(ts_env, redis, redis_url, task_que
 async def test_a_fault_retrying_cannot_mend_fails_the_run_and_hands_back_a_paused_experiment(
     ts_env, redis, redis_url, task_queue
 ) -> None:
-    e = experiment()
-    keys = ExperimentKeys(STREAM, e)
-    names = await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5)
-        await wait_for(handle, throttled)
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
         await redis.delete(STREAM)
         await redis.set(STREAM, "not a stream")  # somebody clobbered the task stream
         with pytest.raises(WorkflowFailureError) as failure:
-            await asyncio.wait_for(handle.result(), 20)
+            await asyncio.wait_for(run.handle.result(), 20)
+    keys, names = run.keys, run.names
     chain, cause = [], failure.value.cause
     while cause is not None:
         chain.append(cause)

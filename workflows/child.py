@@ -6,7 +6,7 @@ from temporalio import workflow
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.models import TASK_QUEUE, ResumptionInput, ResumptionResult, workflow_id_for
+    from workflows.models import TASK_QUEUE, ResumptionInput, ResumptionResult
     from workflows.resumption import ResumptionWorkflow
 
 
@@ -26,11 +26,5 @@ async def start_resumption_child(
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
     """
     return await workflow.start_child_workflow(
-        ResumptionWorkflow.run,
-        inp,
-        id=workflow_id_for(inp.experiment_id),
-        task_queue=task_queue,
-        parent_close_policy=ParentClosePolicy.ABANDON,
-        static_summary=inp.ui_summary(),
-        static_details=inp.ui_details(),
+        ResumptionWorkflow.run, inp, parent_close_policy=ParentClosePolicy.ABANDON, **inp.start_options(task_queue)
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -34,6 +35,15 @@ NON_RETRYABLE_ERROR_TYPES = ("InvalidArgument", "MissingConsumerGroup", "RedisWr
 def workflow_id_for(experiment_id: str) -> str:
     """The conventional workflow ID of an experiment's resumption: ``resumption-<E>``."""
     return f"resumption-{experiment_id}"
+
+
+class StartOptions(TypedDict):
+    """Keyword arguments of a start: see ``ResumptionInput.start_options``."""
+
+    id: str
+    task_queue: str
+    static_summary: str
+    static_details: str
 
 
 class Carry(BaseModel):
@@ -126,6 +136,16 @@ class ResumptionInput(BaseModel):
             f"- throttle wait: {self.throttle_seconds:g} s; claim lease: {self.claim_lease_seconds:g} s\n"
             f"- missing consumer group: {self.missing_group.value}; continue-as-new every {self.turns_per_run} turns"
         )
+
+    def start_options(self, task_queue: str = TASK_QUEUE) -> StartOptions:
+        """Keyword arguments for ``start_workflow`` / ``start_child_workflow``: the conventional
+        workflow ID ``resumption-<E>``, the task queue and the UI's static summary and details."""
+        return {
+            "id": workflow_id_for(self.experiment_id),
+            "task_queue": task_queue,
+            "static_summary": self.ui_summary(),
+            "static_details": self.ui_details(),
+        }
 
     @property
     def lease_ms(self) -> int:

@@ -9,7 +9,7 @@ from redisclient import fencing, held
 from redisclient.backlog import measure_backlog
 from redisclient.keys import ExperimentKeys
 from redisclient.results import ExperimentState
-from workflows.models import ResumptionInput, ResumptionResult, workflow_id_for
+from workflows.models import ResumptionInput, ResumptionResult
 from workflows.resumption import ResumptionWorkflow
 
 
@@ -49,11 +49,4 @@ async def start_resumption(
     Raises:
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
     """
-    return await client.start_workflow(
-        ResumptionWorkflow.run,
-        inp,
-        id=workflow_id_for(inp.experiment_id),
-        task_queue=task_queue,
-        static_summary=inp.ui_summary(),
-        static_details=inp.ui_details(),
-    )
+    return await client.start_workflow(ResumptionWorkflow.run, inp, **inp.start_options(task_queue))

@@ -82,31 +82,29 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
+def _service(args: list[str], port: int, timeout: float, log_file: Path | None) -> Iterator[None]:
+    """Run ``args`` until the block ends, once ``port`` listens; output to ``log_file`` or nowhere."""
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for_port(port, timeout, proc)
+            yield
+        finally:
+            _stop(proc)
+    finally:
+        if log_file:
+            out.close()  # type: ignore[union-attr]
+
+
+@contextmanager
 def local_redis(port: int | None = None, log_file: Path | None = None) -> Iterator[str]:
     """Run a throwaway ``redis-server`` on 127.0.0.1 (no persistence); yields its ``redis://`` URL."""
     port = port or free_port()
-    args = [
-        installed_binary("redis-server"),
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--protected-mode",
-        "yes",
-    ]
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(port, 10, proc)
+    args = [installed_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--protected-mode", "yes"]  # fmt: skip
+    with _service(args, port, 10, log_file):
         yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        _stop(proc)
-        if log_file:
-            out.close()  # type: ignore[union-attr]
 
 
 @contextmanager
@@ -121,26 +119,10 @@ def local_temporal(
         db_file: SQLite file that keeps the server's state across restarts (in memory when None).
         log_file: where the server's output goes (discarded when None).
     """
-    args = [
-        installed_binary("temporal"),
-        "server",
-        "start-dev",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warn",
-    ]
+    args = [installed_binary("temporal"), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
+            "--log-level", "warn"]  # fmt: skip
     args += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
     if db_file:
         args += ["--db-filename", str(db_file)]
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(port, 60, proc)
+    with _service(args, port, 60, log_file):
         yield f"127.0.0.1:{port}"
-    finally:
-        _stop(proc)
-        if log_file:
-            out.close()  # type: ignore[union-attr]
