@@ -97,7 +97,7 @@ class ResumptionActivities:
     async def acquire_claim(self, req: AcquireRequest) -> ClaimGrant:
         """Take the claim (a new fencing token); moves the experiment paused -> resuming."""
         async with _classified():
-            grant = await fencing.acquire_claim(self.redis, _keys(req.ref), req.owner, req.lease_ms)
+            grant = await fencing.acquire_claim(self.redis, _keys(req.ref), req.owner, req.lease_ms, req.request_id)
         activity.logger.info(
             "claim taken",
             extra={"experiment_id": req.ref.experiment_id, "token": grant.token, "held": grant.held},

@@ -13,6 +13,8 @@ current token instead of stranding the held tasks. What the lease tells is liven
 
 from __future__ import annotations
 
+import uuid
+
 from redis.asyncio import Redis
 
 from redisclient.keys import ExperimentKeys
@@ -26,14 +28,19 @@ def validate_lease(lease_ms: int) -> None:
         raise ValueError(f"lease must be >= 1 ms, got {lease_ms}")
 
 
-async def acquire_claim(client: Redis, keys: ExperimentKeys, owner: str, lease_ms: int) -> ClaimGrant:
-    """Take the claim: a new fencing token, and the experiment moves ``paused`` -> ``resuming``.
+async def acquire_claim(
+    client: Redis, keys: ExperimentKeys, owner: str, lease_ms: int, request_id: str | None = None
+) -> ClaimGrant:
+    """Take the claim: a new fencing token, and the experiment moves ``paused`` -> ``resuming``
+    (also when its state key is gone but tasks are still held).
 
     Args:
         client: an asyncio Redis client.
         keys: the experiment's keys.
         owner: who holds the claim (e.g. the workflow ID), stored for operators.
         lease_ms: the claim hash's time to live in milliseconds.
+        request_id: idempotency key; the same ID returns the same token without a new claim (the
+            last 16 IDs are kept). None draws a fresh one: every call is a new claim.
 
     Returns:
         The token (1, 2, ...), the state after the claim and the held tasks (entries).
@@ -44,7 +51,8 @@ async def acquire_claim(client: Redis, keys: ExperimentKeys, owner: str, lease_m
     """
     validate_lease(lease_ms)
     raw = await script(client, "acquire")(
-        keys=[keys.fence, keys.claim, keys.state, keys.held, keys.publish], args=[owner, lease_ms]
+        keys=[keys.fence, keys.claim, keys.state, keys.held, keys.publish, keys.acquire_log],
+        args=[owner, lease_ms, request_id or uuid.uuid4().hex],
     )
     return ClaimGrant.model_validate_json(raw)
 

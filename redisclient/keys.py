@@ -53,7 +53,7 @@ class ExperimentKeys:
 
     @property
     def claim(self) -> str:
-        """Hash key: ``token``, ``owner``, ``seq``, ``result``; its TTL is the claim's lease."""
+        """Hash key: ``token``, ``owner``; its TTL is the claim's lease."""
         return f"{self._prefix}:claim"
 
     @property
@@ -64,6 +64,11 @@ class ExperimentKeys:
         a lapse still returns its recorded result instead of moving a second batch.
         """
         return f"{self._prefix}:publish"
+
+    @property
+    def acquire_log(self) -> str:
+        """List key: the last 16 ``request:token`` pairs of ``acquire_claim``, its idempotency record."""
+        return f"{self._prefix}:acquired"
 
     @property
     def fence(self) -> str:

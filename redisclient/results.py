@@ -61,11 +61,13 @@ class BacklogReading(BaseModel):
 
 
 class ClaimGrant(BaseModel):
-    """A claim just taken: the fencing token, the state after the claim, held tasks (entries)."""
+    """A claim just taken: the fencing token, the state after the claim, held tasks (entries);
+    ``repeated`` when the request ID had been granted before (nothing changed then)."""
 
     token: int
     state: ExperimentState
     held: int
+    repeated: bool = False
 
 
 class ClaimCheck(BaseModel):

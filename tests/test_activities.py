@@ -36,7 +36,8 @@ async def test_an_error_reply_that_repeats_is_not_retried(redis: Redis) -> None:
     await redis.set(KEYS.fence, "not a number")
     with pytest.raises(ApplicationError) as err:
         await ActivityEnvironment().run(
-            ResumptionActivities(redis).acquire_claim, AcquireRequest(ref=REF, owner="me", lease_ms=1000)
+            ResumptionActivities(redis).acquire_claim,
+            AcquireRequest(ref=REF, owner="me", lease_ms=1000, request_id="r1"),
         )
     assert (err.value.type, err.value.non_retryable) == ("RedisCommandError", True)
     assert "not an integer" in str(err.value)

@@ -115,3 +115,26 @@ async def test_release_by_owner_when_the_token_is_unknown(redis: Redis) -> None:
 async def test_lease_below_one_ms_is_refused(redis: Redis) -> None:
     with pytest.raises(ValueError, match="lease"):
         await fencing.acquire_claim(redis, KEYS, "a", 0)
+
+
+async def test_a_late_repeat_of_an_acquire_changes_nothing(redis: Redis) -> None:
+    await held.pause(redis, KEYS)
+    first = await fencing.acquire_claim(redis, KEYS, "a", 60_000, request_id="req-1")
+    retry = await fencing.acquire_claim(redis, KEYS, "a", 60_000, request_id="req-1")
+    assert (first.token, retry.token, retry.repeated) == (1, 1, True)
+    assert not (await fencing.check_claim(redis, KEYS, 1, "a", 60_000)).fenced
+    await fencing.release_claim(redis, KEYS, 1, back_to_paused=True)
+    late = await fencing.acquire_claim(redis, KEYS, "a", 60_000, request_id="req-1")  # after the run ended
+    assert (late.token, late.repeated, late.state) == (1, True, ExperimentState.PAUSED)
+    assert await held.get_state(redis, KEYS) is ExperimentState.PAUSED
+    assert await fencing.current_token(redis, KEYS) == 2  # no new token was issued
+
+
+async def test_acquire_resumes_held_tasks_whose_state_key_is_gone(redis: Redis) -> None:
+    await held.pause(redis, KEYS)
+    for name in (b"h0", b"h1"):
+        await held.enqueue_task(redis, KEYS, {b"task": name})
+    await redis.delete(KEYS.state)  # evicted or deleted by hand
+    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    assert (grant.state, grant.held) == (ExperimentState.RESUMING, 2)
+    assert (await held.enqueue_task(redis, KEYS, {b"task": b"new"}))[0] == "held"  # queued behind h0, h1

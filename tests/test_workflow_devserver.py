@@ -8,14 +8,21 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import pytest
+from redis.asyncio import Redis
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
 
 from redisclient import held
 from redisclient.backlog import measure_backlog
 from redisclient.keys import ExperimentKeys
+from redisclient.results import ExperimentState
 from tests.helpers import (
     GROUP,
     STREAM,
@@ -27,7 +34,7 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
-from workflows.models import Outcome, ResumptionInput
+from workflows.models import Outcome, Phase, ResumptionInput
 from workflows.resumption import ResumptionWorkflow
 from xmc.services import installed_binary
 
@@ -141,38 +148,74 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, r
     assert (await stream_tasks(redis))[5:] == names
 
 
-async def test_redis_outage_is_retried_and_loses_nothing(dev_env, redis, redis_url, task_queue) -> None:
-    """Redis refuses the worker (authentication required, connections dropped) for a while: the
-    local activities retry, nothing is published meanwhile, and the replay completes exactly once."""
+@asynccontextmanager
+async def redis_outage(redis: Redis) -> AsyncIterator[None]:
+    """Redis refuses every client but the test's own: authentication required, connections dropped."""
+    await redis.config_set("requirepass", "outage")
+    try:
+        await redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        yield
+    finally:
+        await redis.config_set("requirepass", "")
+
+
+async def test_redis_outage_is_waited_out_and_loses_nothing(dev_env, redis, redis_url, task_queue) -> None:
+    """An outage longer than the local activities' retries: the turn waits on a durable timer and
+    starts over; nothing is published meanwhile, and the replay completes exactly once."""
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 60)
     await fill_backlog(redis, 5)
-    try:
-        async with resumption_worker(dev_env.client, task_queue, redis_url):
-            handle = await dev_env.client.start_workflow(
-                ResumptionWorkflow.run,
-                ResumptionInput(experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.5),
-                id=f"resumption-{e}",
-                task_queue=task_queue,
-            )
-            await wait_for(handle, throttled)
-            await redis.config_set("requirepass", "outage")
-            await redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        handle = await dev_env.client.start_workflow(
+            ResumptionWorkflow.run,
+            ResumptionInput(experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.5),
+            id=f"resumption-{e}",
+            task_queue=task_queue,
+        )
+        await wait_for(handle, throttled)
+        async with redis_outage(redis):
             await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone; only the outage holds it
-            await asyncio.sleep(2.5)
-            during = await handle.query(ResumptionWorkflow.progress)
+            during = await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE, timeout=30)
             assert during.replayed == 0 and await redis.xlen(STREAM) == 5
-            await redis.config_set("requirepass", "")
-            stop, seen = asyncio.Event(), []
-            consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
-            result = await asyncio.wait_for(handle.result(), 60)
-            stop.set()
-            await consumer
-    finally:
-        await redis.config_set("requirepass", "")
+        stop, seen = asyncio.Event(), []
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+        result = await asyncio.wait_for(handle.result(), 60)
+        stop.set()
+        await consumer
+        progress = await handle.query(ResumptionWorkflow.progress)
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 60)
+    assert progress.redis_waits >= 1 and (progress.last_error or "").startswith("AuthenticationError")
     assert (await stream_tasks(redis))[5:] == names
     assert sorted(seen) == sorted(names)
+    history = await handle.fetch_history()
+    summaries = [e.user_metadata.summary.data for e in history.events if e.HasField("user_metadata")]
+    assert any(b"Redis unavailable" in s for s in summaries)
+
+
+async def test_cancel_ends_even_while_redis_is_away(dev_env, redis, redis_url, task_queue) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        handle = await dev_env.client.start_workflow(
+            ResumptionWorkflow.run,
+            ResumptionInput(experiment_id=e, max_backlog_threshold=5, throttle_seconds=30),
+            id=f"resumption-{e}",
+            task_queue=task_queue,
+        )
+        await wait_for(handle, throttled)
+        async with redis_outage(redis):
+            t0 = time.monotonic()
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError) as failure:
+                await asyncio.wait_for(handle.result(), 40)
+            elapsed = time.monotonic() - t0
+    assert isinstance(failure.value.cause, CancelledError)
+    assert elapsed < 25, "the release gave up after its bounded attempts"
+    # the release could not run: the experiment stays resuming, its tasks held, until the lease lapses
+    assert await held.get_state(redis, keys) is ExperimentState.RESUMING
+    assert await redis.xlen(keys.held) == 10
 
 
 async def test_continue_as_new_when_temporal_suggests_it(redis, redis_url, task_queue) -> None:

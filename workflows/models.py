@@ -196,6 +196,7 @@ class Phase(StrEnum):
     THROTTLED = "throttled"
     PUBLISHING = "publishing"
     RELEASING = "releasing"
+    REDIS_UNAVAILABLE = "redis_unavailable"
     DONE = "done"
 
 
@@ -211,6 +212,8 @@ class Progress(BaseModel):
         throttles_in_a_row: throttle waits since tasks last moved; a long run of them means the
             consumers are not draining (stopped workers, or a PEL holding entries nobody acknowledges).
         throttled_until: when the current throttle wait ends (workflow time, UTC) or None.
+        redis_waits: waits for an unavailable Redis (faults that outlasted the retries);
+            last_error: the last such fault.
         turns, runs: loop turns and runs so far; outcome: set when done.
     """
 
@@ -227,6 +230,8 @@ class Progress(BaseModel):
     throttle_reason: str | None = None
     throttles_in_a_row: int = 0
     throttled_until: datetime | None = None
+    redis_waits: int = 0
+    last_error: str | None = None
     turns: int = 0
     runs: int = 1
     outcome: Outcome | None = None
@@ -243,11 +248,13 @@ class ExperimentRef(BaseModel):
 
 
 class AcquireRequest(BaseModel):
-    """Take the claim for ``ref`` as ``owner`` with a lease of ``lease_ms`` milliseconds."""
+    """Take the claim for ``ref`` as ``owner`` with a lease of ``lease_ms`` milliseconds;
+    ``request_id`` is the idempotency key (a repeat returns the same token)."""
 
     ref: ExperimentRef
     owner: str = Field(min_length=1)
     lease_ms: int = Field(ge=1)
+    request_id: str = Field(min_length=1)
 
 
 class CheckRequest(BaseModel):

@@ -63,20 +63,43 @@ REDIS_CALL_TIMEOUT = timedelta(seconds=10)
 REDIS_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
     backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=30),
+    maximum_interval=timedelta(seconds=4),
+    maximum_attempts=6,
     non_retryable_error_types=list(NON_RETRYABLE_ERROR_TYPES),
 )
-"""Redis faults (connection refused, timeouts, failover) are retried without limit: while Redis is
-away nothing is published, and no task is lost. Faults that retrying cannot mend are not retried."""
+"""A Redis fault (connection refused, timeout, failover, OOM) is retried inside the local activity
+for about 6 s of backoff. Retries stay bounded, as local activities' should: they run inside one
+workflow task. A fault that outlasts them makes the turn wait on a durable timer and start again
+from the top (``_wait_for_redis``), so an outage of any length is waited out, history stays small
+and continue-as-new still happens. Faults that retrying cannot mend are not retried."""
 
-RELEASE_DEADLINE = timedelta(seconds=30)
-"""schedule-to-close of the release: a cancel or a failure must end even while Redis is away (the
-claim's lease then lapses by itself and ``xmc status`` shows the experiment as orphaned)."""
+RELEASE_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=4),
+    maximum_attempts=7,
+    non_retryable_error_types=list(NON_RETRYABLE_ERROR_TYPES),
+)
+"""The release gives up after 7 attempts (about 10 s of backoff), so a cancel or a failure ends
+even while Redis is away; the claim's lease then lapses and ``xmc status`` reports the experiment
+as orphaned. (A local activity's schedule-to-close timeout is not enforced by temporalio 1.35 on
+the dev server: attempts bound it, a timeout does not.)"""
 
 FAILED_CALL = (ActivityError, ApplicationError)
 """What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a
 local activity that failed without retrying, the activity's ``ApplicationError`` itself (measured
 with temporalio 1.35)."""
+
+
+def _permanent(err: BaseException) -> bool:
+    """True when a failed call's cause is a fault that retrying cannot mend."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, ApplicationError):
+            return cause.non_retryable or cause.type in NON_RETRYABLE_ERROR_TYPES
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return False
+
 
 STALL_WARNING_EVERY = 30
 """Log a warning after this many throttle waits in a row without a task moving."""
@@ -131,13 +154,7 @@ class ResumptionWorkflow:
         try:
             if inp.carry is None:
                 self._started_at = workflow.now()
-                self._set_phase(Phase.CLAIMING)
-                grant = await self._call(
-                    ACQUIRE_CLAIM,
-                    AcquireRequest(ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms),
-                    ClaimGrant,
-                    summary=f"take the claim on experiment {inp.experiment_id}",
-                )
+                grant = await self._acquire()
                 self._token = p.token = grant.token
                 p.remaining = grant.held
                 workflow.logger.info(
@@ -158,6 +175,24 @@ class ResumptionWorkflow:
             await self._release(back_to_paused=True)
             raise
 
+    async def _acquire(self) -> ClaimGrant:
+        """Take the claim, waiting out a Redis outage; the request ID makes a retry (or an attempt
+        that reaches Redis late) return the same token instead of a second claim."""
+        inp = self._input
+        request = AcquireRequest(
+            ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms, request_id=str(workflow.uuid4())
+        )
+        while True:
+            self._set_phase(Phase.CLAIMING)
+            try:
+                return await self._call(
+                    ACQUIRE_CLAIM, request, ClaimGrant, summary=f"take the claim on experiment {inp.experiment_id}"
+                )
+            except FAILED_CALL as err:
+                if _permanent(err):
+                    raise
+                await self._wait_for_redis(err)
+
     async def _loop(self) -> ResumptionResult:
         inp, p = self._input, self._progress
         turns_this_run = 0
@@ -166,76 +201,104 @@ class ResumptionWorkflow:
                 await self._continue_as_new()
             turns_this_run += 1
             p.turns += 1
-
-            # 1. pause state and fencing token (extends the lease)
-            self._set_phase(Phase.CHECKING)
-            check = await self._call(
-                CHECK_CLAIM,
-                CheckRequest(ref=self._ref, token=self._token, owner=self._owner, lease_ms=inp.lease_ms),
-                ClaimCheck,
-                summary=f"check pause state and fencing token {self._token}",
-            )
-            p.remaining = check.held
-            if check.fenced:
-                return self._finish(Outcome.FENCED, detail=f"token {check.current_token} took over")
-            if check.state is ExperimentState.PAUSED:
-                await self._release(back_to_paused=False)
-                return self._finish(Outcome.PAUSED)
-
-            # 2. backlog
-            self._set_phase(Phase.MEASURING)
-            reading = await self._call(
-                MEASURE_BACKLOG,
-                BacklogRequest(ref=self._ref, threshold=inp.max_backlog_threshold, missing_group=inp.missing_group),
-                BacklogReading,
-                summary=f"measure backlog of {inp.consumer_group} on {inp.stream}",
-            )
-            p.backlog, p.pending, p.lag = reading.backlog, reading.pending, reading.lag
-
-            # 3. throttle, then back to the top
-            if must_wait(reading.backlog, inp.max_backlog_threshold):
-                await self._throttle(
-                    wait_reason(reading.pending, reading.lag, reading.capped, inp.max_backlog_threshold)
-                )
+            try:
+                result = await self._turn()
+            except FAILED_CALL as err:
+                if _permanent(err):
+                    raise
+                await self._wait_for_redis(err)
                 continue
+            if result is not None:
+                return result
 
-            # 4. publish
-            self._set_phase(Phase.PUBLISHING)
-            self._seq += 1
-            result = await self._call(
-                PUBLISH_BATCH,
-                PublishRequest(
-                    ref=self._ref,
-                    token=self._token,
-                    seq=self._seq,
-                    batch_size=inp.batch_size,
-                    threshold=inp.max_backlog_threshold,
-                    owner=self._owner,
-                    lease_ms=inp.lease_ms,
-                    missing_group=inp.missing_group,
-                ),
-                PublishResult,
-                summary=f"publish up to {room(reading.backlog, inp.max_backlog_threshold, inp.batch_size)} tasks",
-            )
-            p.replayed += result.moved
-            p.remaining = result.remaining
-            if result.status in (PublishStatus.PUBLISHED, PublishStatus.COMPLETED, PublishStatus.THROTTLED):
-                # the script measured the backlog before its move
-                p.backlog, p.pending, p.lag = result.backlog + result.moved, result.pending, result.lag + result.moved
-            if result.moved:
-                p.throttles_in_a_row = 0
-                self._replayed_counter.add(result.moved)
-            if result.status is PublishStatus.COMPLETED:
-                await self._release(back_to_paused=False)
-                return self._finish(Outcome.COMPLETED)
-            if result.status is PublishStatus.PAUSED:
-                await self._release(back_to_paused=False)
-                return self._finish(Outcome.PAUSED)
-            if result.status is PublishStatus.FENCED:
-                return self._finish(Outcome.FENCED, detail="a newer token took over before the publish")
-            if result.status is PublishStatus.THROTTLED:
-                # the backlog grew between the measurement and the publish
-                await self._throttle(wait_reason(result.pending, result.lag, False, inp.max_backlog_threshold))
+    async def _turn(self) -> ResumptionResult | None:
+        """One turn of the loop; returns the result when the resumption ends, else None."""
+        inp, p = self._input, self._progress
+        # 1. pause state and fencing token (extends the lease)
+        self._set_phase(Phase.CHECKING)
+        check = await self._call(
+            CHECK_CLAIM,
+            CheckRequest(ref=self._ref, token=self._token, owner=self._owner, lease_ms=inp.lease_ms),
+            ClaimCheck,
+            summary=f"check pause state and fencing token {self._token}",
+        )
+        p.remaining = check.held
+        if check.fenced:
+            return self._finish(Outcome.FENCED, detail=f"token {check.current_token} took over")
+        if check.state is ExperimentState.PAUSED:
+            await self._release(back_to_paused=False)
+            return self._finish(Outcome.PAUSED)
+
+        # 2. backlog
+        self._set_phase(Phase.MEASURING)
+        reading = await self._call(
+            MEASURE_BACKLOG,
+            BacklogRequest(ref=self._ref, threshold=inp.max_backlog_threshold, missing_group=inp.missing_group),
+            BacklogReading,
+            summary=f"measure backlog of {inp.consumer_group} on {inp.stream}",
+        )
+        p.backlog, p.pending, p.lag = reading.backlog, reading.pending, reading.lag
+
+        # 3. throttle, then back to the top
+        if must_wait(reading.backlog, inp.max_backlog_threshold):
+            await self._throttle(wait_reason(reading.pending, reading.lag, reading.capped, inp.max_backlog_threshold))
+            return None
+
+        # 4. publish
+        self._set_phase(Phase.PUBLISHING)
+        self._seq += 1
+        result = await self._call(
+            PUBLISH_BATCH,
+            PublishRequest(
+                ref=self._ref,
+                token=self._token,
+                seq=self._seq,
+                batch_size=inp.batch_size,
+                threshold=inp.max_backlog_threshold,
+                owner=self._owner,
+                lease_ms=inp.lease_ms,
+                missing_group=inp.missing_group,
+            ),
+            PublishResult,
+            summary=f"publish up to {room(reading.backlog, inp.max_backlog_threshold, inp.batch_size)} tasks",
+        )
+        p.replayed += result.moved
+        p.remaining = result.remaining
+        if result.status in (PublishStatus.PUBLISHED, PublishStatus.COMPLETED, PublishStatus.THROTTLED):
+            # the script measured the backlog before its move
+            p.backlog, p.pending, p.lag = result.backlog + result.moved, result.pending, result.lag + result.moved
+        if result.moved:
+            p.throttles_in_a_row = 0
+            self._replayed_counter.add(result.moved)
+        if result.status is PublishStatus.COMPLETED:
+            await self._release(back_to_paused=False)
+            return self._finish(Outcome.COMPLETED)
+        if result.status is PublishStatus.PAUSED:
+            await self._release(back_to_paused=False)
+            return self._finish(Outcome.PAUSED)
+        if result.status is PublishStatus.FENCED:
+            return self._finish(Outcome.FENCED, detail="a newer token took over before the publish")
+        if result.status is PublishStatus.THROTTLED:
+            # the backlog grew between the measurement and the publish
+            await self._throttle(wait_reason(result.pending, result.lag, False, inp.max_backlog_threshold))
+        elif result.status is PublishStatus.STALE:
+            # an older seq than the last publish recorded for this token: only after a workflow reset
+            workflow.logger.warning("publish refused as stale", extra={"seq": self._seq, "token": self._token})
+        return None
+
+    async def _wait_for_redis(self, err: BaseException) -> None:
+        """A Redis fault outlasted the local activity's retries: wait on a durable timer, then the
+        caller starts over (from the pause and fencing check, for a turn)."""
+        inp, p = self._input, self._progress
+        p.redis_waits += 1
+        p.last_error = str(err)[:300]
+        self._set_phase(Phase.REDIS_UNAVAILABLE)
+        workflow.logger.warning(
+            "Redis unavailable; waiting %gs before the next try",
+            inp.throttle_seconds,
+            extra={"experiment_id": inp.experiment_id, "error": p.last_error},
+        )
+        await workflow.sleep(inp.throttle_seconds, summary=f"Redis unavailable: retrying in {inp.throttle_seconds:g}s")
 
     async def _throttle(self, reason: str) -> None:
         inp, p = self._input, self._progress
@@ -276,15 +339,14 @@ class ResumptionWorkflow:
 
     async def _release(self, *, back_to_paused: bool) -> None:
         """Release the claim; token 0 (a run cancelled before its acquire's reply was recorded)
-        releases whatever claim this workflow owns. Bounded by ``RELEASE_DEADLINE``."""
+        releases whatever claim this workflow owns. Bounded by ``RELEASE_RETRY``."""
         self._set_phase(Phase.RELEASING)
         try:
             await workflow.execute_local_activity(
                 RELEASE_CLAIM,
                 ReleaseRequest(ref=self._ref, token=self._token, owner=self._owner, back_to_paused=back_to_paused),
                 start_to_close_timeout=REDIS_CALL_TIMEOUT,
-                schedule_to_close_timeout=RELEASE_DEADLINE,
-                retry_policy=REDIS_RETRY,
+                retry_policy=RELEASE_RETRY,
                 summary=f"release the claim (token {self._token or 'of this workflow'})",
             )
         except FAILED_CALL as err:
@@ -325,6 +387,7 @@ class ResumptionWorkflow:
             f"- replayed: {p.replayed}, remaining: {'?' if p.remaining is None else p.remaining}",
             f"- backlog: {'?' if p.backlog is None else p.backlog} / threshold {p.threshold}",
             f"- throttle waits: {p.throttles}" + (f", last: {p.throttle_reason}" if p.throttle_reason else ""),
+            *([f"- Redis unavailable: {p.redis_waits} waits, last: {p.last_error}"] if p.redis_waits else []),
             *(
                 [f"- **stalled**: {p.throttles_in_a_row} waits in a row without progress"]
                 if p.throttles_in_a_row >= STALL_WARNING_EVERY

@@ -1,15 +1,30 @@
 -- Take the claim on an experiment's resumption: a new fencing token, newest claim wins.
--- KEYS[1] fence counter, KEYS[2] claim hash, KEYS[3] state, KEYS[4] held stream, KEYS[5] publish record
--- ARGV[1] owner, ARGV[2] lease in milliseconds
--- Moves the experiment paused -> resuming (starting the replay is the resume).
--- Returns JSON {token, state, held}.
+-- KEYS[1] fence counter, KEYS[2] claim hash, KEYS[3] state, KEYS[4] held stream, KEYS[5] publish
+-- record, KEYS[6] acquire log (a list of the last 16 'request:token' pairs)
+-- ARGV[1] owner, ARGV[2] lease in milliseconds, ARGV[3] request ID (the caller's idempotency key)
+-- A repeated request ID returns the token it was given and changes nothing, so an attempt that
+-- reaches Redis late (after its retry succeeded) cannot fence its own replayer.
+-- Moves the experiment to `resuming` (starting the replay is the resume) when it is paused, or
+-- when its state key is gone but tasks are still held (so producers queue behind them).
+-- Returns JSON {token, state, held, repeated}.
+local prefix = ARGV[3] .. ':'
+for _, entry in ipairs(redis.call('LRANGE', KEYS[6], 0, -1)) do
+  if string.sub(entry, 1, #prefix) == prefix then
+    local state = redis.call('GET', KEYS[3]) or 'running'
+    return cjson.encode({token = tonumber(string.sub(entry, #prefix + 1)), state = state,
+                         held = redis.call('XLEN', KEYS[4]), repeated = true})
+  end
+end
 local token = redis.call('INCR', KEYS[1])
+redis.call('LPUSH', KEYS[6], prefix .. token)
+redis.call('LTRIM', KEYS[6], 0, 15)
 redis.call('DEL', KEYS[2], KEYS[5])
 redis.call('HSET', KEYS[2], 'token', token, 'owner', ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 local state = redis.call('GET', KEYS[3])
-if state == 'paused' then
+local held = redis.call('XLEN', KEYS[4])
+if state == 'paused' or (not state and held > 0) then
   redis.call('SET', KEYS[3], 'resuming')
   state = 'resuming'
 end
-return cjson.encode({token = token, state = state or 'running', held = redis.call('XLEN', KEYS[4])})
+return cjson.encode({token = token, state = state or 'running', held = held, repeated = false})
