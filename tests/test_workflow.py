@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
+from activities.resumption import ResumptionActivities
 from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
 from redisclient.publish import publish_batch
-from redisclient.results import ExperimentState, PublishStatus
+from redisclient.results import ExperimentState, PublishResult, PublishStatus
 from tests.helpers import (
     GROUP,
     STREAM,
@@ -31,7 +36,7 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
-from workflows.models import Outcome, ResumptionInput, ResumptionResult
+from workflows.models import PUBLISH_BATCH, Outcome, PublishRequest, ResumptionInput, ResumptionResult
 from workflows.resumption import ResumptionWorkflow
 
 
@@ -219,3 +224,42 @@ async def test_a_fault_retrying_cannot_mend_fails_the_run_and_hands_back_a_pause
     assert not await redis.exists(keys.claim)
     assert await fencing.current_token(redis, keys) == 2  # token 1 released and revoked
     assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names
+
+
+class LostReplies(ResumptionActivities):
+    """The real activities, but the first ``lost`` publish replies are lost after the script ran in
+    Redis (a connection dropped between the server's reply and the client)."""
+
+    def __init__(self, redis: Redis, lost: int) -> None:
+        super().__init__(redis)
+        self.lost = lost
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.acquire_claim, self.check_claim, self.measure_backlog, self.publish_lossy, self.release_claim]
+
+    @activity.defn(name=PUBLISH_BATCH)
+    async def publish_lossy(self, req: PublishRequest) -> PublishResult:
+        result = await self.publish_batch(req)
+        if self.lost:
+            self.lost -= 1
+            raise RedisConnectionError("connection lost after the reply was sent")
+        return result
+
+
+async def test_publishes_whose_replies_were_lost_are_counted_once(ts_env, redis, redis_url, task_queue) -> None:
+    """Every attempt of the first publish loses its reply (the turn then waits for Redis and starts
+    over): the batch moved once, and the same seq asked again returns its recorded result."""
+    e = experiment()
+    names = await hold_tasks(redis, e, 12)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    client = Redis.from_url(redis_url)
+    async with Worker(
+        ts_env.client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=LostReplies(client, 6).all()
+    ):
+        handle = await start(ts_env, task_queue, experiment_id=e, batch_size=5, throttle_seconds=1)
+        result = await asyncio.wait_for(handle.result(), 60)
+        progress = await handle.query(ResumptionWorkflow.progress)
+    await client.aclose()
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 12, 0)
+    assert await stream_tasks(redis) == names
+    assert progress.redis_waits == 1

@@ -246,13 +246,15 @@ class ResumptionWorkflow:
 
         # 4. publish
         self._set_phase(Phase.PUBLISHING)
-        self._seq += 1
+        # the seq moves on only once a publish has answered: a publish that failed after its script
+        # ran in Redis is asked again with the same seq, and returns its recorded result
+        seq = self._seq + 1
         result = await self._call(
             PUBLISH_BATCH,
             PublishRequest(
                 ref=self._ref,
                 token=self._token,
-                seq=self._seq,
+                seq=seq,
                 batch_size=inp.batch_size,
                 threshold=inp.max_backlog_threshold,
                 owner=self._owner,
@@ -262,6 +264,7 @@ class ResumptionWorkflow:
             PublishResult,
             summary=f"publish up to {room(reading.backlog, inp.max_backlog_threshold, inp.batch_size)} tasks",
         )
+        self._seq = seq
         p.replayed += result.moved
         p.remaining = result.remaining
         if result.status in (PublishStatus.PUBLISHED, PublishStatus.COMPLETED, PublishStatus.THROTTLED):
