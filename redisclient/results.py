@@ -111,6 +111,7 @@ class PublishResult(BaseModel):
         remaining: held tasks left after the move (entries).
         pending, lag: the two parts of ``backlog``.
         group_status: the backlog measurement's status.
+        last_seq: with ``stale``, the seq of the last publish recorded for the token.
     """
 
     status: PublishStatus
@@ -120,6 +121,7 @@ class PublishResult(BaseModel):
     pending: int
     lag: int
     group_status: GroupStatus
+    last_seq: int = 0
 
 
 class MissingGroupPolicy(StrEnum):

@@ -81,3 +81,14 @@ async def consume(
 ) -> None:
     """A task worker on ``STREAM`` in ``GROUP``: see ``xmc.consumer.run_consumer``."""
     await run_consumer(redis, STREAM, GROUP, name, stop, out, count=per_read, rate=rate)
+
+
+@asynccontextmanager
+async def redis_outage(redis: Redis) -> AsyncIterator[None]:
+    """Redis refuses every client but the test's own: authentication required, connections dropped."""
+    await redis.config_set("requirepass", "outage")
+    try:
+        await redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        yield
+    finally:
+        await redis.config_set("requirepass", "")

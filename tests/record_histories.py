@@ -21,8 +21,18 @@ from temporalio.testing import WorkflowEnvironment
 
 from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
-from tests.helpers import STREAM, consume, fill_backlog, hold_tasks, resumption_worker, throttled, wait_for
-from workflows.models import ResumptionInput
+from tests.helpers import (
+    GROUP,
+    STREAM,
+    consume,
+    fill_backlog,
+    hold_tasks,
+    redis_outage,
+    resumption_worker,
+    throttled,
+    wait_for,
+)
+from workflows.models import Phase, ResumptionInput
 from workflows.resumption import ResumptionWorkflow
 from xmc.services import installed_binary, local_redis
 
@@ -52,6 +62,14 @@ async def fenced(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await handle.result()
 
 
+async def waited_for_redis(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    await wait_for(handle, throttled)
+    async with redis_outage(redis):
+        await redis.xgroup_setid(STREAM, GROUP, "$")
+        await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE, timeout=30)
+    await completed(redis, handle, e)
+
+
 async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await wait_for(handle, throttled)
     await handle.cancel()
@@ -64,6 +82,7 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
     "paused_during_wait": (paused, {"max_backlog_threshold": 5, "throttle_seconds": 1}),
     "fenced_during_wait": (fenced, {"max_backlog_threshold": 5, "throttle_seconds": 1}),
     "cancelled_during_wait": (cancelled, {"max_backlog_threshold": 5, "throttle_seconds": 5}),
+    "waited_for_redis": (waited_for_redis, {"max_backlog_threshold": 5, "batch_size": 4, "throttle_seconds": 0.5}),
     "continued_as_new": (
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_seconds": 0.3, "turns_per_run": 3},

@@ -102,7 +102,7 @@ async def test_repeated_seq_returns_the_recorded_result_and_older_seq_moves_noth
     assert again == first and await redis.xlen(KEYS.stream) == 10
     assert (await publish(redis, grant.token, 2)).moved == 10
     zombie = await publish(redis, grant.token, 1)  # an attempt that outlived its timeout
-    assert (zombie.status, zombie.moved) == (PublishStatus.STALE, 0)
+    assert (zombie.status, zombie.moved, zombie.last_seq) == (PublishStatus.STALE, 0, 2)
     assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(20)]
 
 

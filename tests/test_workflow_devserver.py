@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
-from redis.asyncio import Redis
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
 
-from redisclient import held
+from redisclient import fencing, held
 from redisclient.backlog import measure_backlog
 from redisclient.keys import ExperimentKeys
 from redisclient.results import ExperimentState
@@ -29,6 +27,7 @@ from tests.helpers import (
     consume,
     fill_backlog,
     hold_tasks,
+    redis_outage,
     resumption_worker,
     stream_tasks,
     throttled,
@@ -148,17 +147,6 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, r
     assert (await stream_tasks(redis))[5:] == names
 
 
-@asynccontextmanager
-async def redis_outage(redis: Redis) -> AsyncIterator[None]:
-    """Redis refuses every client but the test's own: authentication required, connections dropped."""
-    await redis.config_set("requirepass", "outage")
-    try:
-        await redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-        yield
-    finally:
-        await redis.config_set("requirepass", "")
-
-
 async def test_redis_outage_is_waited_out_and_loses_nothing(dev_env, redis, redis_url, task_queue) -> None:
     """An outage longer than the local activities' retries: the turn waits on a durable timer and
     starts over; nothing is published meanwhile, and the replay completes exactly once."""
@@ -258,3 +246,50 @@ async def test_continue_as_new_when_temporal_suggests_it(redis, redis_url, task_
     assert 40 <= len(first.events) < 60
     assert (await stream_tasks(redis))[5:] == names
     assert sorted(seen) == sorted([f"other-{i}".encode() for i in range(5)] + names)
+
+
+async def test_cancel_while_a_call_hangs_ends_the_run_cancelled(dev_env, redis, task_queue) -> None:
+    """A Redis that accepts connections and never answers: the cancel reaches the workflow while a
+    local activity is still retrying, and must end the run, not be taken for a Redis fault."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel accepts; nobody ever answers
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0?socket_timeout=0.5&socket_connect_timeout=0.5"
+        async with resumption_worker(dev_env.client, task_queue, url):
+            handle = await dev_env.client.start_workflow(
+                ResumptionWorkflow.run,
+                ResumptionInput(experiment_id=e, throttle_seconds=1),
+                id=f"resumption-{e}",
+                task_queue=task_queue,
+            )
+            await asyncio.sleep(2)  # the acquire is retrying against the silent server
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError) as failure:
+                await asyncio.wait_for(handle.result(), 60)
+    assert isinstance(failure.value.cause, CancelledError)
+    history = await handle.fetch_history()
+    assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+
+
+async def test_a_long_outage_before_the_claim_continues_as_new_and_claims_once(
+    dev_env, redis, redis_url, task_queue
+) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 10)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        async with redis_outage(redis):
+            handle = await dev_env.client.start_workflow(
+                ResumptionWorkflow.run,
+                ResumptionInput(experiment_id=e, throttle_seconds=0.2, turns_per_run=1),
+                id=f"resumption-{e}",
+                task_queue=task_queue,
+            )
+            progress = await wait_for(handle, lambda p: p.runs >= 2, timeout=40)
+            assert progress.token == 0 and await redis.xlen(STREAM) == 0
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert (result.outcome, result.replayed, result.token) == (Outcome.COMPLETED, 10, 1)
+    assert result.runs >= 2
+    assert await fencing.current_token(redis, ExperimentKeys(STREAM, e)) == 2  # one claim, then its release
+    assert await stream_tasks(redis) == names

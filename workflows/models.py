@@ -50,7 +50,9 @@ class Carry(BaseModel):
     """State carried across continue-as-new; callers never set it.
 
     Attributes:
-        token: the fencing token taken by the first run.
+        token: the fencing token taken by the first run; 0 while the claim is still to be taken
+            (a long Redis outage at the start).
+        request_id: the acquire's idempotency key, the same in every run of one resumption.
         owner: the claim's owner (the workflow ID).
         seq: the last publish sequence number used (the publish script's idempotency key).
         replayed: tasks replayed so far (entries).
@@ -62,7 +64,8 @@ class Carry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    token: int = Field(ge=1)
+    token: int = Field(ge=0)
+    request_id: str = Field(min_length=1)
     owner: str
     seq: int = Field(ge=0)
     replayed: int = Field(ge=0)

@@ -21,7 +21,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from redisclient.results import (
@@ -151,9 +151,11 @@ class ResumptionWorkflow:
                 type="InvalidInput",
                 non_retryable=True,
             )
+        self._started_at = inp.carry.started_at if inp.carry else workflow.now()
+        # drawn once per resumption and carried: every try of the acquire, in any run, is one request
+        self._request_id = inp.carry.request_id if inp.carry else str(workflow.uuid4())
         try:
-            if inp.carry is None:
-                self._started_at = workflow.now()
+            if inp.carry is None or inp.carry.token == 0:
                 grant = await self._acquire()
                 self._token = p.token = grant.token
                 p.remaining = grant.held
@@ -163,7 +165,6 @@ class ResumptionWorkflow:
                 )
             else:
                 self._token = inp.carry.token
-                self._started_at = inp.carry.started_at
             return await self._loop()
         except asyncio.CancelledError:
             p.outcome = Outcome.CANCELLED
@@ -176,13 +177,16 @@ class ResumptionWorkflow:
             raise
 
     async def _acquire(self) -> ClaimGrant:
-        """Take the claim, waiting out a Redis outage; the request ID makes a retry (or an attempt
-        that reaches Redis late) return the same token instead of a second claim."""
+        """Take the claim, waiting out a Redis outage (continuing as new, without a token, when the
+        wait grows long); the request ID makes a retry, or an attempt that reaches Redis late,
+        return the same token instead of a second claim."""
         inp = self._input
-        request = AcquireRequest(
-            ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms, request_id=str(workflow.uuid4())
-        )
+        request = AcquireRequest(ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms, request_id=self._request_id)
+        tries = 0
         while True:
+            if tries >= inp.turns_per_run or workflow.info().is_continue_as_new_suggested():
+                await self._continue_as_new()
+            tries += 1
             self._set_phase(Phase.CLAIMING)
             try:
                 return await self._call(
@@ -285,8 +289,10 @@ class ResumptionWorkflow:
             # the backlog grew between the measurement and the publish
             await self._throttle(wait_reason(result.pending, result.lag, False, inp.max_backlog_threshold))
         elif result.status is PublishStatus.STALE:
-            # an older seq than the last publish recorded for this token: only after a workflow reset
-            workflow.logger.warning("publish refused as stale", extra={"seq": self._seq, "token": self._token})
+            # an older seq than the last publish recorded for this token (after a workflow reset):
+            # go on from the recorded one
+            workflow.logger.warning("publish refused as stale", extra={"seq": seq, "last_seq": result.last_seq})
+            self._seq = max(self._seq, result.last_seq)
         return None
 
     async def _wait_for_redis(self, err: BaseException) -> None:
@@ -329,6 +335,7 @@ class ResumptionWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         carry = Carry(
             token=self._token,
+            request_id=self._request_id,
             owner=self._owner,
             seq=self._seq,
             replayed=p.replayed,
@@ -403,12 +410,24 @@ class ResumptionWorkflow:
         workflow.set_current_details("\n".join(lines))
 
     async def _call(self, name: str, arg: BaseModel, result_type: type[_Result], *, summary: str) -> _Result:
-        """Run the Redis local activity ``name`` with the shared timeout and retry policy."""
-        return await workflow.execute_local_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=REDIS_CALL_TIMEOUT,
-            retry_policy=REDIS_RETRY,
-            summary=summary,
-        )
+        """Run the Redis local activity ``name`` with the shared timeout and retry policy.
+
+        Raises:
+            asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the
+                SDK reports that as a failed call caused by cancellation; it must not be taken for
+                a Redis fault).
+            ActivityError, ApplicationError: the call failed (see ``_permanent``).
+        """
+        try:
+            return await workflow.execute_local_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=REDIS_CALL_TIMEOUT,
+                retry_policy=REDIS_RETRY,
+                summary=summary,
+            )
+        except FAILED_CALL as err:
+            if is_cancelled_exception(err):
+                raise asyncio.CancelledError() from err
+            raise

@@ -13,13 +13,14 @@
 --   bound: moves at most min(batch, threshold - backlog) entries ('throttled' when that is 0);
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream;
 --   done: when the held stream is empty the experiment is running again ('completed').
--- Returns JSON {status, moved, backlog, remaining, pending, lag, group_status}.
+-- Returns JSON {status, moved, backlog, remaining, pending, lag, group_status, last_seq}; last_seq is
+-- the recorded seq, with 'stale'.
 local token, seq = tonumber(ARGV[1]), tonumber(ARGV[2])
 local batch, threshold = tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local function reply(status, moved, b, remaining)
+local function reply(status, moved, b, remaining, last_seq)
   return cjson.encode({status = status, moved = moved, backlog = b.pending + b.lag, remaining = remaining,
-                       pending = b.pending, lag = b.lag, group_status = b.status})
+                       pending = b.pending, lag = b.lag, group_status = b.status, last_seq = last_seq or 0})
 end
 local none = {status = 'ok', pending = 0, lag = 0}
 
@@ -31,7 +32,7 @@ if tonumber(redis.call('HGET', KEYS[6], 'token') or '0') == token then
   if seq == last_seq then
     return redis.call('HGET', KEYS[6], 'result')
   elseif seq < last_seq then
-    return reply('stale', 0, none, redis.call('XLEN', KEYS[2]))
+    return reply('stale', 0, none, redis.call('XLEN', KEYS[2]), last_seq)
   end
 end
 if redis.call('GET', KEYS[3]) == 'paused' then
