@@ -14,7 +14,7 @@ from temporalio.worker import Worker
 from activities.resumption import ResumptionActivities
 from redisclient import held
 from redisclient.keys import ExperimentKeys
-from workflows.models import Phase, Progress
+from workflows.models import Phase, Progress, ResumptionInput
 from workflows.resumption import ResumptionWorkflow
 from xmc.consumer import run_consumer
 
@@ -33,6 +33,14 @@ async def resumption_worker(client: Client, task_queue: str, redis_url: str) -> 
             yield worker
     finally:
         await redis.aclose()
+
+
+async def start(client: Client, task_queue: str, **fields: object) -> WorkflowHandle:
+    """Start ``ResumptionWorkflow`` with ``ResumptionInput(**fields)`` under the conventional ID."""
+    inp = ResumptionInput.model_validate(fields)
+    return await client.start_workflow(
+        ResumptionWorkflow.run, inp, id=f"resumption-{inp.experiment_id}", task_queue=task_queue
+    )
 
 
 async def hold_tasks(redis: Redis, experiment_id: str, n: int, start: int = 0) -> list[bytes]:

@@ -32,23 +32,17 @@ from tests.helpers import (
     fill_backlog,
     hold_tasks,
     resumption_worker,
+    start,
     stream_tasks,
     throttled,
     wait_for,
 )
-from workflows.models import PUBLISH_BATCH, Outcome, PublishRequest, ResumptionInput, ResumptionResult
+from workflows.models import PUBLISH_BATCH, Outcome, PublishRequest, ResumptionResult
 from workflows.resumption import ResumptionWorkflow
 
 
 def experiment() -> str:
     return f"E{uuid.uuid4().hex[:6]}"
-
-
-async def start(env: WorkflowEnvironment, task_queue: str, **fields):  # type: ignore[no-untyped-def]
-    inp = ResumptionInput(**fields)
-    return await env.client.start_workflow(
-        ResumptionWorkflow.run, inp, id=f"resumption-{inp.experiment_id}", task_queue=task_queue
-    )
 
 
 @dataclass
@@ -69,7 +63,7 @@ async def throttled_replay(
     names = await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
     async with resumption_worker(env.client, task_queue, redis_url):
-        handle = await start(env, task_queue, experiment_id=e, max_backlog_threshold=5)
+        handle = await start(env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
         await wait_for(handle, throttled)
         yield Throttled(e, ExperimentKeys(STREAM, e), names, handle)
 
@@ -88,7 +82,7 @@ async def test_throttle_waits_then_replays_everything(ts_env, redis, redis_url, 
     names = await hold_tasks(redis, e, 40)
     await fill_backlog(redis, 5)
     async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=3)
+        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=3)
         progress = await wait_for(handle, throttled)
         assert (progress.backlog, progress.pending, progress.lag) == (5, 0, 5)
         assert progress.throttle_reason == "backlog 5 >= 5 (pending 0 + lag 5)"
@@ -200,7 +194,7 @@ async def test_nothing_held_completes_at_once(ts_env, redis, redis_url, task_que
     e = experiment()
     await held.pause(redis, ExperimentKeys(STREAM, e))
     async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env, task_queue, experiment_id=e)
+        handle = await start(ts_env.client, task_queue, experiment_id=e)
         result = await handle.result()
     assert (result.outcome, result.replayed, result.throttles, result.turns) == (Outcome.COMPLETED, 0, 0, 1)
     assert await held.get_state(redis, ExperimentKeys(STREAM, e)) is ExperimentState.RUNNING
@@ -256,7 +250,7 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(ts_env, redis,
     async with Worker(
         ts_env.client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=LostReplies(client, 6).all()
     ):
-        handle = await start(ts_env, task_queue, experiment_id=e, batch_size=5, throttle_seconds=1)
+        handle = await start(ts_env.client, task_queue, experiment_id=e, batch_size=5, throttle_seconds=1)
         result = await asyncio.wait_for(handle.result(), 60)
         progress = await handle.query(ResumptionWorkflow.progress)
     await client.aclose()

@@ -29,11 +29,12 @@ from tests.helpers import (
     hold_tasks,
     redis_outage,
     resumption_worker,
+    start,
     stream_tasks,
     throttled,
     wait_for,
 )
-from workflows.models import Outcome, Phase, ResumptionInput
+from workflows.models import Outcome, Phase
 from workflows.resumption import ResumptionWorkflow
 from xmc.services import installed_binary
 
@@ -66,11 +67,13 @@ async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis
     async with resumption_worker(dev_env.client, task_queue, redis_url):
         consumers = [asyncio.create_task(consume(redis, f"c{i}", stop, seen, 5, rate=200)) for i in range(3)]
         watch = asyncio.create_task(sampler())
-        handle = await dev_env.client.start_workflow(
-            ResumptionWorkflow.run,
-            ResumptionInput(experiment_id=e, max_backlog_threshold=threshold, batch_size=50, throttle_seconds=0.2),
-            id=f"resumption-{e}",
-            task_queue=task_queue,
+        handle = await start(
+            dev_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=threshold,
+            batch_size=50,
+            throttle_seconds=0.2,
         )
         await producer()
         result = await asyncio.wait_for(handle.result(), 120)
@@ -89,12 +92,7 @@ async def test_continue_as_new_carries_token_and_counters(dev_env, redis, redis_
     names = await hold_tasks(redis, e, 30)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await dev_env.client.start_workflow(
-            ResumptionWorkflow.run,
-            ResumptionInput(experiment_id=e, batch_size=4, turns_per_run=2),
-            id=f"resumption-{e}",
-            task_queue=task_queue,
-        )
+        handle = await start(dev_env.client, task_queue, experiment_id=e, batch_size=4, turns_per_run=2)
         result = await asyncio.wait_for(handle.result(), 60)
         first_run = dev_env.client.get_workflow_handle(handle.id, run_id=handle.result_run_id)
         first_history = await first_run.fetch_history()
@@ -118,11 +116,13 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, r
     names = await hold_tasks(redis, e, 20)
     await fill_backlog(redis, 5)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await dev_env.client.start_workflow(
-            ResumptionWorkflow.run,
-            ResumptionInput(experiment_id=e, max_backlog_threshold=5, throttle_seconds=10, claim_lease_seconds=10.5),
-            id=f"resumption-{e}",
-            task_queue=task_queue,
+        handle = await start(
+            dev_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_seconds=10,
+            claim_lease_seconds=10.5,
         )
         await wait_for(handle, throttled)
         throttled_at = time.monotonic()
@@ -154,11 +154,8 @@ async def test_redis_outage_is_waited_out_and_loses_nothing(dev_env, redis, redi
     names = await hold_tasks(redis, e, 60)
     await fill_backlog(redis, 5)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await dev_env.client.start_workflow(
-            ResumptionWorkflow.run,
-            ResumptionInput(experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.5),
-            id=f"resumption-{e}",
-            task_queue=task_queue,
+        handle = await start(
+            dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.5
         )
         await wait_for(handle, throttled)
         async with redis_outage(redis):
@@ -186,12 +183,7 @@ async def test_cancel_ends_even_while_redis_is_away(dev_env, redis, redis_url, t
     await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await dev_env.client.start_workflow(
-            ResumptionWorkflow.run,
-            ResumptionInput(experiment_id=e, max_backlog_threshold=5, throttle_seconds=30),
-            id=f"resumption-{e}",
-            task_queue=task_queue,
-        )
+        handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=30)
         await wait_for(handle, throttled)
         async with redis_outage(redis):
             t0 = time.monotonic()
@@ -226,11 +218,8 @@ async def test_continue_as_new_when_temporal_suggests_it(redis, redis_url, task_
         stop, seen = asyncio.Event(), []
         async with resumption_worker(env.client, task_queue, redis_url):
             consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=2, rate=40))
-            handle = await env.client.start_workflow(
-                ResumptionWorkflow.run,
-                ResumptionInput(experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.2),
-                id=f"resumption-{e}",
-                task_queue=task_queue,
+            handle = await start(
+                env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.2
             )
             result = await asyncio.wait_for(handle.result(), 60)
             stop.set()
@@ -257,12 +246,7 @@ async def test_cancel_while_a_call_hangs_ends_the_run_cancelled(dev_env, redis, 
         silent.listen(16)  # the kernel accepts; nobody ever answers
         url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0?socket_timeout=0.5&socket_connect_timeout=0.5"
         async with resumption_worker(dev_env.client, task_queue, url):
-            handle = await dev_env.client.start_workflow(
-                ResumptionWorkflow.run,
-                ResumptionInput(experiment_id=e, throttle_seconds=1),
-                id=f"resumption-{e}",
-                task_queue=task_queue,
-            )
+            handle = await start(dev_env.client, task_queue, experiment_id=e, throttle_seconds=1)
             await asyncio.sleep(2)  # the acquire is retrying against the silent server
             await handle.cancel()
             with pytest.raises(WorkflowFailureError) as failure:
@@ -280,12 +264,7 @@ async def test_a_long_outage_before_the_claim_continues_as_new_and_claims_once(
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
         async with redis_outage(redis):
-            handle = await dev_env.client.start_workflow(
-                ResumptionWorkflow.run,
-                ResumptionInput(experiment_id=e, throttle_seconds=0.2, turns_per_run=1),
-                id=f"resumption-{e}",
-                task_queue=task_queue,
-            )
+            handle = await start(dev_env.client, task_queue, experiment_id=e, throttle_seconds=0.2, turns_per_run=1)
             progress = await wait_for(handle, lambda p: p.runs >= 2, timeout=40)
             assert progress.token == 0 and await redis.xlen(STREAM) == 0
         result = await asyncio.wait_for(handle.result(), 60)

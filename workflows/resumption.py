@@ -15,6 +15,7 @@ after ``turns_per_run`` turns or when Temporal suggests it, carrying the token a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 from typing import TypeVar
 
@@ -73,13 +74,7 @@ workflow task. A fault that outlasts them makes the turn wait on a durable timer
 from the top (``_wait_for_redis``), so an outage of any length is waited out, history stays small
 and continue-as-new still happens. Faults that retrying cannot mend are not retried."""
 
-RELEASE_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=4),
-    maximum_attempts=7,
-    non_retryable_error_types=list(NON_RETRYABLE_ERROR_TYPES),
-)
+RELEASE_RETRY = dataclasses.replace(REDIS_RETRY, maximum_attempts=7)
 """The release gives up after 7 attempts (about 10 s of backoff), so a cancel or a failure ends
 even while Redis is away; the claim's lease then lapses and ``xmc status`` reports the experiment
 as orphaned. (A local activity's schedule-to-close timeout is not enforced by temporalio 1.35 on
