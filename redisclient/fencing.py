@@ -17,7 +17,7 @@ import uuid
 
 from redis.asyncio import Redis
 
-from redisclient.keys import ExperimentKeys
+from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ClaimCheck, ClaimGrant
 from redisclient.scripts import script
 
@@ -113,13 +113,6 @@ async def claim_info(client: Redis, keys: ExperimentKeys) -> dict[str, str]:
     raw = await client.hgetall(keys.claim)
     if not raw:
         return {}
-    info = {_text(k): _text(v) for k, v in raw.items()}
+    info = {as_text(k): as_text(v) for k, v in raw.items()}
     info["lease_ms"] = str(await client.pttl(keys.claim))
     return info
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-__all__ = ["acquire_claim", "check_claim", "claim_info", "current_token", "release_claim"]

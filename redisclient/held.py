@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
-from redisclient.keys import ExperimentKeys
+from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ExperimentState
 from redisclient.scripts import script
 
@@ -41,7 +41,7 @@ async def enqueue_task(client: Redis, keys: ExperimentKeys, task: Task) -> tuple
     for field, value in task.items():
         flat += [field, value]
     where, entry_id = await script(client, "enqueue")(keys=[keys.stream, keys.state, keys.held], args=flat)
-    return (where.decode() if isinstance(where, bytes) else where), entry_id
+    return as_text(where), entry_id
 
 
 async def pause(client: Redis, keys: ExperimentKeys) -> None:
@@ -58,7 +58,7 @@ async def get_state(client: Redis, keys: ExperimentKeys) -> ExperimentState:
     raw = await client.get(keys.state)
     if raw is None:
         return ExperimentState.RUNNING
-    return ExperimentState(raw.decode() if isinstance(raw, bytes) else raw)
+    return ExperimentState(as_text(raw))
 
 
 async def held_count(client: Redis, keys: ExperimentKeys) -> int:

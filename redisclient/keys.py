@@ -74,3 +74,8 @@ class ExperimentKeys:
     def fence(self) -> str:
         """Integer key: the last fencing token issued (``INCR``)."""
         return f"{self._prefix}:fence"
+
+
+def as_text(value: bytes | str) -> str:
+    """A reply as text, whether the client decodes responses or not (UTF-8)."""
+    return value.decode() if isinstance(value, bytes) else value

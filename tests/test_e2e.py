@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowFailureError
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from redisclient import held
@@ -55,42 +56,32 @@ def worker_process(dev_env, redis_url, task_queue, tmp_path, metrics_port) -> It
     log.close()
 
 
+def temporal_workflow_cli(env: WorkflowEnvironment, *args: str) -> subprocess.CompletedProcess[str]:
+    """``temporal workflow ARGS`` against the test's dev server, as an operator types it."""
+    address = env.client.service_client.config.target_host
+    return subprocess.run(
+        [installed_binary("temporal"), "--address", address, "workflow", *args],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
 async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_process, metrics_port) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 300)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     stop, seen = asyncio.Event(), []
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20, rate=300))
-    address = dev_env.client.service_client.config.target_host
     payload = {"experiment_id": e, "max_backlog_threshold": 50, "batch_size": 20, "throttle_seconds": 0.5}
-    cli = [installed_binary("temporal"), "--address", address, "workflow"]
-    started = subprocess.run(
-        [
-            *cli,
-            "start",
-            "--type",
-            "ResumptionWorkflow",
-            "--task-queue",
-            task_queue,
-            "--workflow-id",
-            f"resumption-{e}",
-            "--input",
-            json.dumps(payload),
-            "--static-summary",
-            f"Resume experiment {e}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    started = temporal_workflow_cli(
+        dev_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue,
+        "--workflow-id", f"resumption-{e}", "--input", json.dumps(payload),
+        "--static-summary", f"Resume experiment {e}",
+    )  # fmt: skip
     assert started.returncode == 0, started.stderr
     handle = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, f"resumption-{e}")
     result = await asyncio.wait_for(handle.result(), 60)
-    queried = subprocess.run(
-        [*cli, "query", "--workflow-id", f"resumption-{e}", "--type", "progress", "-o", "json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
+    queried = temporal_workflow_cli(
+        dev_env, "query", "--workflow-id", f"resumption-{e}", "--type", "progress", "-o", "json"
     )
     stop.set()
     await consumer
@@ -113,28 +104,11 @@ async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_
 
 
 async def test_bad_cli_input_fails_the_run_naming_the_field(dev_env, redis, task_queue, worker_process) -> None:
-    address = dev_env.client.service_client.config.target_host
     wid = f"resumption-bad-{uuid.uuid4().hex[:6]}"
-    started = subprocess.run(
-        [
-            installed_binary("temporal"),
-            "--address",
-            address,
-            "workflow",
-            "start",
-            "--type",
-            "ResumptionWorkflow",
-            "--task-queue",
-            task_queue,
-            "--workflow-id",
-            wid,
-            "--input",
-            '{"experiment_id": "E", "batch_size": "lots"}',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    started = temporal_workflow_cli(
+        dev_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue,
+        "--workflow-id", wid, "--input", '{"experiment_id": "E", "batch_size": "lots"}',
+    )  # fmt: skip
     assert started.returncode == 0, started.stderr
     handle = dev_env.client.get_workflow_handle(wid, result_type=ResumptionResult)
     t0 = time.monotonic()

@@ -138,7 +138,6 @@ class ResumptionWorkflow:
         self._replayed_counter = meter.create_counter("xmc_tasks_replayed", "tasks moved into the task stream")
         self._throttle_counter = meter.create_counter("xmc_throttle_waits", "throttle waits taken")
         p = self._progress
-        self._token = 0
         self._owner = inp.carry.owner if inp.carry else workflow.info().workflow_id
         if inp.carry is not None and workflow.info().continued_run_id is None:
             raise ApplicationError(
@@ -150,16 +149,6 @@ class ResumptionWorkflow:
         # drawn once per resumption and carried: every try of the acquire, in any run, is one request
         self._request_id = inp.carry.request_id if inp.carry else str(workflow.uuid4())
         try:
-            if inp.carry is None or inp.carry.token == 0:
-                grant = await self._acquire()
-                self._token = p.token = grant.token
-                p.remaining = grant.held
-                workflow.logger.info(
-                    "resumption started",
-                    extra={"experiment_id": inp.experiment_id, "token": grant.token, "held": grant.held},
-                )
-            else:
-                self._token = inp.carry.token
             return await self._loop()
         except asyncio.CancelledError:
             p.outcome = Outcome.CANCELLED
@@ -171,36 +160,28 @@ class ResumptionWorkflow:
             await self._release(back_to_paused=True)
             raise
 
-    async def _acquire(self) -> ClaimGrant:
-        """Take the claim, waiting out a Redis outage (continuing as new, without a token, when the
-        wait grows long); the request ID makes a retry, or an attempt that reaches Redis late,
-        return the same token instead of a second claim."""
-        inp = self._input
-        request = AcquireRequest(ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms, request_id=self._request_id)
-        tries = 0
-        while True:
-            if tries >= inp.turns_per_run or workflow.info().is_continue_as_new_suggested():
-                await self._continue_as_new()
-            tries += 1
-            self._set_phase(Phase.CLAIMING)
-            try:
-                return await self._call(
-                    ACQUIRE_CLAIM, request, ClaimGrant, summary=f"take the claim on experiment {inp.experiment_id}"
-                )
-            except FAILED_CALL as err:
-                if _permanent(err):
-                    raise
-                await self._wait_for_redis(err)
+    @property
+    def _token(self) -> int:
+        """The fencing token this resumption holds; 0 until the claim is taken."""
+        return self._progress.token
 
     async def _loop(self) -> ResumptionResult:
+        """Take the claim, then turn until the resumption ends. A Redis fault that outlasts a call's
+        retries waits on a durable timer and starts the step over; the run continues as new after
+        ``turns_per_run`` turns, or as many tries of the claim, or when Temporal suggests it (before
+        the claim too, carrying token 0)."""
         inp, p = self._input, self._progress
-        turns_this_run = 0
+        claim_tries = turns_this_run = 0
         while True:
-            if turns_this_run >= inp.turns_per_run or workflow.info().is_continue_as_new_suggested():
+            if max(claim_tries, turns_this_run) >= inp.turns_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new()
-            turns_this_run += 1
-            p.turns += 1
             try:
+                if not self._token:
+                    claim_tries += 1
+                    await self._acquire()
+                    continue
+                turns_this_run += 1
+                p.turns += 1
                 result = await self._turn()
             except FAILED_CALL as err:
                 if _permanent(err):
@@ -209,6 +190,23 @@ class ResumptionWorkflow:
                 continue
             if result is not None:
                 return result
+
+    async def _acquire(self) -> None:
+        """Take the claim. The request ID makes a retry, or an attempt that reaches Redis late,
+        return the same token instead of a second claim."""
+        inp, p = self._input, self._progress
+        self._set_phase(Phase.CLAIMING)
+        grant = await self._call(
+            ACQUIRE_CLAIM,
+            AcquireRequest(ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms, request_id=self._request_id),
+            ClaimGrant,
+            summary=f"take the claim on experiment {inp.experiment_id}",
+        )
+        p.token, p.remaining = grant.token, grant.held
+        workflow.logger.info(
+            "resumption started",
+            extra={"experiment_id": inp.experiment_id, "token": grant.token, "held": grant.held},
+        )
 
     async def _turn(self) -> ResumptionResult | None:
         """One turn of the loop; returns the result when the resumption ends, else None."""
@@ -347,12 +345,12 @@ class ResumptionWorkflow:
         releases whatever claim this workflow owns. Bounded by ``RELEASE_RETRY``."""
         self._set_phase(Phase.RELEASING)
         try:
-            await workflow.execute_local_activity(
+            await self._call(
                 RELEASE_CLAIM,
                 ReleaseRequest(ref=self._ref, token=self._token, owner=self._owner, back_to_paused=back_to_paused),
-                start_to_close_timeout=REDIS_CALL_TIMEOUT,
-                retry_policy=RELEASE_RETRY,
+                int,
                 summary=f"release the claim (token {self._token or 'of this workflow'})",
+                retry_policy=RELEASE_RETRY,
             )
         except FAILED_CALL as err:
             # the lease will lapse on its own; the run's own outcome or failure matters more
@@ -404,8 +402,16 @@ class ResumptionWorkflow:
             lines.append(f"- waiting until {p.throttled_until.isoformat(timespec='seconds')}")
         workflow.set_current_details("\n".join(lines))
 
-    async def _call(self, name: str, arg: BaseModel, result_type: type[_Result], *, summary: str) -> _Result:
-        """Run the Redis local activity ``name`` with the shared timeout and retry policy.
+    async def _call(
+        self,
+        name: str,
+        arg: BaseModel,
+        result_type: type[_Result],
+        *,
+        summary: str,
+        retry_policy: RetryPolicy = REDIS_RETRY,
+    ) -> _Result:
+        """Run the Redis local activity ``name`` with the shared timeout and ``retry_policy``.
 
         Raises:
             asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the
@@ -419,7 +425,7 @@ class ResumptionWorkflow:
                 arg,
                 result_type=result_type,
                 start_to_close_timeout=REDIS_CALL_TIMEOUT,
-                retry_policy=REDIS_RETRY,
+                retry_policy=retry_policy,
                 summary=summary,
             )
         except FAILED_CALL as err:
