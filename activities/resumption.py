@@ -1,11 +1,12 @@
 """The resumption's activities, run as local activities by ``ResumptionWorkflow``.
 
-Each takes and returns a pydantic model and calls one function of ``redisclient``; each is
-registered under a name from ``workflows.models``, by which the workflow calls it. Errors are sorted
-for Temporal's retry policy: bad arguments, a missing consumer group under the ``error`` policy, a
-key of the wrong type and other error replies that repeat on every try raise a non-retryable
-``ApplicationError`` whose ``type`` (``workflows.models.NON_RETRYABLE_ERROR_TYPES``) names the
-fault; connection faults, timeouts and transient error replies propagate and are retried.
+Each takes a request envelope (``activities.requests``), returns a pydantic result and calls one
+function of ``redisclient``; the workflow calls them typed, by method
+(``workflow.execute_local_activity_method``). Errors are sorted for Temporal's retry policy: bad
+arguments, a missing consumer group under the ``error`` policy, a key of the wrong type and other
+error replies that repeat on every try raise a non-retryable ``ApplicationError`` whose ``type`` is
+an ``activities.errors.ErrorType``; connection faults, timeouts and transient error replies
+propagate and are retried.
 """
 
 from __future__ import annotations
@@ -19,23 +20,20 @@ from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from redisclient import backlog, fencing, publish
-from redisclient.errors import MissingConsumerGroupError
-from redisclient.keys import ExperimentKeys
-from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, PublishResult
-from workflows.models import (
-    ACQUIRE_CLAIM,
-    CHECK_CLAIM,
-    MEASURE_BACKLOG,
-    PUBLISH_BATCH,
-    RELEASE_CLAIM,
+from activities.errors import ErrorType
+from activities.requests import (
     AcquireRequest,
     BacklogRequest,
     CheckRequest,
+    DrainWaitRequest,
     ExperimentRef,
     PublishRequest,
     ReleaseRequest,
 )
+from redisclient import backlog, fencing, publish
+from redisclient.errors import MissingConsumerGroupError
+from redisclient.keys import ExperimentKeys
+from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult
 
 TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
@@ -56,19 +54,19 @@ async def _classified() -> AsyncIterator[None]:
     try:
         yield
     except ValueError as err:
-        raise ApplicationError(str(err), type="InvalidArgument", non_retryable=True) from err
+        raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
     except MissingConsumerGroupError as err:
-        raise ApplicationError(str(err), type="MissingConsumerGroup", non_retryable=True) from err
+        raise ApplicationError(str(err), type=ErrorType.MISSING_CONSUMER_GROUP, non_retryable=True) from err
     except ResponseError as err:
         reply = str(err)
         if isinstance(err, TRANSIENT_ERRORS) or reply.startswith(TRANSIENT_REPLIES):
             raise
         if reply.startswith("WRONGTYPE"):
             raise ApplicationError(
-                f"a key of the wrong type is in the way: {reply}", type="RedisWrongType", non_retryable=True
+                f"a key of the wrong type is in the way: {reply}", type=ErrorType.REDIS_WRONG_TYPE, non_retryable=True
             ) from err
         raise ApplicationError(
-            f"Redis refused the command: {reply}", type="RedisCommandError", non_retryable=True
+            f"Redis refused the command: {reply}", type=ErrorType.REDIS_COMMAND_ERROR, non_retryable=True
         ) from err
 
 
@@ -76,7 +74,7 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
     try:
         return ExperimentKeys(ref.stream, ref.experiment_id)
     except ValueError as err:
-        raise ApplicationError(str(err), type="InvalidArgument", non_retryable=True) from err
+        raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
 
 
 class ResumptionActivities:
@@ -91,9 +89,16 @@ class ResumptionActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """The bound activity methods, for ``Worker(activities=...)``."""
-        return [self.acquire_claim, self.check_claim, self.measure_backlog, self.publish_batch, self.release_claim]
+        return [
+            self.acquire_claim,
+            self.check_claim,
+            self.measure_backlog,
+            self.wait_for_drain,
+            self.publish_batch,
+            self.release_claim,
+        ]
 
-    @activity.defn(name=ACQUIRE_CLAIM)
+    @activity.defn
     async def acquire_claim(self, req: AcquireRequest) -> ClaimGrant:
         """Take the claim (a new fencing token); moves the experiment paused -> resuming."""
         async with _classified():
@@ -104,7 +109,7 @@ class ResumptionActivities:
         )
         return grant
 
-    @activity.defn(name=CHECK_CLAIM)
+    @activity.defn
     async def check_claim(self, req: CheckRequest) -> ClaimCheck:
         """Check pause state and fencing token; extend the claim's lease."""
         async with _classified():
@@ -116,7 +121,7 @@ class ResumptionActivities:
             )
         return check
 
-    @activity.defn(name=MEASURE_BACKLOG)
+    @activity.defn
     async def measure_backlog(self, req: BacklogRequest) -> BacklogReading:
         """Measure the consumer group's backlog (pending + lag, capped near the threshold)."""
         async with _classified():
@@ -125,7 +130,24 @@ class ResumptionActivities:
             )
         return reading  # a missing group under the zero policy is logged by measure_backlog
 
-    @activity.defn(name=PUBLISH_BATCH)
+    @activity.defn
+    async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
+        """Poll the backlog until it falls to the low watermark, within the request's bounds (a
+        short throttle wait of the adaptive policy; see ``redisclient.backlog.wait_for_drain``)."""
+        async with _classified():
+            return await backlog.wait_for_drain(
+                self.redis,
+                req.ref.stream,
+                req.ref.consumer_group,
+                req.threshold,
+                req.low_watermark,
+                min_seconds=req.min_seconds,
+                max_seconds=req.max_seconds,
+                poll_seconds=req.poll_seconds,
+                missing_group=req.missing_group,
+            )
+
+    @activity.defn
     async def publish_batch(self, req: PublishRequest) -> PublishResult:
         """Atomically move the next batch of held tasks into the task stream."""
         async with _classified():
@@ -142,7 +164,7 @@ class ResumptionActivities:
                 missing_group=req.missing_group,
             )
 
-    @activity.defn(name=RELEASE_CLAIM)
+    @activity.defn
     async def release_claim(self, req: ReleaseRequest) -> int:
         """Release the claim and revoke its token if still current; returns the released token or 0."""
         async with _classified():

@@ -9,13 +9,16 @@ after XDEL, XTRIM, XGROUP SETID and for groups created at ``$`` (see tests/cases
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
+import time
 
 from redis.asyncio import Redis
 
 from redisclient.errors import MissingConsumerGroupError
-from redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy
+from redisclient.results import BacklogReading, DrainWait, GroupStatus, MissingGroupPolicy
 from redisclient.scripts import script
 
 log = logging.getLogger(__name__)
@@ -75,3 +78,72 @@ async def measure_backlog(
             extra={"stream": stream, "group": group},
         )
     return reading
+
+
+MAX_POLL_SECONDS = 60.0
+"""The longest bounded poll ``wait_for_drain`` takes (seconds): a poll runs inside one activity."""
+
+
+async def wait_for_drain(
+    client: Redis,
+    stream: str,
+    group: str,
+    threshold: int,
+    low_watermark: int,
+    *,
+    min_seconds: float,
+    max_seconds: float,
+    poll_seconds: float,
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
+) -> DrainWait:
+    """Poll the backlog until it is at or below ``low_watermark``: a short wait that reacts within
+    ``poll_seconds`` instead of a durable timer's granularity.
+
+    Measures with ``measure_backlog`` (the same capped rule) every ``poll_seconds``; returns once
+    the backlog is at or below ``low_watermark`` and ``min_seconds`` have passed, or once
+    ``max_seconds`` have passed, whichever comes first. Also reports how fast the backlog went down
+    between the first exact (uncapped) reading and the last, so the caller can estimate the drain
+    rate from what was measured.
+
+    Args:
+        threshold: the throttle threshold (entries, >= 1): the cap of every reading.
+        low_watermark: the backlog to wait for (entries, 0 <= low_watermark < threshold).
+        min_seconds, max_seconds: bounds of the poll (seconds, 0 <= min <= max <= 60).
+        poll_seconds: the interval between readings (seconds, 0 < poll_seconds <= 1).
+
+    Raises:
+        ValueError: an argument out of its bounds (or not finite).
+        MissingConsumerGroupError, redis.exceptions.RedisError: as ``measure_backlog``.
+    """
+    validate_threshold(threshold)
+    if not 0 <= low_watermark < threshold:
+        raise ValueError(f"low_watermark must be in [0, threshold), got {low_watermark} for threshold {threshold}")
+    if not all(math.isfinite(x) for x in (min_seconds, max_seconds, poll_seconds)):
+        raise ValueError("min_seconds, max_seconds and poll_seconds must be finite")
+    if not 0 <= min_seconds <= max_seconds <= MAX_POLL_SECONDS:
+        raise ValueError(
+            f"need 0 <= min_seconds <= max_seconds <= {MAX_POLL_SECONDS:g}, got {min_seconds} and {max_seconds}"
+        )
+    if not 0 < poll_seconds <= 1:
+        raise ValueError(f"poll_seconds must be in (0, 1], got {poll_seconds}")
+    start = time.monotonic()
+    first_exact: tuple[int, float] | None = None
+    polls = 0
+    while True:
+        reading = await measure_backlog(client, stream, group, threshold, missing_group)
+        now = time.monotonic()
+        polls += 1
+        if first_exact is None and not reading.capped:
+            first_exact = (reading.backlog, now)
+        elapsed = now - start
+        reached = reading.backlog <= low_watermark
+        if (reached and elapsed >= min_seconds) or elapsed >= max_seconds:
+            break
+        until = min_seconds if reached else max_seconds
+        await asyncio.sleep(max(0.0, min(poll_seconds, until - elapsed)))
+    drained, drain_seconds = 0, 0.0
+    if first_exact is not None and not reading.capped:
+        drained, drain_seconds = first_exact[0] - reading.backlog, now - first_exact[1]
+    return DrainWait(
+        reading=reading, reached=reached, seconds=elapsed, drained=drained, drain_seconds=drain_seconds, polls=polls
+    )

@@ -7,8 +7,9 @@ activity boundary through Temporal's pydantic data converter).
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 
 class ExperimentState(StrEnum):
@@ -36,6 +37,8 @@ class BacklogReading(BaseModel):
         lag: entries after the group's last-delivered-id, counted by a capped XRANGE.
         capped: True when the count stopped at the cap, so the true backlog may be larger
             (it is then at least the threshold).
+        headroom: ``threshold - backlog``, at least 0 (entries): what a publish may add. The throttle
+            rule is computed once, in ``lua/backlog.lua``; 0 means the replay must wait.
         last_delivered_id: the group's last-delivered-id ('' without a group).
         xinfo_lag: XINFO GROUPS' own ``lag`` field, for logs only (None when Redis reports NULL).
         threshold: the threshold (entries) the measurement was capped against.
@@ -45,19 +48,24 @@ class BacklogReading(BaseModel):
     pending: int
     lag: int
     capped: bool
+    headroom: int
     last_delivered_id: str
     xinfo_lag: int | None
     threshold: int
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recorded_without_headroom(cls, data: Any) -> Any:
+        # readings recorded in workflow histories before ``headroom`` existed: the same rule as
+        # lua/backlog.lua, so that those histories still replay
+        if isinstance(data, dict) and "headroom" not in data:
+            data = {**data, "headroom": max(0, data["threshold"] - data["pending"] - data["lag"])}
+        return data
 
     @property
     def backlog(self) -> int:
         """pending + lag, in entries; exact below the threshold, >= threshold when capped."""
         return self.pending + self.lag
-
-    @property
-    def at_or_over_threshold(self) -> bool:
-        """True when the throttle must engage (backlog >= threshold)."""
-        return self.backlog >= self.threshold
 
 
 class ClaimGrant(BaseModel):
@@ -109,7 +117,10 @@ class PublishResult(BaseModel):
         backlog: the backlog measured inside the script before the move (entries; 0 when the
             script refused before measuring).
         remaining: held tasks left after the move (entries).
-        pending, lag: the two parts of ``backlog``.
+        pending, lag: the two parts of ``backlog``; capped: the count stopped at the cap.
+        headroom: ``threshold - backlog`` before the move (entries, at least 0; 0 when the script
+            refused before measuring), so ``headroom - moved`` is what is left after it.
+        last_delivered_id: the group's last-delivered-id at the measurement ('' when not measured).
         group_status: the backlog measurement's status.
         last_seq: with ``stale``, the seq of the last publish recorded for the token.
     """
@@ -120,8 +131,37 @@ class PublishResult(BaseModel):
     remaining: int
     pending: int
     lag: int
+    capped: bool = False
+    headroom: int = 0
+    last_delivered_id: str = ""
     group_status: GroupStatus
     last_seq: int = 0
+
+    @property
+    def headroom_left(self) -> int:
+        """Entries the backlog may still grow by after this publish's move (at least 0)."""
+        return max(0, self.headroom - self.moved)
+
+
+class DrainWait(BaseModel):
+    """What a bounded poll of the backlog saw (``backlog.wait_for_drain``).
+
+    Attributes:
+        reading: the last reading.
+        reached: True when the backlog fell to the low watermark before the poll's bound.
+        seconds: how long the poll lasted (seconds, measured in the activity).
+        drained: entries the backlog went down by between the first exact reading and the last
+            (0 when no two exact readings were taken; negative when it grew).
+        drain_seconds: the time between those two readings (seconds; 0 when there were none).
+        polls: readings taken.
+    """
+
+    reading: BacklogReading
+    reached: bool
+    seconds: float
+    drained: int
+    drain_seconds: float
+    polls: int
 
 
 class MissingGroupPolicy(StrEnum):

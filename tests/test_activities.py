@@ -8,16 +8,11 @@ from redis.exceptions import OutOfMemoryError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities.errors import NON_RETRYABLE_ERROR_TYPES
+from activities.requests import AcquireRequest, BacklogRequest, ExperimentRef, PublishRequest
 from activities.resumption import ResumptionActivities
 from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
-from workflows.models import (
-    NON_RETRYABLE_ERROR_TYPES,
-    AcquireRequest,
-    BacklogRequest,
-    ExperimentRef,
-    PublishRequest,
-)
 
 REF = ExperimentRef(experiment_id="E1", stream="xmc-tasks-stream", consumer_group="xmc-workers")
 KEYS = ExperimentKeys(REF.stream, REF.experiment_id)

@@ -33,10 +33,10 @@ async def test_backlog_case(redis: Redis, case: dict) -> None:
     if truth < threshold:
         assert reading.backlog == truth
         assert not reading.capped
-        assert not reading.at_or_over_threshold
+        assert reading.headroom == threshold - truth
     else:
         assert threshold <= reading.backlog <= threshold + 1
-        assert reading.at_or_over_threshold
+        assert reading.headroom == 0
 
 
 async def test_lag_count_stops_just_past_the_threshold(redis: Redis) -> None:

@@ -1,8 +1,9 @@
-"""Pydantic models of the workflow's external contract (DESIGN.md section 5) and its activities.
+"""Pydantic models of the workflow's external contract (DESIGN.md section 5).
 
 ``ResumptionInput`` is what callers send (Temporal CLI ``--input``, ``start_workflow``, a parent's
 ``start_child_workflow``); ``ResumptionResult`` is what the run returns; ``Progress`` is what the
 ``progress`` query returns. All travel through ``temporalio.contrib.pydantic.pydantic_data_converter``.
+The activities' request envelopes are internal and live in ``activities/requests.py``.
 """
 
 from __future__ import annotations
@@ -20,16 +21,25 @@ WORKFLOW_TYPE = "ResumptionWorkflow"
 TASK_QUEUE = "xmc-resumption"
 
 
-# Activity names: the workflow calls its local activities by name, so workflow code imports no
-# Redis client into Temporal's sandbox; activities/resumption.py registers them under these names.
-ACQUIRE_CLAIM = "acquire_claim"
-CHECK_CLAIM = "check_claim"
-MEASURE_BACKLOG = "measure_backlog"
-PUBLISH_BATCH = "publish_batch"
-RELEASE_CLAIM = "release_claim"
+MAX_WAIT_SECONDS = 86_400.0
+"""The longest single wait (seconds): one day; a longer durable timer is never what an operator means."""
 
-NON_RETRYABLE_ERROR_TYPES = ("InvalidArgument", "MissingConsumerGroup", "RedisWrongType", "RedisCommandError")
-"""``ApplicationError`` types the activities raise for faults that retrying cannot mend."""
+MAX_DRAIN_RATE = 10_000_000.0
+"""The highest drain rate the adaptive policy believes (entries per second)."""
+
+
+class ThrottlePolicy(StrEnum):
+    """How long the replay waits once the backlog reaches the threshold (``workflows/throttle.py``).
+
+    ``fixed``: the seed's rule: a durable timer of ``throttle_seconds``, then back to the check.
+    ``adaptive``: estimate the consumers' drain rate and wait about as long as they need to bring
+    the backlog down to a low watermark (within ``min_wait_seconds`` .. ``max_wait_seconds``), then
+    top the stream up to the threshold. Short waits poll the backlog inside one local activity;
+    long ones are durable timers.
+    """
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
 
 
 def workflow_id_for(experiment_id: str) -> str:
@@ -60,6 +70,10 @@ class Carry(BaseModel):
         turns: turns of the loop so far.
         runs: runs before this one (continue-as-new count).
         started_at: when the first run started (workflow time, UTC).
+        drain_rate: the adaptive policy's drain-rate estimate (entries per second) or None.
+        reaction_seconds: the measured time from the end of a wait to the next publish (seconds).
+        progress_at: when the backlog last went down or tasks last moved (workflow time, UTC):
+            the anchor of the stall window.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -73,6 +87,9 @@ class Carry(BaseModel):
     turns: int = Field(ge=0)
     runs: int = Field(ge=0)
     started_at: datetime
+    drain_rate: float | None = Field(default=None, ge=0, le=MAX_DRAIN_RATE, allow_inf_nan=False)
+    reaction_seconds: float | None = Field(default=None, gt=0, le=60, allow_inf_nan=False)
+    progress_at: datetime | None = None
 
 
 class ResumptionInput(BaseModel):
@@ -86,14 +103,27 @@ class ResumptionInput(BaseModel):
         max_backlog_threshold: at or above this backlog (entries) the replay waits; at most
             100,000, since counting the lag reads up to this many entries inside a Lua script,
             which blocks Redis while it runs.
-        throttle_seconds: how long one throttle wait lasts (seconds, a durable timer).
-        claim_lease_seconds: the claim's lease (seconds), extended every turn; it must outlast a
-            throttle wait so a healthy replay never lets it lapse.
+        throttle_seconds: how long one throttle wait of the ``fixed`` policy lasts (seconds, a
+            durable timer), and the default longest wait of the ``adaptive`` one.
+        throttle_policy: ``fixed`` (the default) or ``adaptive``: see ``ThrottlePolicy``.
+        min_wait_seconds, max_wait_seconds: bounds of one adaptive wait (seconds); the maximum
+            defaults to ``throttle_seconds``.
+        claim_lease_seconds: the claim's lease (seconds), extended every turn; it must outlast
+            every wait (throttle, Redis outage) so a healthy replay never lets it lapse.
+        redis_retry_seconds: the durable wait after a Redis fault outlasted a call's retries,
+            before the turn starts over (seconds).
+        stall_window_seconds: the replay is ``stalled`` when the backlog has not gone down, and no
+            task moved, for this long (seconds); it shows in the progress and the UI.
+        max_stall_seconds: when set, a stall this long ends the run with outcome ``stalled``
+            (claim released, experiment back to paused, nothing lost); None waits for ever.
         missing_group: a missing consumer group counts as backlog 0 with a warning (``zero``), or
             fails the run (``error``).
         turns_per_run: continue-as-new after this many turns (or earlier when Temporal suggests it)
             to keep each run's history small.
         carry: set by the workflow itself when it continues as new.
+
+    Every number is finite and bounded (the bounds are in the field definitions below); a bad
+    value fails the run at once with a ``ValidationError`` naming the field.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -103,10 +133,16 @@ class ResumptionInput(BaseModel):
     consumer_group: str = Field(default=DEFAULT_GROUP, min_length=1)
     batch_size: int = Field(default=100, ge=1, le=10_000)
     max_backlog_threshold: int = Field(default=500, ge=1, le=100_000)
-    throttle_seconds: float = Field(default=10.0, gt=0, le=86_400)
-    claim_lease_seconds: float = Field(default=120.0, gt=0)
+    throttle_seconds: float = Field(default=10.0, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
+    throttle_policy: ThrottlePolicy = ThrottlePolicy.FIXED
+    min_wait_seconds: float = Field(default=0.0, ge=0, le=60, allow_inf_nan=False)
+    max_wait_seconds: float | None = Field(default=None, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
+    claim_lease_seconds: float = Field(default=120.0, gt=0, le=7 * MAX_WAIT_SECONDS, allow_inf_nan=False)
+    redis_retry_seconds: float = Field(default=10.0, gt=0, le=3_600, allow_inf_nan=False)
+    stall_window_seconds: float = Field(default=300.0, gt=0, le=7 * MAX_WAIT_SECONDS, allow_inf_nan=False)
+    max_stall_seconds: float | None = Field(default=None, gt=0, le=30 * MAX_WAIT_SECONDS, allow_inf_nan=False)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
-    turns_per_run: int = Field(default=500, ge=1)
+    turns_per_run: int = Field(default=500, ge=1, le=10_000)
     carry: Carry | None = None
 
     @field_validator("stream")
@@ -117,13 +153,28 @@ class ResumptionInput(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _lease_outlasts_throttle(self) -> ResumptionInput:
-        if self.claim_lease_seconds <= self.throttle_seconds:
+    def _waits_fit(self) -> ResumptionInput:
+        if self.max_wait_seconds is not None and self.max_wait_seconds < self.min_wait_seconds:
             raise ValueError(
-                f"claim_lease_seconds ({self.claim_lease_seconds:g}) must be longer than "
-                f"throttle_seconds ({self.throttle_seconds:g}): the lease is extended once per turn"
+                f"max_wait_seconds ({self.max_wait_seconds:g}) must not be below "
+                f"min_wait_seconds ({self.min_wait_seconds:g})"
             )
+        for name in ("throttle_seconds", "max_wait_seconds", "redis_retry_seconds"):
+            wait = getattr(self, name)
+            if wait is not None and self.claim_lease_seconds <= wait:
+                raise ValueError(
+                    f"claim_lease_seconds ({self.claim_lease_seconds:g}) must be longer than "
+                    f"{name} ({wait:g}): the lease is extended once per turn"
+                )
         return self
+
+    @property
+    def longest_wait_seconds(self) -> float:
+        """The longest single throttle wait (seconds): ``throttle_seconds`` under ``fixed``,
+        ``max_wait_seconds`` (default ``throttle_seconds``) under ``adaptive``."""
+        if self.throttle_policy is ThrottlePolicy.ADAPTIVE and self.max_wait_seconds is not None:
+            return self.max_wait_seconds
+        return self.throttle_seconds
 
     def ui_summary(self) -> str:
         """One line for the start's ``static_summary`` (Temporal UI, "User Metadata")."""
@@ -136,9 +187,17 @@ class ResumptionInput(BaseModel):
             f"backlog of consumer group `{self.consumer_group}`.\n\n"
             f"- threshold: {self.max_backlog_threshold} entries (waits at or above it)\n"
             f"- batch: up to {self.batch_size} tasks per publish\n"
-            f"- throttle wait: {self.throttle_seconds:g} s; claim lease: {self.claim_lease_seconds:g} s\n"
+            f"- pacing: {self._pacing_text()}; claim lease: {self.claim_lease_seconds:g} s\n"
+            f"- stalled after {self.stall_window_seconds:g} s without the backlog going down"
+            + (f"; ends the run after {self.max_stall_seconds:g} s" if self.max_stall_seconds else "")
+            + "\n"
             f"- missing consumer group: {self.missing_group.value}; continue-as-new every {self.turns_per_run} turns"
         )
+
+    def _pacing_text(self) -> str:
+        if self.throttle_policy is ThrottlePolicy.FIXED:
+            return f"fixed, {self.throttle_seconds:g} s waits"
+        return f"adaptive, waits of {self.min_wait_seconds:g}..{self.longest_wait_seconds:g} s"
 
     def start_options(self, task_queue: str = TASK_QUEUE) -> StartOptions:
         """Keyword arguments for ``start_workflow`` / ``start_child_workflow``: the conventional
@@ -162,6 +221,7 @@ class Outcome(StrEnum):
     COMPLETED = "completed"
     PAUSED = "paused"
     FENCED = "fenced"
+    STALLED = "stalled"
     CANCELLED = "cancelled"
 
 
@@ -171,7 +231,8 @@ class ResumptionResult(BaseModel):
     Attributes:
         experiment_id: the experiment.
         outcome: completed (held stream drained, experiment running), paused (paused during the
-            replay), fenced (a newer claim took over).
+            replay), fenced (a newer claim took over), stalled (the backlog did not go down for
+            ``max_stall_seconds``; the experiment was handed back as paused).
         replayed: tasks this resumption moved into the task stream (entries, over all runs).
         remaining: held tasks left (entries).
         throttles: throttle waits taken.
@@ -197,6 +258,7 @@ class Phase(StrEnum):
     CHECKING = "checking"
     MEASURING = "measuring"
     THROTTLED = "throttled"
+    STALLED = "stalled"
     PUBLISHING = "publishing"
     RELEASING = "releasing"
     REDIS_UNAVAILABLE = "redis_unavailable"
@@ -204,17 +266,26 @@ class Phase(StrEnum):
 
 
 class Progress(BaseModel):
-    """Answer of the ``progress`` query.
+    """Answer of the ``progress`` query, and what the UI's current details render.
 
     Attributes:
         experiment_id, token: what is being resumed and under which fencing token (0 before the claim).
         phase: what the workflow is doing now.
         replayed: tasks moved so far (entries); remaining: held tasks left at the last check (entries).
         backlog, pending, lag: the last backlog reading (entries); threshold: the bound (entries).
+        policy: the throttle policy.
         throttles: throttle waits so far; throttle_reason: why the last one was taken.
-        throttles_in_a_row: throttle waits since tasks last moved; a long run of them means the
-            consumers are not draining (stopped workers, or a PEL holding entries nobody acknowledges).
-        throttled_until: when the current throttle wait ends (workflow time, UTC) or None.
+        throttles_in_a_row: throttle waits since tasks last moved.
+        throttled_until: when the current durable throttle wait ends (workflow time, UTC) or None.
+        wait_plan: how the current or last wait was chosen (e.g. ``drain ~2,000/s: poll up to 2s
+            for the backlog to fall to 40``); wait_seconds: its length, or a poll's bound (seconds).
+        drain_rate: the adaptive policy's estimate of the consumers' drain rate (entries per
+            second), None before it has one or under ``fixed``.
+        low_watermark: the backlog the adaptive policy waits for (entries), None under ``fixed``.
+        stalled: True when the backlog has not gone down, and no task moved, for
+            ``stall_window_seconds``: the consumers are not draining (stopped workers, or a PEL
+            holding entries nobody acknowledges); stall_reason says what was seen.
+        stalled_seconds: how long the backlog has not gone down (seconds, at the last reading).
         redis_waits: waits for an unavailable Redis (faults that outlasted the retries);
             last_error: the last such fault.
         turns, runs: loop turns and runs so far; outcome: set when done.
@@ -229,72 +300,45 @@ class Progress(BaseModel):
     pending: int | None = None
     lag: int | None = None
     threshold: int
+    policy: ThrottlePolicy = ThrottlePolicy.FIXED
     throttles: int = 0
     throttle_reason: str | None = None
     throttles_in_a_row: int = 0
     throttled_until: datetime | None = None
+    wait_plan: str | None = None
+    wait_seconds: float | None = None
+    drain_rate: float | None = None
+    low_watermark: int | None = None
+    stalled: bool = False
+    stalled_seconds: float = 0.0
+    stall_reason: str | None = None
     redis_waits: int = 0
     last_error: str | None = None
     turns: int = 0
     runs: int = 1
     outcome: Outcome | None = None
 
-
-class ExperimentRef(BaseModel):
-    """Which experiment on which stream and consumer group an activity works on."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    experiment_id: str = Field(min_length=1)
-    stream: str = Field(min_length=1)
-    consumer_group: str = Field(min_length=1)
-
-
-class AcquireRequest(BaseModel):
-    """Take the claim for ``ref`` as ``owner`` with a lease of ``lease_ms`` milliseconds;
-    ``request_id`` is the idempotency key (a repeat returns the same token)."""
-
-    ref: ExperimentRef
-    owner: str = Field(min_length=1)
-    lease_ms: int = Field(ge=1)
-    request_id: str = Field(min_length=1)
-
-
-class CheckRequest(BaseModel):
-    """Check pause state and fencing for ``token``, extending the lease to ``lease_ms`` milliseconds."""
-
-    ref: ExperimentRef
-    token: int = Field(ge=1)
-    owner: str = Field(min_length=1)
-    lease_ms: int = Field(ge=1)
-
-
-class BacklogRequest(BaseModel):
-    """Measure the backlog of ``ref``'s group, capped against ``threshold`` entries."""
-
-    ref: ExperimentRef
-    threshold: int = Field(ge=1)
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
-
-
-class PublishRequest(BaseModel):
-    """Publish one batch under ``token``; ``seq`` is the idempotency key (see ``publish_batch``)."""
-
-    ref: ExperimentRef
-    token: int = Field(ge=1)
-    seq: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    threshold: int = Field(ge=1)
-    owner: str = Field(min_length=1)
-    lease_ms: int = Field(ge=1)
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
-
-
-class ReleaseRequest(BaseModel):
-    """Release the claim of ``token`` (0: whatever claim ``owner`` holds) and revoke the token;
-    ``back_to_paused`` moves a resuming experiment back to paused."""
-
-    ref: ExperimentRef
-    token: int = Field(ge=0)
-    owner: str = Field(min_length=1)
-    back_to_paused: bool = False
+    def details_markdown(self) -> str:
+        """The UI's current details (markdown; ``workflow.set_current_details``): phase, counters,
+        the last backlog reading, the pacing and why the replay waits, stall and Redis faults."""
+        unknown = "?"
+        lines = [
+            f"**{self.experiment_id}**: {self.phase.value}" + (f" ({self.outcome.value})" if self.outcome else ""),
+            "",  # a blank line, so that markdown renders the list below as a list
+            f"- replayed: {self.replayed}, remaining: {unknown if self.remaining is None else self.remaining}",
+            f"- backlog: {unknown if self.backlog is None else self.backlog} / threshold {self.threshold}",
+            f"- pacing: {self.policy.value}"
+            + (f", drain ~{self.drain_rate:,.0f}/s" if self.drain_rate is not None else "")
+            + (f", low watermark {self.low_watermark}" if self.low_watermark is not None else ""),
+            f"- throttle waits: {self.throttles}" + (f", last: {self.throttle_reason}" if self.throttle_reason else ""),
+        ]
+        if self.wait_plan:
+            lines.append(f"- wait: {self.wait_plan}")
+        if self.stalled:
+            lines.append(f"- **stalled** for {self.stalled_seconds:,.0f} s: {self.stall_reason}")
+        if self.redis_waits:
+            lines.append(f"- Redis unavailable: {self.redis_waits} waits, last: {self.last_error}")
+        lines.append(f"- turns: {self.turns}, run {self.runs}, fencing token {self.token}")
+        if self.phase in (Phase.THROTTLED, Phase.STALLED) and self.throttled_until:
+            lines.append(f"- waiting until {self.throttled_until.isoformat(timespec='seconds')}")
+        return "\n".join(lines)

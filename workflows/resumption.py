@@ -4,62 +4,68 @@ consumer group's backlog (DESIGN.md section 5).
 Each turn of the loop:
   1. check the pause state and the fencing token, extending the claim's lease;
   2. measure the backlog (pending + lag of the consumer group);
-  3. at or over ``max_backlog_threshold``: a durable ``workflow.sleep(throttle_seconds)``, then back
-     to 1, so pause and fencing are re-checked before anything is replayed;
+  3. wait while the backlog is at or over ``max_backlog_threshold`` (how long and how is the
+     throttle policy's choice, ``workflows/throttle.py``), then back to 1, so pause and fencing
+     are re-checked before anything is replayed;
   4. publish the next batch through the atomic script, which re-checks token, pause state and
      backlog itself and moves at most ``min(batch_size, threshold - backlog)`` tasks.
-The Redis calls are local activities (short, one history marker each). The run continues as new
-after ``turns_per_run`` turns or when Temporal suggests it, carrying the token and the counters.
+A publish that left headroom is followed at once by the next publish: the script re-checks
+everything 1, 2 and 4 need in the same step as its move, so such a turn is one Redis call. Under
+the adaptive policy a publish that filled the headroom goes straight to the wait, which measures
+the drain itself; under the fixed one the next turn measures again, as the seed's rule does. The Redis calls are local activities
+(short, one history marker each). The run continues as new after ``turns_per_run`` turns or when
+Temporal suggests it, carrying the token, the counters and what the pacing measured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from redisclient.results import (
-        BacklogReading,
-        ClaimCheck,
-        ClaimGrant,
-        ExperimentState,
-        PublishResult,
-        PublishStatus,
-    )
-    from workflows.models import (
-        ACQUIRE_CLAIM,
-        CHECK_CLAIM,
-        MEASURE_BACKLOG,
-        NON_RETRYABLE_ERROR_TYPES,
-        PUBLISH_BATCH,
-        RELEASE_CLAIM,
-        WORKFLOW_TYPE,
+    from activities.errors import NON_RETRYABLE_ERROR_TYPES
+    from activities.requests import (
         AcquireRequest,
         BacklogRequest,
-        Carry,
         CheckRequest,
+        DrainWaitRequest,
         ExperimentRef,
+        PublishRequest,
+        ReleaseRequest,
+    )
+    from activities.resumption import ResumptionActivities
+    from redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
+    from workflows.models import (
+        WORKFLOW_TYPE,
+        Carry,
         Outcome,
         Phase,
         Progress,
-        PublishRequest,
-        ReleaseRequest,
         ResumptionInput,
         ResumptionResult,
+        ThrottlePolicy,
     )
-    from workflows.throttle import must_wait, room, wait_reason
+    from workflows.throttle import Pacer, StallWatch, WaitKind, WaitPlan, wait_reason
 
-_Result = TypeVar("_Result")
+_Req = TypeVar("_Req")
+_Res = TypeVar("_Res")
 
 REDIS_CALL_TIMEOUT = timedelta(seconds=10)
-"""start-to-close of one Redis local activity: every script is O(batch + threshold)."""
+"""start-to-close of one Redis local activity: every script is O(batch + threshold). A bounded
+poll (``wait_for_drain``) gets its bound on top."""
+
+CHAINED_PUBLISH = "chained-publish"
+"""``workflow.patched`` ID of the cheap turn: a publish that left headroom is followed by the next
+publish without a check and a measurement in between (and, adaptive, one that filled it goes
+straight to the wait). Runs recorded before it (tests/histories/v0_*, v1_*) replay on the old path."""
 
 REDIS_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
@@ -96,10 +102,6 @@ def _permanent(err: BaseException) -> bool:
     return False
 
 
-STALL_WARNING_EVERY = 30
-"""Log a warning after this many throttle waits in a row without a task moving."""
-
-
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError])
 class ResumptionWorkflow:
     """Replays held tasks of one experiment; see the module docstring.
@@ -113,31 +115,46 @@ class ResumptionWorkflow:
     @workflow.init
     def __init__(self, inp: ResumptionInput) -> None:
         carry = inp.carry
+        self._input = inp
         self._progress = Progress(
             experiment_id=inp.experiment_id,
             threshold=inp.max_backlog_threshold,
+            policy=inp.throttle_policy,
             token=carry.token if carry else 0,
             replayed=carry.replayed if carry else 0,
             throttles=carry.throttles if carry else 0,
             turns=carry.turns if carry else 0,
             runs=carry.runs + 1 if carry else 1,
+            drain_rate=carry.drain_rate if carry else None,
         )
         self._seq = carry.seq if carry else 0
+        self._pacer = Pacer(
+            adaptive=inp.throttle_policy is ThrottlePolicy.ADAPTIVE,
+            threshold=inp.max_backlog_threshold,
+            throttle_seconds=inp.throttle_seconds,
+            min_wait=inp.min_wait_seconds,
+            max_wait=inp.longest_wait_seconds,
+            rate=carry.drain_rate if carry else None,
+            reaction=carry.reaction_seconds if carry else None,
+        )
+        self._stall = StallWatch(
+            inp.stall_window_seconds, inp.max_stall_seconds, progress_at=carry.progress_at if carry else None
+        )
+        self._publish_next = False
+        """The last publish left headroom: the next turn publishes without a check and a measurement."""
 
     @workflow.query
     def progress(self) -> Progress:
-        """Where the replay stands: counters, last backlog reading, throttle state, outcome."""
+        """Where the replay stands: counters, last backlog reading, pacing, stall, outcome."""
         return self._progress
 
     @workflow.run
     async def run(self, inp: ResumptionInput) -> ResumptionResult:
         """Run the resumption loop; see the class docstring."""
-        self._input = inp
         self._ref = ExperimentRef(experiment_id=inp.experiment_id, stream=inp.stream, consumer_group=inp.consumer_group)
         meter = workflow.metric_meter().with_additional_attributes({"stream": inp.stream})
         self._replayed_counter = meter.create_counter("xmc_tasks_replayed", "tasks moved into the task stream")
         self._throttle_counter = meter.create_counter("xmc_throttle_waits", "throttle waits taken")
-        p = self._progress
         self._owner = inp.carry.owner if inp.carry else workflow.info().workflow_id
         if inp.carry is not None and workflow.info().continued_run_id is None:
             raise ApplicationError(
@@ -151,7 +168,7 @@ class ResumptionWorkflow:
         try:
             return await self._loop()
         except asyncio.CancelledError:
-            p.outcome = Outcome.CANCELLED
+            self._progress.outcome = Outcome.CANCELLED
             await self._release(back_to_paused=True)
             self._set_phase(Phase.DONE)
             raise
@@ -186,6 +203,7 @@ class ResumptionWorkflow:
             except FAILED_CALL as err:
                 if _permanent(err):
                     raise
+                self._publish_next = False
                 await self._wait_for_redis(err)
                 continue
             if result is not None:
@@ -197,9 +215,8 @@ class ResumptionWorkflow:
         inp, p = self._input, self._progress
         self._set_phase(Phase.CLAIMING)
         grant = await self._call(
-            ACQUIRE_CLAIM,
+            ResumptionActivities.acquire_claim,
             AcquireRequest(ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms, request_id=self._request_id),
-            ClaimGrant,
             summary=f"take the claim on experiment {inp.experiment_id}",
         )
         p.token, p.remaining = grant.token, grant.held
@@ -209,14 +226,29 @@ class ResumptionWorkflow:
         )
 
     async def _turn(self) -> ResumptionResult | None:
-        """One turn of the loop; returns the result when the resumption ends, else None."""
+        """One turn: check, measure, wait or publish (a turn right after a publish that left
+        headroom only publishes). Returns the result when the resumption ends, else None."""
+        if self._publish_next:
+            self._publish_next = False
+            return await self._publish()
+        ended = await self._check()
+        if ended is not None:
+            return ended
+        reading = await self._measure()
+        if reading.headroom == 0:
+            return await self._wait(
+                reading.backlog, wait_reason(reading.pending, reading.lag, reading.capped, reading.threshold)
+            )
+        return await self._publish()
+
+    async def _check(self) -> ResumptionResult | None:
+        """Step 1: pause state and fencing token (extends the lease). Returns the result when the
+        run ends here (fenced, or paused: claim released), else None."""
         inp, p = self._input, self._progress
-        # 1. pause state and fencing token (extends the lease)
         self._set_phase(Phase.CHECKING)
         check = await self._call(
-            CHECK_CLAIM,
+            ResumptionActivities.check_claim,
             CheckRequest(ref=self._ref, token=self._token, owner=self._owner, lease_ms=inp.lease_ms),
-            ClaimCheck,
             summary=f"check pause state and fencing token {self._token}",
         )
         p.remaining = check.held
@@ -225,29 +257,103 @@ class ResumptionWorkflow:
         if check.state is ExperimentState.PAUSED:
             await self._release(back_to_paused=False)
             return self._finish(Outcome.PAUSED)
+        return None
 
-        # 2. backlog
+    async def _measure(self) -> BacklogReading:
+        """Step 2: the consumer group's backlog, capped against the threshold."""
+        inp = self._input
         self._set_phase(Phase.MEASURING)
         reading = await self._call(
-            MEASURE_BACKLOG,
+            ResumptionActivities.measure_backlog,
             BacklogRequest(ref=self._ref, threshold=inp.max_backlog_threshold, missing_group=inp.missing_group),
-            BacklogReading,
             summary=f"measure backlog of {inp.consumer_group} on {inp.stream}",
         )
-        p.backlog, p.pending, p.lag = reading.backlog, reading.pending, reading.lag
+        self._observe(reading.pending, reading.lag, reading.capped, reading.last_delivered_id)
+        return reading
 
-        # 3. throttle, then back to the top
-        if must_wait(reading.backlog, inp.max_backlog_threshold):
-            await self._throttle(wait_reason(reading.pending, reading.lag, reading.capped, inp.max_backlog_threshold))
-            return None
+    def _observe(self, pending: int, lag: int, capped: bool, last_delivered_id: str, moved: int = 0) -> None:
+        """Record a backlog reading (``pending + lag`` measured before a move of ``moved`` entries
+        in the same step) in the progress, the pacer and the stall watch."""
+        p, now = self._progress, workflow.now()
+        backlog = pending + lag
+        p.backlog, p.pending, p.lag = backlog + moved, pending, lag + moved
+        self._pacer.observe(backlog, backlog + moved, capped, now)
+        p.drain_rate, p.low_watermark = self._pacer.rate, self._pacer.low_watermark
+        p.stalled_seconds = self._stall.observe(now, backlog, pending, last_delivered_id, moved)
+        stalled = self._stall.stalled(p.stalled_seconds)
+        if stalled and not p.stalled:
+            workflow.logger.warning(
+                "replay stalled: the backlog has not gone down for %gs; are the consumers draining the group?",
+                p.stalled_seconds,
+                extra={"experiment_id": p.experiment_id, "backlog": backlog, "pending": pending},
+            )
+        p.stalled = stalled
+        p.stall_reason = (
+            f"backlog {backlog} (pending {pending}) not going down, last-delivered-id {last_delivered_id or 'none'}"
+            if stalled
+            else None
+        )
 
-        # 4. publish
+    async def _wait(self, backlog: int, reason: str) -> ResumptionResult | None:
+        """Step 3: wait while the backlog is at or over the threshold, as the pacer plans it, then
+        back to the top of the loop. Returns the result when a stall outlasted
+        ``max_stall_seconds`` (the run ends ``stalled``), else None."""
+        inp, p = self._input, self._progress
+        if self._stall.over_limit(p.stalled_seconds):
+            await self._release(back_to_paused=True)
+            return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
+        plan = self._pacer.plan(backlog)
+        p.throttles += 1
+        p.throttles_in_a_row += 1
+        p.throttle_reason, p.wait_plan, p.wait_seconds = reason, self._pacer.describe(plan), plan.seconds
+        self._throttle_counter.add(1)
+        workflow.logger.info(
+            "throttled",
+            extra={"experiment_id": inp.experiment_id, "reason": reason, "plan": p.wait_plan, "seconds": plan.seconds},
+        )
+        if plan.kind is WaitKind.TIMER:
+            p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds)
+            self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
+            await workflow.sleep(plan.seconds, summary=f"throttled {plan.seconds:.3g}s: {reason}")
+            p.throttled_until = None
+        else:
+            self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
+            await self._poll(plan, reason)
+        self._pacer.woke(workflow.now())
+        return None
+
+    async def _poll(self, plan: WaitPlan, reason: str) -> None:
+        """A short wait: poll the backlog inside one local activity until it reaches the plan's low
+        watermark (or the plan's bound), and fold in the drain rate it measured."""
+        inp = self._input
+        drain = await self._call(
+            ResumptionActivities.wait_for_drain,
+            DrainWaitRequest(
+                ref=self._ref,
+                threshold=inp.max_backlog_threshold,
+                low_watermark=plan.low_watermark,
+                min_seconds=plan.min_seconds,
+                max_seconds=plan.seconds,
+                poll_seconds=plan.poll_seconds,
+                missing_group=inp.missing_group,
+            ),
+            summary=f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}",
+            start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),
+        )
+        self._pacer.observe_drain(drain.drained, drain.drain_seconds, empty=drain.reading.backlog == 0)
+        r = drain.reading
+        self._observe(r.pending, r.lag, r.capped, r.last_delivered_id)
+
+    async def _publish(self) -> ResumptionResult | None:
+        """Step 4: publish the next batch through the atomic script. Returns the result when the
+        resumption ends (completed, paused, fenced, or stalled during the wait that follows)."""
+        inp, p = self._input, self._progress
         self._set_phase(Phase.PUBLISHING)
         # the seq moves on only once a publish has answered: a publish that failed after its script
         # ran in Redis is asked again with the same seq, and returns its recorded result
         seq = self._seq + 1
         result = await self._call(
-            PUBLISH_BATCH,
+            ResumptionActivities.publish_batch,
             PublishRequest(
                 ref=self._ref,
                 token=self._token,
@@ -258,70 +364,69 @@ class ResumptionWorkflow:
                 lease_ms=inp.lease_ms,
                 missing_group=inp.missing_group,
             ),
-            PublishResult,
-            summary=f"publish up to {room(reading.backlog, inp.max_backlog_threshold, inp.batch_size)} tasks",
+            summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
         )
         self._seq = seq
         p.replayed += result.moved
         p.remaining = result.remaining
         if result.status in (PublishStatus.PUBLISHED, PublishStatus.COMPLETED, PublishStatus.THROTTLED):
             # the script measured the backlog before its move
-            p.backlog, p.pending, p.lag = result.backlog + result.moved, result.pending, result.lag + result.moved
+            self._observe(result.pending, result.lag, result.capped, result.last_delivered_id, result.moved)
         if result.moved:
             p.throttles_in_a_row = 0
             self._replayed_counter.add(result.moved)
-        if result.status is PublishStatus.COMPLETED:
-            await self._release(back_to_paused=False)
-            return self._finish(Outcome.COMPLETED)
-        if result.status is PublishStatus.PAUSED:
-            await self._release(back_to_paused=False)
-            return self._finish(Outcome.PAUSED)
-        if result.status is PublishStatus.FENCED:
-            return self._finish(Outcome.FENCED, detail="a newer token took over before the publish")
-        if result.status is PublishStatus.THROTTLED:
-            # the backlog grew between the measurement and the publish
-            await self._throttle(wait_reason(result.pending, result.lag, False, inp.max_backlog_threshold))
-        elif result.status is PublishStatus.STALE:
-            # an older seq than the last publish recorded for this token (after a workflow reset):
-            # go on from the recorded one
-            workflow.logger.warning("publish refused as stale", extra={"seq": seq, "last_seq": result.last_seq})
-            self._seq = max(self._seq, result.last_seq)
+            self._pacer.published(workflow.now())
+        return await self._after_publish(result, seq)
+
+    async def _after_publish(self, result: PublishResult, seq: int) -> ResumptionResult | None:
+        """What a publish's status means for the loop: end, wait, publish again, or start over."""
+        p = self._progress
+        match result.status:
+            case PublishStatus.COMPLETED:
+                await self._release(back_to_paused=False)
+                return self._finish(Outcome.COMPLETED)
+            case PublishStatus.PAUSED:
+                await self._release(back_to_paused=False)
+                return self._finish(Outcome.PAUSED)
+            case PublishStatus.FENCED:
+                return self._finish(Outcome.FENCED, detail="a newer token took over before the publish")
+            case PublishStatus.THROTTLED:
+                # the backlog grew between the measurement and the publish
+                return await self._wait(
+                    result.backlog, wait_reason(result.pending, result.lag, result.capped, p.threshold)
+                )
+            case PublishStatus.STALE:
+                # an older seq than the last publish recorded for this token (after a workflow
+                # reset): go on from the recorded one
+                workflow.logger.warning("publish refused as stale", extra={"seq": seq, "last_seq": result.last_seq})
+                self._seq = max(self._seq, result.last_seq)
+            case PublishStatus.PUBLISHED if workflow.patched(CHAINED_PUBLISH):
+                if result.headroom_left > 0:
+                    self._publish_next = True
+                elif self._pacer.adaptive:
+                    # filled up to the threshold: the adaptive wait measures the drain itself
+                    return await self._wait(
+                        result.backlog + result.moved,
+                        wait_reason(result.pending, result.lag + result.moved, result.capped, p.threshold),
+                    )
+                # else (fixed): the next turn measures again, as the seed's rule does
         return None
 
     async def _wait_for_redis(self, err: BaseException) -> None:
-        """A Redis fault outlasted the local activity's retries: wait on a durable timer, then the
-        caller starts over (from the pause and fencing check, for a turn)."""
+        """A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a
+        durable timer, then the caller starts over (from the pause and fencing check, for a turn)."""
         inp, p = self._input, self._progress
         p.redis_waits += 1
         p.last_error = str(err)[:300]
         self._set_phase(Phase.REDIS_UNAVAILABLE)
         workflow.logger.warning(
             "Redis unavailable; waiting %gs before the next try",
-            inp.throttle_seconds,
+            inp.redis_retry_seconds,
             extra={"experiment_id": inp.experiment_id, "error": p.last_error},
         )
-        await workflow.sleep(inp.throttle_seconds, summary=f"Redis unavailable: retrying in {inp.throttle_seconds:g}s")
-
-    async def _throttle(self, reason: str) -> None:
-        inp, p = self._input, self._progress
-        p.throttles += 1
-        p.throttles_in_a_row += 1
-        p.throttle_reason = reason
-        if p.throttles_in_a_row % STALL_WARNING_EVERY == 0:
-            workflow.logger.warning(
-                "replay stalled: throttled %d times in a row; are the consumers draining the group?",
-                p.throttles_in_a_row,
-                extra={"experiment_id": inp.experiment_id, "reason": reason},
-            )
-        p.throttled_until = workflow.now() + timedelta(seconds=inp.throttle_seconds)
-        self._throttle_counter.add(1)
-        self._set_phase(Phase.THROTTLED)
-        workflow.logger.info(
-            "throttled",
-            extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": inp.throttle_seconds},
+        await workflow.sleep(
+            inp.redis_retry_seconds, summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s"
         )
-        await workflow.sleep(inp.throttle_seconds, summary=f"throttled {inp.throttle_seconds:g}s: {reason}")
-        p.throttled_until = None
 
     async def _continue_as_new(self) -> None:
         p = self._progress
@@ -336,6 +441,9 @@ class ResumptionWorkflow:
             turns=p.turns,
             runs=p.runs,
             started_at=self._started_at,
+            drain_rate=self._pacer.rate,
+            reaction_seconds=self._pacer.reaction,
+            progress_at=self._stall.progress_at,
         )
         workflow.logger.info("continuing as new", extra={"experiment_id": p.experiment_id, "turns": p.turns})
         workflow.continue_as_new(self._input.model_copy(update={"carry": carry}))
@@ -346,9 +454,8 @@ class ResumptionWorkflow:
         self._set_phase(Phase.RELEASING)
         try:
             await self._call(
-                RELEASE_CLAIM,
+                ResumptionActivities.release_claim,
                 ReleaseRequest(ref=self._ref, token=self._token, owner=self._owner, back_to_paused=back_to_paused),
-                int,
                 summary=f"release the claim (token {self._token or 'of this workflow'})",
                 retry_policy=RELEASE_RETRY,
             )
@@ -382,36 +489,20 @@ class ResumptionWorkflow:
 
     def _set_phase(self, phase: Phase) -> None:
         """Record the phase and refresh the UI's current details (served by a query)."""
-        p = self._progress
-        p.phase = phase
-        lines = [
-            f"**{p.experiment_id}**: {phase.value}" + (f" ({p.outcome.value})" if p.outcome else ""),
-            "",  # a blank line, so that markdown renders the list below as a list
-            f"- replayed: {p.replayed}, remaining: {'?' if p.remaining is None else p.remaining}",
-            f"- backlog: {'?' if p.backlog is None else p.backlog} / threshold {p.threshold}",
-            f"- throttle waits: {p.throttles}" + (f", last: {p.throttle_reason}" if p.throttle_reason else ""),
-            *([f"- Redis unavailable: {p.redis_waits} waits, last: {p.last_error}"] if p.redis_waits else []),
-            *(
-                [f"- **stalled**: {p.throttles_in_a_row} waits in a row without progress"]
-                if p.throttles_in_a_row >= STALL_WARNING_EVERY
-                else []
-            ),
-            f"- turns: {p.turns}, run {p.runs}, fencing token {p.token}",
-        ]
-        if phase is Phase.THROTTLED and p.throttled_until:
-            lines.append(f"- waiting until {p.throttled_until.isoformat(timespec='seconds')}")
-        workflow.set_current_details("\n".join(lines))
+        self._progress.phase = phase
+        workflow.set_current_details(self._progress.details_markdown())
 
     async def _call(
         self,
-        name: str,
-        arg: BaseModel,
-        result_type: type[_Result],
+        activity: Callable[[ResumptionActivities, _Req], Awaitable[_Res]],
+        arg: _Req,
         *,
         summary: str,
         retry_policy: RetryPolicy = REDIS_RETRY,
-    ) -> _Result:
-        """Run the Redis local activity ``name`` with the shared timeout and ``retry_policy``.
+        start_to_close: timedelta = REDIS_CALL_TIMEOUT,
+    ) -> _Res:
+        """Run the Redis local activity ``activity`` (a method of ``ResumptionActivities``) with
+        ``start_to_close`` timeout and ``retry_policy``.
 
         Raises:
             asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the
@@ -420,11 +511,10 @@ class ResumptionWorkflow:
             ActivityError, ApplicationError: the call failed (see ``_permanent``).
         """
         try:
-            return await workflow.execute_local_activity(
-                name,
+            return await workflow.execute_local_activity_method(
+                activity,
                 arg,
-                result_type=result_type,
-                start_to_close_timeout=REDIS_CALL_TIMEOUT,
+                start_to_close_timeout=start_to_close,
                 retry_policy=retry_policy,
                 summary=summary,
             )

@@ -1,11 +1,84 @@
-"""The throttle policy, as pure functions (no I/O, deterministic)."""
+"""The throttle policy: when the replay waits, how long, and how (pure code, no I/O).
+
+When to wait is one rule, computed inside Redis by ``redisclient/lua/backlog.lua``: the replay
+waits when the reading's ``headroom`` (``threshold - backlog``) is 0. This module decides how long
+and how, from the workflow input and what was measured:
+
+- ``fixed`` (the seed's rule): a durable timer of ``throttle_seconds``.
+- ``adaptive``: estimate the consumers' drain rate R from successive backlog readings and wait
+  about ``(backlog - L) / R``, clamped to ``[min_wait_seconds, max_wait_seconds]``, where the low
+  watermark L is the backlog the consumers still have in hand while the replay wakes up, re-checks
+  and publishes (``L ~ 2 x R x reaction``, shared/PACING_NOTES.md). Then the next turn tops the
+  stream up to the threshold.
+
+How a wait is done comes from measurements on the dev server (README, "Pacing"): a durable timer
+costs 5 history events and fires on the server's timer granularity (a 20 ms timer fired after
+1.0 s), while a bounded poll inside one local activity costs 1 marker and reacts within its poll
+interval. So a wait the estimate says is short (up to ``POLL_LIMIT_SECONDS``) polls the backlog
+until it reaches L; a longer one sleeps on a durable timer for all but ``TIMER_GRANULARITY_SECONDS``
+of it and lets the next turn poll the rest. Either way the turn after a wait starts again at the
+pause and fencing check.
+
+Everything here is deterministic: its inputs are activity results (recorded in history) and
+``workflow.now()`` readings passed in by the workflow.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
 
-def must_wait(backlog: int, threshold: int) -> bool:
-    """True when the replay must wait: ``backlog >= threshold`` (entries; DESIGN.md section 4)."""
-    return backlog >= threshold
+POLL_LIMIT_SECONDS = 2.0
+"""The longest wait done as a poll inside one local activity (seconds). Longer waits are durable
+timers: a poll holds a workflow task open, and a worker lost mid-poll costs a workflow-task timeout."""
+
+TIMER_GRANULARITY_SECONDS = 1.0
+"""How late a durable timer may fire (seconds): measured on the dev server, timers of 20 ms to
+200 ms fired after 1.0 s. A long adaptive wait sleeps this much less than estimated and polls the rest."""
+
+POLL_INTERVAL_BOUNDS = (0.002, 0.05)
+"""Seconds between two readings of a poll: about a tenth of the expected wait, within these bounds."""
+
+DEFAULT_REACTION_SECONDS = 0.02
+"""Assumed time from the end of a wait to the next publish landing, before one was measured (seconds:
+about three local-activity round trips here)."""
+
+WATERMARK_SAFETY = 2.0
+"""The low watermark covers this many times what consumers drain while the replay reacts."""
+
+RATE_SMOOTHING = 0.5
+"""Weight of a new drain-rate sample in the exponentially weighted average."""
+
+MIN_SAMPLE_SECONDS = 0.001
+"""Two readings closer than this (seconds) give no drain-rate sample."""
+
+
+class WaitKind(StrEnum):
+    """How a wait is done: a durable timer, or a bounded poll inside one local activity."""
+
+    TIMER = "timer"
+    POLL = "poll"
+
+
+@dataclass(frozen=True)
+class WaitPlan:
+    """One throttle wait.
+
+    Attributes:
+        kind: timer or poll.
+        seconds: the timer's duration, or the poll's upper bound (seconds).
+        min_seconds: a poll lasts at least this long (seconds; 0 for a timer).
+        low_watermark: the backlog a poll waits for (entries; 0 for a timer).
+        poll_seconds: the interval between a poll's readings (seconds).
+    """
+
+    kind: WaitKind
+    seconds: float
+    min_seconds: float = 0.0
+    low_watermark: int = 0
+    poll_seconds: float = POLL_INTERVAL_BOUNDS[1]
 
 
 def wait_reason(pending: int, lag: int, capped: bool, threshold: int) -> str:
@@ -18,6 +91,146 @@ def wait_reason(pending: int, lag: int, capped: bool, threshold: int) -> str:
     return f"backlog {pending + lag}{plus} >= {threshold} (pending {pending} + lag {lag_text})"
 
 
-def room(backlog: int, threshold: int, batch_size: int) -> int:
-    """Tasks (entries) the next publish may move: ``min(batch_size, threshold - backlog)``, >= 0."""
-    return max(0, min(batch_size, threshold - backlog))
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(high, max(low, value))
+
+
+@dataclass
+class Pacer:
+    """Decides how long the replay waits, and estimates the consumers' drain rate.
+
+    Args:
+        adaptive: the ``adaptive`` policy (else ``fixed``).
+        threshold: the backlog bound (entries, >= 1).
+        throttle_seconds: the fixed policy's wait (seconds).
+        min_wait, max_wait: bounds of one adaptive wait (seconds, 0 <= min_wait <= max_wait).
+        rate: the drain-rate estimate carried from an earlier run (entries/s), or None.
+        reaction: the measured reaction time carried from an earlier run (seconds), or None.
+    """
+
+    adaptive: bool
+    threshold: int
+    throttle_seconds: float
+    min_wait: float
+    max_wait: float
+    rate: float | None = None
+    reaction: float | None = None
+    _last: tuple[int, datetime] | None = field(default=None, init=False, repr=False)
+    _woke_at: datetime | None = field(default=None, init=False, repr=False)
+
+    def observe(self, before: int, after: int, capped: bool, at: datetime) -> None:
+        """Fold in a backlog reading taken at workflow time ``at``: ``before`` entries as measured,
+        ``after`` once the replay's own move in the same step was added (``before`` for a plain
+        measurement). The drain-rate sample is ``(last after - before) / elapsed``; a capped
+        reading is only a lower bound of the backlog and gives no sample, and an empty stream
+        says only that the consumers drain at least that fast."""
+        last = self._last
+        self._last = None if capped else (after, at)
+        if last is None or capped:
+            return
+        elapsed = (at - last[1]).total_seconds()
+        if elapsed < MIN_SAMPLE_SECONDS:
+            return
+        sample = max(0.0, (last[0] - before) / elapsed)
+        self._fold(sample, lower_bound=before == 0)
+
+    def observe_drain(self, drained: int, seconds: float, empty: bool) -> None:
+        """Fold in what a poll measured: the backlog went down by ``drained`` entries in ``seconds``;
+        ``empty`` when it ended at 0 (then the sample is a lower bound)."""
+        if seconds >= MIN_SAMPLE_SECONDS:
+            self._fold(max(0.0, drained / seconds), lower_bound=empty)
+
+    def _fold(self, sample: float, *, lower_bound: bool) -> None:
+        if self.rate is None:
+            self.rate = sample
+        elif lower_bound:
+            self.rate = max(self.rate, sample)
+        else:
+            self.rate = (1 - RATE_SMOOTHING) * self.rate + RATE_SMOOTHING * sample
+
+    def woke(self, at: datetime) -> None:
+        """A wait ended at workflow time ``at``; the next ``published`` measures the reaction."""
+        self._woke_at = at
+
+    def published(self, at: datetime) -> None:
+        """A publish landed at workflow time ``at``: fold in the reaction time since the last wake."""
+        if self._woke_at is not None:
+            sample = _clamp((at - self._woke_at).total_seconds(), MIN_SAMPLE_SECONDS, 60.0)
+            self.reaction = sample if self.reaction is None else (self.reaction + sample) / 2
+            self._woke_at = None
+
+    @property
+    def low_watermark(self) -> int | None:
+        """The backlog an adaptive wait waits for (entries): what the consumers drain while the
+        replay reacts, twice over, within ``[0, 3/4 of the threshold]``; half the threshold before
+        a rate is known; None under ``fixed``."""
+        if not self.adaptive:
+            return None
+        ceiling = self.threshold * 3 // 4
+        if self.rate is None:
+            return self.threshold // 2
+        react = (self.reaction or DEFAULT_REACTION_SECONDS) + POLL_INTERVAL_BOUNDS[0]
+        return int(_clamp(math.ceil(WATERMARK_SAFETY * self.rate * react), 0, ceiling))
+
+    def plan(self, backlog: int) -> WaitPlan:
+        """The wait to take at ``backlog`` entries (at or over the threshold)."""
+        if not self.adaptive:
+            return WaitPlan(WaitKind.TIMER, self.throttle_seconds)
+        low = self.low_watermark or 0
+        if self.rate is None:  # nothing measured yet: a poll measures the rate
+            expected = min(self.max_wait, POLL_LIMIT_SECONDS)
+        elif self.rate <= 0:
+            expected = self.max_wait
+        else:
+            expected = _clamp((backlog - low) / self.rate, self.min_wait, self.max_wait)
+        if expected <= POLL_LIMIT_SECONDS:
+            bound = min(self.max_wait, POLL_LIMIT_SECONDS)
+            poll = _clamp(expected / 10, *POLL_INTERVAL_BOUNDS)
+            return WaitPlan(WaitKind.POLL, bound, min(self.min_wait, bound), low, poll)
+        timer = max(self.min_wait, expected - TIMER_GRANULARITY_SECONDS) if expected < self.max_wait else expected
+        return WaitPlan(WaitKind.TIMER, timer)
+
+    def describe(self, plan: WaitPlan) -> str:
+        """How the wait of ``plan`` was chosen, for the UI (e.g. ``drain ~2,000/s: poll up to 2 s
+        for the backlog to fall to 40``)."""
+        if not self.adaptive:
+            return f"fixed {plan.seconds:g}s wait"
+        rate = "drain rate not measured yet" if self.rate is None else f"drain ~{self.rate:,.0f}/s"
+        if plan.kind is WaitKind.POLL:
+            return f"{rate}: poll up to {plan.seconds:g}s for the backlog to fall to {plan.low_watermark}"
+        return f"{rate}: sleep {plan.seconds:.3g}s"
+
+
+@dataclass
+class StallWatch:
+    """Tells a stalled replay: the backlog has not gone down, and no task moved, for a window.
+
+    Args:
+        window: seconds without progress after which the replay is ``stalled``.
+        limit: seconds without progress after which the run ends ``stalled`` (None: never).
+        progress_at: when progress was last seen (workflow time), carried across continue-as-new.
+    """
+
+    window: float
+    limit: float | None
+    progress_at: datetime | None = None
+    _last: tuple[int, int, str] | None = field(default=None, init=False, repr=False)
+
+    def observe(self, at: datetime, backlog: int, pending: int, last_delivered_id: str, moved: int = 0) -> float:
+        """Fold in a reading at workflow time ``at``; returns the seconds since progress was last
+        seen. Progress is a task moved, or the backlog or the PEL going down, or the group's
+        last-delivered-id moving on (consumers reading, even when a capped count hides the drop)."""
+        now = (backlog, pending, last_delivered_id)
+        last, self._last = self._last, now
+        went_down = last is not None and (backlog < last[0] or pending < last[1] or last_delivered_id != last[2])
+        if self.progress_at is None or moved > 0 or went_down:
+            self.progress_at = at
+        return (at - self.progress_at).total_seconds()
+
+    def stalled(self, seconds: float) -> bool:
+        """True when ``seconds`` without progress reach the window."""
+        return seconds >= self.window
+
+    def over_limit(self, seconds: float) -> bool:
+        """True when ``seconds`` without progress reach ``max_stall_seconds``."""
+        return self.limit is not None and seconds >= self.limit

@@ -8,13 +8,17 @@
 -- XINFO's own `lag` is returned for logging only: on Redis 7.0 it is NULL or wrong after XDEL,
 -- XTRIM, XGROUP SETID and for groups created at `$`.
 --
--- Returns a table: status ('ok' | 'no_stream' | 'no_group'), pending, lag, capped (bool),
+-- The throttle rule lives here, once: `headroom` = threshold - backlog, at least 0; the replay waits
+-- when it is 0 (backlog >= threshold) and a publish moves at most min(batch, headroom) entries.
+--
+-- Returns a table: status ('ok' | 'no_stream' | 'no_group'), pending, lag, capped (bool), headroom,
 -- last_delivered_id, xinfo_lag (number or false). A key of another type raises WRONGTYPE.
 local XMC_MAX_ID = '18446744073709551615-18446744073709551615'
 
 local function xmc_backlog(stream, group, threshold)
   if redis.call('EXISTS', stream) == 0 then
-    return {status = 'no_stream', pending = 0, lag = 0, capped = false, last_delivered_id = '', xinfo_lag = false}
+    return {status = 'no_stream', pending = 0, lag = 0, capped = false, headroom = threshold,
+            last_delivered_id = '', xinfo_lag = false}
   end
   local groups = redis.call('XINFO', 'GROUPS', stream)
   for _, g in ipairs(groups) do
@@ -34,8 +38,10 @@ local function xmc_backlog(stream, group, threshold)
         capped = lag >= k
       end
       return {status = 'ok', pending = pending, lag = lag, capped = capped,
-              last_delivered_id = last, xinfo_lag = f['lag'] or false}
+              headroom = math.max(0, threshold - (pending + lag)), last_delivered_id = last,
+              xinfo_lag = f['lag'] or false}
     end
   end
-  return {status = 'no_group', pending = 0, lag = 0, capped = false, last_delivered_id = '', xinfo_lag = false}
+  return {status = 'no_group', pending = 0, lag = 0, capped = false, headroom = threshold,
+          last_delivered_id = '', xinfo_lag = false}
 end

@@ -10,19 +10,22 @@
 --   idempotency: a repeated seq returns the recorded result, an older seq moves nothing ('stale');
 --   pause: a paused experiment moves nothing ('paused');
 --   group: under the 'error' policy a missing group, or a missing stream (so no group), moves nothing;
---   bound: moves at most min(batch, threshold - backlog) entries ('throttled' when that is 0);
+--   bound: moves at most min(batch, headroom) entries, headroom = threshold - backlog from the shared
+--          backlog rule ('throttled' when that is 0);
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream;
 --   done: when the held stream is empty the experiment is running again ('completed').
--- Returns JSON {status, moved, backlog, remaining, pending, lag, group_status, last_seq}; last_seq is
--- the recorded seq, with 'stale'.
+-- Returns JSON {status, moved, backlog, remaining, pending, lag, capped, headroom, last_delivered_id,
+-- group_status, last_seq}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale'.
 local token, seq = tonumber(ARGV[1]), tonumber(ARGV[2])
 local batch, threshold = tonumber(ARGV[3]), tonumber(ARGV[4])
 
 local function reply(status, moved, b, remaining, last_seq)
   return cjson.encode({status = status, moved = moved, backlog = b.pending + b.lag, remaining = remaining,
-                       pending = b.pending, lag = b.lag, group_status = b.status, last_seq = last_seq or 0})
+                       pending = b.pending, lag = b.lag, capped = b.capped, headroom = b.headroom,
+                       last_delivered_id = b.last_delivered_id or '', group_status = b.status,
+                       last_seq = last_seq or 0})
 end
-local none = {status = 'ok', pending = 0, lag = 0}
+local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
 
 if tonumber(redis.call('GET', KEYS[4]) or '0') ~= token then
   return reply('fenced', 0, none, redis.call('XLEN', KEYS[2]))
@@ -43,7 +46,7 @@ local b = xmc_backlog(KEYS[1], ARGV[5], threshold)
 if b.status ~= 'ok' and ARGV[6] == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
-local room = math.min(batch, threshold - (b.pending + b.lag))
+local room = math.min(batch, b.headroom)
 local moved = 0
 if room > 0 then
   for _, e in ipairs(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', room)) do

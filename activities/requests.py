@@ -1,0 +1,88 @@
+"""The request envelopes of the resumption's activities (workflow -> activity).
+
+Internal to the project: the workflow builds them, the activities in ``activities/resumption.py``
+take them. They travel through Temporal's pydantic data converter and are recorded in the local
+activities' markers, so a field added here needs a default (recorded histories must still decode).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from redisclient.results import MissingGroupPolicy
+
+
+class ExperimentRef(BaseModel):
+    """Which experiment on which stream and consumer group an activity works on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    experiment_id: str = Field(min_length=1)
+    stream: str = Field(min_length=1)
+    consumer_group: str = Field(min_length=1)
+
+
+class AcquireRequest(BaseModel):
+    """Take the claim for ``ref`` as ``owner`` with a lease of ``lease_ms`` milliseconds;
+    ``request_id`` is the idempotency key (a repeat returns the same token)."""
+
+    ref: ExperimentRef
+    owner: str = Field(min_length=1)
+    lease_ms: int = Field(ge=1)
+    request_id: str = Field(min_length=1)
+
+
+class CheckRequest(BaseModel):
+    """Check pause state and fencing for ``token``, extending the lease to ``lease_ms`` milliseconds."""
+
+    ref: ExperimentRef
+    token: int = Field(ge=1)
+    owner: str = Field(min_length=1)
+    lease_ms: int = Field(ge=1)
+
+
+class BacklogRequest(BaseModel):
+    """Measure the backlog of ``ref``'s group, capped against ``threshold`` entries."""
+
+    ref: ExperimentRef
+    threshold: int = Field(ge=1)
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+
+
+class DrainWaitRequest(BaseModel):
+    """Poll the backlog of ``ref``'s group until it is at or below ``low_watermark`` entries.
+
+    The poll lasts at least ``min_seconds`` and at most ``max_seconds``, measuring every
+    ``poll_seconds`` (all seconds, finite; see ``redisclient.backlog.wait_for_drain``).
+    """
+
+    ref: ExperimentRef
+    threshold: int = Field(ge=1)
+    low_watermark: int = Field(ge=0)
+    min_seconds: float = Field(ge=0, le=60, allow_inf_nan=False)
+    max_seconds: float = Field(gt=0, le=60, allow_inf_nan=False)
+    poll_seconds: float = Field(gt=0, le=1, allow_inf_nan=False)
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+
+
+class PublishRequest(BaseModel):
+    """Publish one batch under ``token``; ``seq`` is the idempotency key (see ``publish_batch``)."""
+
+    ref: ExperimentRef
+    token: int = Field(ge=1)
+    seq: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    threshold: int = Field(ge=1)
+    owner: str = Field(min_length=1)
+    lease_ms: int = Field(ge=1)
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+
+
+class ReleaseRequest(BaseModel):
+    """Release the claim of ``token`` (0: whatever claim ``owner`` holds) and revoke the token;
+    ``back_to_paused`` moves a resuming experiment back to paused."""
+
+    ref: ExperimentRef
+    token: int = Field(ge=0)
+    owner: str = Field(min_length=1)
+    back_to_paused: bool = False
