@@ -101,9 +101,7 @@ async def wait_for_drain(
 
     Measures with ``measure_backlog`` (the same capped rule) every ``poll_seconds``; returns once
     the backlog is at or below ``low_watermark`` and ``min_seconds`` have passed, or once
-    ``max_seconds`` have passed, whichever comes first. Also reports how fast the backlog went down
-    between the first exact (uncapped) reading and the last, so the caller can estimate the drain
-    rate from what was measured.
+    ``max_seconds`` have passed, whichever comes first.
 
     Args:
         threshold: the throttle threshold (entries, >= 1): the cap of every reading.
@@ -127,23 +125,15 @@ async def wait_for_drain(
     if not 0 < poll_seconds <= 1:
         raise ValueError(f"poll_seconds must be in (0, 1], got {poll_seconds}")
     start = time.monotonic()
-    first_exact: tuple[int, float] | None = None
     polls = 0
     while True:
         reading = await measure_backlog(client, stream, group, threshold, missing_group)
         now = time.monotonic()
         polls += 1
-        if first_exact is None and not reading.capped:
-            first_exact = (reading.backlog, now)
         elapsed = now - start
         reached = reading.backlog <= low_watermark
         if (reached and elapsed >= min_seconds) or elapsed >= max_seconds:
             break
         until = min_seconds if reached else max_seconds
         await asyncio.sleep(max(0.0, min(poll_seconds, until - elapsed)))
-    drained, drain_seconds = 0, 0.0
-    if first_exact is not None and not reading.capped:
-        drained, drain_seconds = first_exact[0] - reading.backlog, now - first_exact[1]
-    return DrainWait(
-        reading=reading, reached=reached, seconds=elapsed, drained=drained, drain_seconds=drain_seconds, polls=polls
-    )
+    return DrainWait(reading=reading, reached=reached, seconds=elapsed, polls=polls)

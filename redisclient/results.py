@@ -150,17 +150,12 @@ class DrainWait(BaseModel):
         reading: the last reading.
         reached: True when the backlog fell to the low watermark before the poll's bound.
         seconds: how long the poll lasted (seconds, measured in the activity).
-        drained: entries the backlog went down by between the first exact reading and the last
-            (0 when no two exact readings were taken; negative when it grew).
-        drain_seconds: the time between those two readings (seconds; 0 when there were none).
         polls: readings taken.
     """
 
     reading: BacklogReading
     reached: bool
     seconds: float
-    drained: int
-    drain_seconds: float
     polls: int
 
 

@@ -87,6 +87,10 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_seconds": 0.3, "turns_per_run": 3},
     ),
+    "adaptive_completed": (
+        completed,
+        {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 3},
+    ),
 }
 
 

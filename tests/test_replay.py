@@ -23,12 +23,15 @@ def test_histories_are_recorded() -> None:
         "cancelled_during_wait",
         "continued_as_new",
         "waited_for_redis",
+        "adaptive_completed",
     }
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_recorded_history_replays(path: Path) -> None:
-    history = WorkflowHistory.from_json(f"resumption-{path.stem}", path.read_text())  # v0_*: recorded by older code
+    history = WorkflowHistory.from_json(
+        f"resumption-{path.stem}", path.read_text()
+    )  # v0_*, v1_*: recorded by older code
     replayer = Replayer(workflows=[ResumptionWorkflow], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None

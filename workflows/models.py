@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM
 from redisclient.results import MissingGroupPolicy
+from workflows.throttle import MAX_RATE
 
 WORKFLOW_TYPE = "ResumptionWorkflow"
 TASK_QUEUE = "xmc-resumption"
@@ -23,9 +24,6 @@ TASK_QUEUE = "xmc-resumption"
 
 MAX_WAIT_SECONDS = 86_400.0
 """The longest single wait (seconds): one day; a longer durable timer is never what an operator means."""
-
-MAX_DRAIN_RATE = 10_000_000.0
-"""The highest drain rate the adaptive policy believes (entries per second)."""
 
 
 class ThrottlePolicy(StrEnum):
@@ -87,7 +85,7 @@ class Carry(BaseModel):
     turns: int = Field(ge=0)
     runs: int = Field(ge=0)
     started_at: datetime
-    drain_rate: float | None = Field(default=None, ge=0, le=MAX_DRAIN_RATE, allow_inf_nan=False)
+    drain_rate: float | None = Field(default=None, ge=0, le=MAX_RATE, allow_inf_nan=False)
     reaction_seconds: float | None = Field(default=None, gt=0, le=60, allow_inf_nan=False)
     progress_at: datetime | None = None
 

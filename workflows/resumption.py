@@ -12,8 +12,9 @@ Each turn of the loop:
 A publish that left headroom is followed at once by the next publish: the script re-checks
 everything 1, 2 and 4 need in the same step as its move, so such a turn is one Redis call. Under
 the adaptive policy a publish that filled the headroom goes straight to the wait, which measures
-the drain itself; under the fixed one the next turn measures again, as the seed's rule does. The Redis calls are local activities
-(short, one history marker each). The run continues as new after ``turns_per_run`` turns or when
+the drain itself; under the fixed one the next turn measures again, as the seed's rule does. The
+Redis calls are local activities (short, one history marker each). The run continues as new after
+``turns_per_run`` turns or when
 Temporal suggests it, carrying the token, the counters and what the pacing measured.
 """
 
@@ -340,7 +341,6 @@ class ResumptionWorkflow:
             summary=f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}",
             start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),
         )
-        self._pacer.observe_drain(drain.drained, drain.drain_seconds, empty=drain.reading.backlog == 0)
         r = drain.reading
         self._observe(r.pending, r.lag, r.capped, r.last_delivered_id)
 

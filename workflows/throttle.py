@@ -48,11 +48,14 @@ about three local-activity round trips here)."""
 WATERMARK_SAFETY = 2.0
 """The low watermark covers this many times what consumers drain while the replay reacts."""
 
-RATE_SMOOTHING = 0.5
-"""Weight of a new drain-rate sample in the exponentially weighted average."""
+RATE_TIME_CONSTANT_SECONDS = 1.0
+"""Time constant of the drain-rate average (seconds): samples older than a few of these fade out."""
 
-MIN_SAMPLE_SECONDS = 0.001
-"""Two readings closer than this (seconds) give no drain-rate sample."""
+FIRST_ESTIMATE_SECONDS = 0.05
+"""How much measured time the first drain-rate estimate needs (seconds)."""
+
+MAX_RATE = 10_000_000.0
+"""The highest drain rate believed (entries per second); also the bound of the carried estimate."""
 
 
 class WaitKind(StrEnum):
@@ -116,37 +119,36 @@ class Pacer:
     rate: float | None = None
     reaction: float | None = None
     _last: tuple[int, datetime] | None = field(default=None, init=False, repr=False)
+    _first: tuple[int, float] = field(default=(0, 0.0), init=False, repr=False)
     _woke_at: datetime | None = field(default=None, init=False, repr=False)
 
     def observe(self, before: int, after: int, capped: bool, at: datetime) -> None:
         """Fold in a backlog reading taken at workflow time ``at``: ``before`` entries as measured,
         ``after`` once the replay's own move in the same step was added (``before`` for a plain
-        measurement). The drain-rate sample is ``(last after - before) / elapsed``; a capped
-        reading is only a lower bound of the backlog and gives no sample, and an empty stream
-        says only that the consumers drain at least that fast."""
+        measurement). The drain-rate sample is ``(last after - before) / elapsed``. A capped
+        reading is only a lower bound of the backlog and gives no sample; nor does an interval
+        that started with an empty stream (nothing to drain)."""
         last = self._last
         self._last = None if capped else (after, at)
-        if last is None or capped:
+        if last is None or capped or last[0] == 0:
             return
-        elapsed = (at - last[1]).total_seconds()
-        if elapsed < MIN_SAMPLE_SECONDS:
+        self._fold(max(0, last[0] - before), (at - last[1]).total_seconds())
+
+    def _fold(self, drained: int, seconds: float) -> None:
+        """A time-weighted moving average: a sample of ``seconds`` weighs ``1 - exp(-seconds /
+        RATE_TIME_CONSTANT_SECONDS)``, so the many short intervals between back-to-back Redis calls
+        barely move it (consumers drain in bursts: one acknowledgement of a whole read) while a
+        poll of a second moves it most of the way. The first estimate waits for
+        ``FIRST_ESTIMATE_SECONDS`` of samples."""
+        if seconds <= 0:
             return
-        sample = max(0.0, (last[0] - before) / elapsed)
-        self._fold(sample, lower_bound=before == 0)
-
-    def observe_drain(self, drained: int, seconds: float, empty: bool) -> None:
-        """Fold in what a poll measured: the backlog went down by ``drained`` entries in ``seconds``;
-        ``empty`` when it ended at 0 (then the sample is a lower bound)."""
-        if seconds >= MIN_SAMPLE_SECONDS:
-            self._fold(max(0.0, drained / seconds), lower_bound=empty)
-
-    def _fold(self, sample: float, *, lower_bound: bool) -> None:
         if self.rate is None:
-            self.rate = sample
-        elif lower_bound:
-            self.rate = max(self.rate, sample)
-        else:
-            self.rate = (1 - RATE_SMOOTHING) * self.rate + RATE_SMOOTHING * sample
+            self._first = (self._first[0] + drained, self._first[1] + seconds)
+            if self._first[1] >= FIRST_ESTIMATE_SECONDS:
+                self.rate = min(MAX_RATE, self._first[0] / self._first[1])
+            return
+        weight = 1 - math.exp(-seconds / RATE_TIME_CONSTANT_SECONDS)
+        self.rate = min(MAX_RATE, self.rate + weight * (drained / seconds - self.rate))
 
     def woke(self, at: datetime) -> None:
         """A wait ended at workflow time ``at``; the next ``published`` measures the reaction."""
@@ -155,7 +157,7 @@ class Pacer:
     def published(self, at: datetime) -> None:
         """A publish landed at workflow time ``at``: fold in the reaction time since the last wake."""
         if self._woke_at is not None:
-            sample = _clamp((at - self._woke_at).total_seconds(), MIN_SAMPLE_SECONDS, 60.0)
+            sample = _clamp((at - self._woke_at).total_seconds(), 0.001, 60.0)
             self.reaction = sample if self.reaction is None else (self.reaction + sample) / 2
             self._woke_at = None
 

@@ -1,0 +1,150 @@
+"""The throttle policies end to end on Temporal's time-skipping test server, against a real
+redis-server: what each wait is, what follows it, and that the backlog bound holds inside the
+publish script itself (read from the recorded results, not by sampling)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import uuid
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+
+from redisclient import held
+from redisclient.keys import ExperimentKeys
+from redisclient.results import ExperimentState
+from tests.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, wait_for
+from workflows.models import Outcome, Phase
+from workflows.resumption import ResumptionWorkflow
+
+
+async def redis_calls(handle: WorkflowHandle) -> list[tuple[str, Any]]:
+    """Every local activity and durable timer of the run in order: (activity type, its result) or
+    ("timer", seconds)."""
+    calls: list[tuple[str, Any]] = []
+    for e in (await handle.fetch_history()).events:
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED:
+            calls.append(
+                ("timer", e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds())
+            )
+        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            details = e.marker_recorded_event_attributes.details
+            if "data" not in details:
+                continue  # a patch marker
+            data = json.loads(details["data"].payloads[0].data)
+            result = details["result"].payloads[0].data if "result" in details else b"null"
+            calls.append((data["activity_type"], json.loads(result)))
+    return calls
+
+
+def assert_checked_after_every_wait(calls: list[tuple[str, Any]]) -> None:
+    """After every wait (a timer or a poll) the next Redis call is the pause and fencing check, and
+    no publish ever took the backlog past the threshold (measured inside the script)."""
+    for (kind, _), (after, _) in itertools.pairwise(calls):
+        if kind in ("timer", "wait_for_drain"):
+            assert after in ("check_claim", "release_claim"), f"{after} right after a wait"
+
+
+def assert_never_over(calls: list[tuple[str, Any]], threshold: int) -> None:
+    publishes = [r for kind, r in calls if kind == "publish_batch"]
+    assert publishes
+    for r in publishes:
+        assert r["backlog"] + r["moved"] <= threshold, r
+
+
+async def test_adaptive_keeps_up_with_fast_consumers_by_polling(ts_env, redis, redis_url, task_queue) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 600)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=10, rate=1_000))
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(
+            ts_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=50,
+            batch_size=20,
+            throttle_policy="adaptive",
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        progress = await handle.query(ResumptionWorkflow.progress)
+    stop.set()
+    await consumer
+    calls = await redis_calls(handle)
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 600, 0)
+    assert await stream_tasks(redis) == names and seen == names
+    kinds = [k for k, _ in calls]
+    assert "timer" not in kinds  # consumers this fast are waited for by polls, not 1 s timers
+    assert kinds.count("wait_for_drain") == result.throttles >= 5
+    assert progress.drain_rate is not None and progress.drain_rate > 100
+    assert progress.low_watermark is not None and 0 <= progress.low_watermark <= 37
+    assert_checked_after_every_wait(calls)
+    assert_never_over(calls, 50)
+    # a publish that left headroom is followed by the next publish, with no check in between
+    chained = sum(1 for (a, r), (b, _) in itertools.pairwise(calls)
+                  if a == "publish_batch" == b and r["status"] == "published")  # fmt: skip
+    assert chained >= 1
+
+
+async def test_adaptive_waits_grow_when_nobody_drains_and_a_stall_ends_the_run(
+    ts_env, redis, redis_url, task_queue
+) -> None:
+    """No consumer: one poll finds no drain, the waits grow to ``max_wait_seconds`` timers, the run
+    says stalled after the window and ends ``stalled`` after ``max_stall_seconds``, handing the
+    experiment back as paused with every held task still held."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 30)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(
+            ts_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=10,
+            batch_size=4,
+            throttle_policy="adaptive",
+            max_wait_seconds=30,
+            stall_window_seconds=60,
+            max_stall_seconds=300,
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        progress = await handle.query(ResumptionWorkflow.progress)
+    calls = await redis_calls(handle)
+    timers = [s for k, s in calls if k == "timer"]
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.STALLED, 10, 20)
+    assert timers and timers[-1] == 30.0 and max(timers) == 30.0
+    assert sum(timers) >= 300 - 30
+    assert progress.stalled and progress.stall_reason and "not going down" in progress.stall_reason
+    assert progress.drain_rate == 0
+    assert_checked_after_every_wait(calls)
+    assert_never_over(calls, 10)
+    assert calls[-1][0] == "release_claim"
+    assert await held.get_state(redis, keys) is ExperimentState.PAUSED
+    assert not await redis.exists(keys.claim)
+    assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names[10:]
+    assert await stream_tasks(redis) == names[:10]
+
+
+async def test_a_pause_during_an_adaptive_wait_publishes_nothing_more(ts_env, redis, redis_url, task_queue) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    await hold_tasks(redis, e, 30)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(
+            ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=10, throttle_policy="adaptive"
+        )
+        await wait_for(handle, lambda p: p.phase is Phase.THROTTLED)
+        await held.pause(redis, keys)
+        await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone: only the pause stops it now
+        result = await asyncio.wait_for(handle.result(), 60)
+    calls = await redis_calls(handle)
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.PAUSED, 10, 20)
+    assert await redis.xlen(keys.held) == 20 and await redis.xlen(STREAM) == 10
+    assert_checked_after_every_wait(calls)
+    assert [k for k, _ in calls][-2:] == ["check_claim", "release_claim"]

@@ -1,0 +1,112 @@
+"""The throttle policy's arithmetic (workflows/throttle.py): pure code, fed with readings as the
+workflow feeds it (backlog before and after its own move, workflow time)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from workflows.throttle import (
+    POLL_INTERVAL_BOUNDS,
+    POLL_LIMIT_SECONDS,
+    TIMER_GRANULARITY_SECONDS,
+    Pacer,
+    StallWatch,
+    WaitKind,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def adaptive(**kw: float) -> Pacer:
+    return Pacer(adaptive=True, threshold=500, throttle_seconds=10, min_wait=0.0, max_wait=10.0, **kw)  # type: ignore[arg-type]
+
+
+def drain(pacer: Pacer, rate: float, cycles: int = 20, step: float = 0.1) -> None:
+    """Consumers drain at ``rate`` for ``step`` seconds between readings; the replay tops the
+    stream up to the threshold at each reading (a publish: ``before`` measured, 500 after)."""
+    t = T0
+    pacer.observe(500, 500, False, t)
+    for _ in range(cycles):
+        t += timedelta(seconds=step)
+        before = max(0, 500 - round(rate * step))
+        pacer.observe(before, 500, False, t)
+
+
+def test_fixed_waits_throttle_seconds_on_a_timer() -> None:
+    pacer = Pacer(adaptive=False, threshold=500, throttle_seconds=7, min_wait=0, max_wait=7)
+    plan = pacer.plan(600)
+    assert (plan.kind, plan.seconds) == (WaitKind.TIMER, 7)
+    assert pacer.low_watermark is None
+
+
+def test_before_any_measurement_adaptive_polls_to_half_the_threshold() -> None:
+    plan = adaptive().plan(500)
+    assert (plan.kind, plan.seconds, plan.low_watermark) == (WaitKind.POLL, POLL_LIMIT_SECONDS, 250)
+
+
+@pytest.mark.parametrize("rate", [200.0, 2_000.0, 20_000.0])
+def test_the_drain_rate_is_estimated_from_successive_readings(rate: float) -> None:
+    pacer = adaptive()
+    drain(pacer, rate, step=min(0.1, 400 / rate))
+    assert pacer.rate == pytest.approx(rate, rel=0.02)
+
+
+def test_the_wait_shrinks_when_consumers_are_fast_and_grows_when_slow() -> None:
+    fast, slow, stopped = adaptive(), adaptive(), adaptive()
+    drain(fast, 20_000, step=0.01)
+    drain(slow, 100, step=1.0, cycles=10)
+    drain(stopped, 0, step=1.0, cycles=10)
+    f, s, z = fast.plan(500), slow.plan(500), stopped.plan(500)
+    assert f.kind is WaitKind.POLL and f.poll_seconds == POLL_INTERVAL_BOUNDS[0]
+    # fast: keep a watermark the consumers cannot drain while the replay reacts (~20 ms at 20,000/s)
+    assert fast.low_watermark == 375  # 2 x 20,000/s x 22 ms = 880, capped at 3/4 of the threshold
+    # slow: (500 - L) / 100/s = ~5 s, so a timer that wakes a granularity early and a poll for the rest
+    assert slow.low_watermark == 5
+    assert s.kind is WaitKind.TIMER
+    assert s.seconds == pytest.approx((500 - 5) / slow.rate - TIMER_GRANULARITY_SECONDS)  # type: ignore[operator]
+    # stopped: the longest wait
+    assert (z.kind, z.seconds) == (WaitKind.TIMER, 10.0)
+
+
+def test_waits_stay_within_min_and_max() -> None:
+    pacer = Pacer(adaptive=True, threshold=500, throttle_seconds=10, min_wait=0.5, max_wait=3.0)
+    drain(pacer, 1.0, step=1.0, cycles=5)
+    assert pacer.plan(500).seconds == 3.0
+    quick = Pacer(adaptive=True, threshold=500, throttle_seconds=10, min_wait=0.5, max_wait=3.0)
+    drain(quick, 50_000, step=0.005)
+    plan = quick.plan(500)
+    assert plan.kind is WaitKind.POLL and plan.min_seconds == 0.5
+
+
+def test_capped_readings_and_an_empty_start_give_no_sample() -> None:
+    pacer = adaptive()
+    pacer.observe(0, 0, False, T0)  # nothing in the stream yet: nothing to drain
+    pacer.observe(0, 500, False, T0 + timedelta(seconds=1))
+    assert pacer.rate is None
+    pacer.observe(501, 501, True, T0 + timedelta(seconds=2))  # capped: a lower bound only
+    pacer.observe(400, 400, False, T0 + timedelta(seconds=3))
+    assert pacer.rate is None
+
+
+def test_the_reaction_time_is_measured_from_wake_to_publish() -> None:
+    pacer = adaptive()
+    pacer.woke(T0)
+    pacer.published(T0 + timedelta(milliseconds=30))
+    pacer.published(T0 + timedelta(seconds=5))  # not after a wait: not a reaction
+    assert pacer.reaction == pytest.approx(0.03)
+
+
+def test_stall_is_no_progress_across_the_window() -> None:
+    watch = StallWatch(window=60, limit=120)
+    assert watch.observe(T0, 500, 500, "1-0") == 0
+    assert watch.observe(T0 + timedelta(seconds=59), 500, 500, "1-0") == 59
+    assert not watch.stalled(59)
+    assert watch.stalled(watch.observe(T0 + timedelta(seconds=60), 500, 500, "1-0"))
+    # consumers read on (last-delivered-id moves) though a capped count hides the drop: progress
+    assert watch.observe(T0 + timedelta(seconds=61), 500, 500, "2-0") == 0
+    assert watch.observe(T0 + timedelta(seconds=200), 501, 500, "2-0") == 139
+    assert watch.over_limit(139)
+    assert watch.observe(T0 + timedelta(seconds=201), 400, 400, "2-0", moved=0) == 0  # went down
+    assert watch.observe(T0 + timedelta(seconds=300), 400, 400, "2-0", moved=10) == 0  # tasks moved
