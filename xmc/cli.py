@@ -21,7 +21,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from redisclient import held
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from redisclient.results import ExperimentState
-from workflows.models import ResumptionInput
+from workflows.models import ResumptionInput, ThrottlePolicy
 from xmc.demo import DemoOptions, run_demo
 from xmc.ops import experiment_status, start_resumption
 from xmc.settings import Settings, connect_temporal
@@ -80,6 +80,7 @@ async def _resume(args: argparse.Namespace) -> int:
         batch_size=args.batch,
         max_backlog_threshold=args.threshold,
         throttle_seconds=args.throttle_seconds,
+        throttle_policy=ThrottlePolicy(args.policy),
     )
     client = await connect_temporal()
     handle = await start_resumption(client, inp, settings.task_queue)
@@ -98,6 +99,7 @@ async def _demo(args: argparse.Namespace) -> int:
             threshold=args.threshold,
             batch=args.batch,
             throttle_seconds=args.throttle_seconds,
+            policy=args.policy,
             linger=args.linger,
         )
     )
@@ -127,6 +129,8 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("--batch", type=int, default=100, help="most tasks one publish moves")
     resume.add_argument("--threshold", type=int, default=500, help="max_backlog_threshold, entries")
     resume.add_argument("--throttle-seconds", type=float, default=10.0, help="one throttle wait, seconds")
+    resume.add_argument("--policy", choices=[p.value for p in ThrottlePolicy], default=ThrottlePolicy.FIXED.value,
+                        help="throttle_policy: fixed waits, or adaptive to the measured drain rate")  # fmt: skip
     resume.add_argument("--wait", action="store_true", help="wait for the result and print it")
     resume.add_argument("--force", action="store_true", help="start even if the experiment holds nothing")
 
@@ -143,6 +147,8 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--threshold", type=int, default=500, help="max_backlog_threshold, entries")
     demo.add_argument("--batch", type=int, default=100, help="most tasks one publish moves")
     demo.add_argument("--throttle-seconds", type=float, default=2.0, help="one throttle wait, seconds")
+    demo.add_argument("--policy", choices=[p.value for p in ThrottlePolicy], default=ThrottlePolicy.FIXED.value,
+                      help="throttle_policy: fixed waits, or adaptive to the measured drain rate")  # fmt: skip
     demo.add_argument(
         "--linger", type=float, default=0.0, help="seconds to keep the services up at the end (Ctrl-C ends it early)"
     )

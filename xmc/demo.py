@@ -24,7 +24,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from redisclient import held
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
-from workflows.models import ResumptionInput, ResumptionResult
+from workflows.models import ResumptionInput, ResumptionResult, ThrottlePolicy
 from workflows.resumption import ResumptionWorkflow
 from xmc.consumer import entries_of, run_consumer
 from xmc.ops import start_resumption
@@ -46,6 +46,7 @@ class DemoOptions:
     threshold: int = 500
     batch: int = 100
     throttle_seconds: float = 2.0
+    policy: str = "fixed"
     linger: float = 0.0
     stream: str = DEFAULT_STREAM
     group: str = DEFAULT_GROUP
@@ -118,12 +119,13 @@ async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> 
             batch_size=opts.batch,
             max_backlog_threshold=opts.threshold,
             throttle_seconds=opts.throttle_seconds,
+            throttle_policy=ThrottlePolicy(opts.policy),
         )
         started = time.monotonic()
         handle = await start_resumption(client, inp, settings.task_queue)
         print(
             f"started workflow {handle.id} on task queue {settings.task_queue} "
-            f"(threshold {opts.threshold}, batch {opts.batch}, throttle {opts.throttle_seconds:g} s, "
+            f"(threshold {opts.threshold}, batch {opts.batch}, {opts.policy} throttle {opts.throttle_seconds:g} s, "
             f"consumers {opts.rate:g} tasks/s)"
         )
         result_task: asyncio.Task[ResumptionResult] = asyncio.create_task(handle.result())
