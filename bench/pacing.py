@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bench.consumers import PacedConsumer, calibrate, run_paced_consumer
+from bench.consumers import PacedConsumer, calibrate, read_count, run_paced_consumer
 from bench.env import BenchEnv
 from bench.replay import build_input, run_resumption
 from bench.sampler import sampler_process
@@ -74,23 +74,29 @@ async def _drained(records: list[PacedConsumer], count: int) -> None:
         await asyncio.sleep(0.01)
 
 
-async def pacing_run(env: BenchEnv, case: PacingCase, policy: str, batch: int) -> dict[str, Any]:
+async def pacing_run(
+    env: BenchEnv, case: PacingCase, policy: str, batch: int, ack_on_read: bool = False
+) -> dict[str, Any]:
     """One row of figure b (and its history figures for e)."""
     keys = ExperimentKeys(DEFAULT_STREAM, f"bench-b-{policy}-{uuid.uuid4().hex[:8]}")
     row: dict[str, Any] = {"policy": policy, "rate_target": case.rate, "tasks": case.tasks, "batch": batch}
-    row["throttle_seconds"] = case.throttle_seconds
+    row |= {"throttle_seconds": case.throttle_seconds, "consumers": case.consumers}
+    row |= {
+        "read_count": read_count(case.rate / case.consumers),
+        "ack": "on read" if ack_on_read else "after processing",
+    }
     try:
         inp = build_input(pacing_input(keys.experiment_id, case, policy, batch))
     except ValidationError as err:
         return {**row, "skipped": f"this build has no {policy} policy ({err.errors()[0]['msg']})"}
-    rate = sum([await calibrate(env.redis, case.rate / case.consumers) for _ in range(case.consumers)])
+    rate = sum([await calibrate(env.redis, case.rate / case.consumers, ack_on_read) for _ in range(case.consumers)])
     await env.redis.delete(keys.stream)
     await env.redis.xgroup_create(keys.stream, DEFAULT_GROUP, id="0", mkstream=True)
     await hold_tasks(env.redis, keys, case.tasks)
     stop = asyncio.Event()
     records = [PacedConsumer(case.rate / case.consumers) for _ in range(case.consumers)]
     tasks = [
-        asyncio.create_task(run_paced_consumer(env.redis, keys.stream, DEFAULT_GROUP, f"c{i}", r, stop))
+        asyncio.create_task(run_paced_consumer(env.redis, keys.stream, DEFAULT_GROUP, f"c{i}", r, stop, ack_on_read))
         for i, r in enumerate(records)
     ]
     try:
@@ -143,7 +149,7 @@ async def pacing_run(env: BenchEnv, case: PacingCase, policy: str, batch: int) -
 
 
 async def pacing(
-    env: BenchEnv, cases: tuple[PacingCase, ...], policies: tuple[str, ...], batch: int
+    env: BenchEnv, cases: tuple[PacingCase, ...], policies: tuple[str, ...], batch: int, ack_on_read: bool = False
 ) -> list[dict[str, Any]]:
     """Figure b for every policy and case, in that order."""
-    return [await pacing_run(env, case, policy, batch) for policy in policies for case in cases]
+    return [await pacing_run(env, case, policy, batch, ack_on_read) for policy in policies for case in cases]

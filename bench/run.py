@@ -45,6 +45,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=None, help="runs per batch size in a (default 2; smoke 1)")
     parser.add_argument("--tasks", type=int, default=None, help="held tasks per run in a (default 50,000; smoke 2,000)")
+    parser.add_argument(
+        "--consumer-ack",
+        choices=("after", "read"),
+        default="after",
+        help="b's consumers acknowledge after processing (default; entries stay pending meanwhile) or on read",
+    )
     parser.add_argument("--batch-b", type=int, default=100, help="batch size of b's replays (default 100)")
     parser.add_argument(
         "--out-dir", type=Path, default=RESULTS_DIR, help=f"where the JSON goes (default {RESULTS_DIR})"
@@ -90,6 +96,7 @@ async def _meta(env: BenchEnv, args: argparse.Namespace) -> dict[str, Any]:
         "smoke": args.smoke,
         "figures": sorted(args.only),
         "policies": list(args.policies),
+        "consumer_ack": args.consumer_ack,
         "git_commit": commit.stdout.strip() or None,
         "python": platform.python_version(),
         "temporalio": version("temporalio"),
@@ -109,7 +116,9 @@ async def _workflow_figures(env: BenchEnv, args: argparse.Namespace, results: di
         if "b" in args.only:
             cases = pacing.SMOKE_CASES if args.smoke else pacing.FULL_CASES
             print(f"b: policies {args.policies}, rates {[c.rate for c in cases]}", flush=True)
-            results["b"] = await pacing.pacing(env, cases, args.policies, args.batch_b)
+            results["b"] = await pacing.pacing(
+                env, cases, args.policies, args.batch_b, ack_on_read=args.consumer_ack == "read"
+            )
 
 
 def _checks(results: dict[str, Any]) -> dict[str, bool]:
