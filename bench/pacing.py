@@ -136,6 +136,7 @@ async def pacing_run(
         "samples": samples.samples,
         "max_sample_gap_ms": samples.max_gap_s * 1000,
         "mean_sample_gap_ms": samples.mean_gap_s * 1000,
+        "sample_gaps_over_10ms": samples.gaps_over_10ms,
         "throttles": throttles,
         "turns": run.result.turns,
         "runs": run.result.runs,

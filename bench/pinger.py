@@ -28,7 +28,12 @@ def ping_until(url: str, stop: threading.Event, every: float = 0.001) -> list[fl
 def main() -> None:
     """Ping ``sys.argv[1]`` until stdin reaches its end; print the latencies."""
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+
+    def until_eof() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=until_eof, daemon=True).start()
     print("ready", flush=True)
     print(json.dumps(ping_until(sys.argv[1], stop)))
 

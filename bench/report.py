@@ -20,11 +20,13 @@ def _f(value: Any, spec: str = ".2f") -> str:
 def _lines_a(rows: list[dict[str, Any]]) -> list[str]:
     out = ["a. throughput, no throttling (best of repeats; ratio = workflow tasks/s / bare publish_batch tasks/s)"]
     out.append(f"{'batch':>6} {'tasks':>7} {'wf tasks/s':>11} {'bare tasks/s':>13} {'ratio':>6} "
-               f"{'wf ms/turn':>10} {'bare ms/call':>12} {'once':>5}")  # fmt: skip
+               f"{'wf ms/turn':>10} {'bare ms/call':>12} {'redis ms/turn':>13} {'other ms/turn':>13} "
+               f"{'once':>5}")  # fmt: skip
     for r in rows:
         out.append(
             f"{r['batch']:>6} {r['tasks']:>7} {r['workflow_tasks_per_s']:>11.0f} {r['bare_tasks_per_s']:>13.0f} "
             f"{r['ratio']:>6.3f} {r['workflow_ms_per_turn']:>10.2f} {r['bare_ms_per_publish']:>12.2f} "
+            f"{r['redis_ms_per_turn']:>13.2f} {r['other_ms_per_turn']:>13.2f} "
             f"{'yes' if r['exactly_once'] else 'NO':>5}"
         )
     return out
@@ -42,6 +44,7 @@ _B_COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
     ("idle(smp)", 9, lambda r: f"{r['idle_fraction_sampled']:.1%}"),
     ("max bl", 6, lambda r: str(r["max_backlog"])),
     ("gap ms", 6, lambda r: f"{r['max_sample_gap_ms']:.1f}"),
+    (">10ms", 5, lambda r: str(r["sample_gaps_over_10ms"])),
     ("waits", 5, lambda r: str(r["throttles"])),
     ("turns", 5, lambda r: str(r["turns"])),
     ("events", 6, lambda r: str(r["events"])),
@@ -53,7 +56,7 @@ def _lines_b(rows: list[dict[str, Any]]) -> list[str]:
     out = [
         "b. pacing (threshold 500; wall/ideal = (start -> result) / (N / R measured); drain/ideal = (start -> "
         "last task read) / (N / R); idle = consumers idle while tasks were held: by capacity, by empty reads, "
-        "by the sampler; gap = longest time between two backlog samples)"
+        "by the sampler; gap = longest time between two backlog samples, >10ms = gaps longer than 10 ms)"
     ]
     out.append(f"{'policy':>8} {'R target':>8} " + " ".join(f"{name:>{width}}" for name, width, _ in _B_COLUMNS))
     for r in rows:
@@ -106,7 +109,13 @@ def _lines_e(e: dict[str, Any]) -> list[str]:
 
 def table(results: dict[str, Any]) -> str:
     """The printed table of every figure in ``results``."""
-    printers = {"a": _lines_a, "b": _lines_b, "c": _lines_c, "d": _lines_d, "e": _lines_e}
+    printers: dict[str, Callable[[Any], list[str]]] = {
+        "a": _lines_a,
+        "b": _lines_b,
+        "c": _lines_c,
+        "d": _lines_d,
+        "e": _lines_e,
+    }
     blocks = [printers[key](results[key]) for key in printers if key in results]
     checks = results["checks"]
     blocks.append([f"checks: {'all ok' if all(checks.values()) else 'FAILED'} " + str(checks)])

@@ -40,6 +40,7 @@ class BacklogSamples:
         samples: readings taken.
         max_gap_s: the longest time between two readings (seconds).
         mean_gap_s: the mean time between two readings (seconds).
+        gaps_over_10ms: how many times two readings were more than 10 ms apart.
         held_empty_s: monotonic time of the first reading with no task held (seconds), or None.
         starved_s: seconds (between readings) when the group had nothing delivered or to deliver
             (backlog 0) while tasks were still held: a cross-check of the consumers' idle time.
@@ -49,6 +50,7 @@ class BacklogSamples:
     samples: int = 0
     max_gap_s: float = 0.0
     mean_gap_s: float = 0.0
+    gaps_over_10ms: int = 0
     held_empty_s: float | None = None
     starved_s: float = 0.0
 
@@ -65,6 +67,7 @@ async def sample(redis: Redis, stream: str, group: str, held_key: str, stop: asy
         now = time.monotonic()
         if previous is not None:
             out.max_gap_s = max(out.max_gap_s, now - previous)
+            out.gaps_over_10ms += now - previous > 0.010
             out.starved_s += now - previous if previous_idle else 0.0
         first = now if first is None else first
         out.samples += 1

@@ -4,6 +4,7 @@ every task reached the task stream exactly once and in order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -17,7 +18,7 @@ READ_CHUNK = 10_000
 """Entries per XRANGE when checking a replay, so a 1e6-task check stays small in memory."""
 
 
-def task_fields(experiment_id: str, n: int, payload: bytes) -> dict[bytes, bytes]:
+def task_fields(experiment_id: str, n: int, payload: bytes) -> dict[str | bytes, str | bytes | int | float]:
     """The field map of task ``n`` of an experiment: its name, its number and a payload."""
     return {b"task": f"{experiment_id}:{n}".encode(), b"n": str(n).encode(), b"payload": payload}
 
@@ -71,7 +72,7 @@ async def check_replay(redis: Redis, keys: ExperimentKeys, count: int) -> Replay
     prefix = keys.experiment_id.encode() + b":"
     expected, in_order, start = 0, True, "-"
     while True:
-        chunk = await redis.xrange(keys.stream, min=start, count=READ_CHUNK)
+        chunk: list[Any] = await redis.xrange(keys.stream, min=start, count=READ_CHUNK) or []
         for _, fields in chunk:
             if not fields.get(b"task", b"").startswith(prefix):
                 continue

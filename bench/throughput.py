@@ -5,7 +5,10 @@ threshold is at its maximum (100,000): nothing throttles. The workflow's tasks/s
 is divided by the tasks/s of ``publish_batch`` called in a tight loop from Python with the same
 seq/token protocol (a claim from ``acquire_claim``, then seq 1, 2, ... until ``completed``) against
 the same Redis, with the same N and batch. Runs alternate (workflow, bare, workflow, bare, ...) and
-the best of each is kept.
+the best of each is kept. To show where a turn's time goes, the turn's other two Redis calls
+(``check_claim``, ``measure_backlog``) are timed bare too: Redis ms per turn = bare publish +
+check + measure; the rest of the workflow's ms per turn is Temporal's (local activities, workflow
+tasks, the SDK).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from dataclasses import asdict, dataclass
 from bench.env import BenchEnv
 from bench.replay import WorkflowRun, build_input, run_resumption
 from bench.tasks import check_replay, hold_tasks
-from redisclient.fencing import acquire_claim
+from redisclient.backlog import measure_backlog
+from redisclient.fencing import acquire_claim, check_claim
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from redisclient.publish import publish_batch
 from redisclient.results import PublishStatus
@@ -89,6 +93,25 @@ async def bare_move(env: BenchEnv, count: int, batch: int) -> MoveTiming:
     return MoveTiming(wall, seq, check.exactly_once)
 
 
+async def redis_ms_per_turn(env: BenchEnv, calls: int = 200) -> dict[str, float]:
+    """Mean ms of a turn's other two Redis calls made bare from Python (``check_claim`` and
+    ``measure_backlog``, as in a's unthrottled turns: no group), to split the workflow's ms per turn
+    into Redis work and the rest (local activities, workflow tasks, the SDK)."""
+    keys = _experiment("a-turn")
+    await hold_tasks(env.redis, keys, 1)
+    grant = await acquire_claim(env.redis, keys, owner="bench", lease_ms=LEASE_MS)
+    started = time.monotonic()
+    for _ in range(calls):
+        await check_claim(env.redis, keys, grant.token, "bench", LEASE_MS)
+    check_ms = (time.monotonic() - started) / calls * 1000
+    started = time.monotonic()
+    for _ in range(calls):
+        await measure_backlog(env.redis, keys.stream, DEFAULT_GROUP, MAX_THRESHOLD)
+    measure_ms = (time.monotonic() - started) / calls * 1000
+    await env.redis.delete(keys.held, keys.state, keys.claim)
+    return {"check_claim_ms": check_ms, "measure_backlog_ms": measure_ms}
+
+
 async def throughput(env: BenchEnv, count: int, batches: tuple[int, ...], repeats: int) -> list[dict[str, object]]:
     """Figure a for each batch size: best-of-``repeats`` tasks/s of workflow and bare, and their ratio."""
     rows: list[dict[str, object]] = []
@@ -100,6 +123,8 @@ async def throughput(env: BenchEnv, count: int, batches: tuple[int, ...], repeat
             bare_runs.append(await bare_move(env, count, batch))
         wf = min(wf_runs, key=lambda t: t.wall_s)
         bare = min(bare_runs, key=lambda t: t.wall_s)
+        other = await redis_ms_per_turn(env)
+        redis_turn_ms = bare.wall_s / bare.steps * 1000 + other["check_claim_ms"] + other["measure_backlog_ms"]
         rows.append(
             {
                 "batch": batch,
@@ -110,6 +135,9 @@ async def throughput(env: BenchEnv, count: int, batches: tuple[int, ...], repeat
                 "ratio": bare.wall_s / wf.wall_s,
                 "workflow_ms_per_turn": wf.wall_s / wf.steps * 1000,
                 "bare_ms_per_publish": bare.wall_s / bare.steps * 1000,
+                "bare_ms_check_and_measure": other,
+                "redis_ms_per_turn": redis_turn_ms,
+                "other_ms_per_turn": wf.wall_s / wf.steps * 1000 - redis_turn_ms,
                 "exactly_once": all(t.exactly_once for t in wf_runs + bare_runs),
                 "workflow_runs": [asdict(t) for t in wf_runs],
                 "bare_runs": [asdict(t) for t in bare_runs],

@@ -11,7 +11,8 @@ from bench.run import main
 
 A_KEYS = {
     "batch", "tasks", "repeats", "workflow_tasks_per_s", "bare_tasks_per_s", "ratio", "workflow_ms_per_turn",
-    "bare_ms_per_publish", "exactly_once", "workflow_runs", "bare_runs",
+    "bare_ms_per_publish", "bare_ms_check_and_measure", "redis_ms_per_turn", "other_ms_per_turn", "exactly_once",
+    "workflow_runs", "bare_runs",
 }  # fmt: skip
 B_RATIOS = ("rate_measured", "wall_over_ideal", "drained_over_ideal", "events_per_1000_tasks")
 C_ROW_KEYS = {
@@ -38,7 +39,7 @@ def test_bench_smoke_writes_real_figures(tmp_path: Path) -> None:
     for row in results["a"]:
         assert set(row) == A_KEYS
         assert row["exactly_once"] is True
-        for key in ("workflow_tasks_per_s", "bare_tasks_per_s", "ratio", "workflow_ms_per_turn", "bare_ms_per_publish"):
+        for key in ("workflow_tasks_per_s", "bare_tasks_per_s", "ratio", "workflow_ms_per_turn", "redis_ms_per_turn"):
             assert _positive(row[key]), (key, row[key])
         assert all(run["exactly_once"] and run["events"] > 0 for run in row["workflow_runs"])
         # the bare move is the workflow's lower bound on time: it does the same Redis work, nothing else
