@@ -1,11 +1,12 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   venv + install + local redis-server and Temporal dev server + the 5,000-task demo
 #   make test   venv + install + the whole test suite (what CI runs through .ci/run)
+#   make bench  the benchmarks of issue 5 (fresh redis-server and dev server; ARGS=--smoke for a quick run)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint worker clean
+.PHONY: install demo test lint worker bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+bench: install
+	scripts/ensure-redis-server
+	$(PY) -m bench $(ARGS)
 
 worker: install
 	$(PY) -m worker

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from redis.exceptions import ResponseError
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from redisclient import held
@@ -27,6 +26,7 @@ from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from workflows.models import ResumptionInput, ResumptionResult, ThrottlePolicy
 from workflows.resumption import ResumptionWorkflow
 from xmc.consumer import entries_of, run_consumer
+from xmc.history import history_events_per_run
 from xmc.ops import start_resumption
 from xmc.services import free_port, local_redis, local_temporal, port_is_free
 from xmc.settings import Settings, connect_temporal
@@ -59,17 +59,8 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 async def _history_events(client: Client, handle: WorkflowHandle) -> tuple[int, int]:
     """(events over all runs, runs), following the continue-as-new chain from the first run."""
-    run_id: str | None = handle.first_execution_run_id or handle.result_run_id
-    events = runs = 0
-    while run_id:
-        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
-        events += len(history.events)
-        runs += 1
-        last = history.events[-1]
-        run_id = None
-        if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
-            run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
-    return events, runs
+    per_run = await history_events_per_run(client, handle)
+    return sum(per_run), len(per_run)
 
 
 async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> int:

@@ -1,0 +1,146 @@
+"""Figure a: throughput with no throttling, the whole workflow against the bare atomic move.
+
+No consumer group on the stream, so under ``missing_group: zero`` the backlog is 0, and the
+threshold is at its maximum (100,000): nothing throttles. The workflow's tasks/s (start -> result)
+is divided by the tasks/s of ``publish_batch`` called in a tight loop from Python with the same
+seq/token protocol (a claim from ``acquire_claim``, then seq 1, 2, ... until ``completed``) against
+the same Redis, with the same N and batch. Runs alternate (workflow, bare, workflow, bare, ...) and
+the best of each is kept. To show where a turn's time goes, the turn's other two Redis calls
+(``check_claim``, ``measure_backlog``) are timed bare too: Redis ms per turn = bare publish +
+check + measure; the rest of the workflow's ms per turn is Temporal's (local activities, workflow
+tasks, the SDK).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+from bench.env import BenchEnv
+from bench.replay import WorkflowRun, build_input, run_resumption
+from bench.tasks import check_replay, hold_tasks
+from redisclient.backlog import measure_backlog
+from redisclient.fencing import acquire_claim, check_claim
+from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from redisclient.publish import publish_batch
+from redisclient.results import PublishStatus
+
+MAX_THRESHOLD = 100_000
+LEASE_MS = 120_000
+
+
+@dataclass
+class MoveTiming:
+    """One replay of N tasks: wall seconds, turns (workflow) or publish calls (bare), exactly once."""
+
+    wall_s: float
+    steps: int
+    exactly_once: bool
+    events: int = 0
+    largest_run_events: int = 0
+
+
+def _experiment(tag: str) -> ExperimentKeys:
+    return ExperimentKeys(DEFAULT_STREAM, f"bench-{tag}-{uuid.uuid4().hex[:8]}")
+
+
+async def workflow_move(env: BenchEnv, count: int, batch: int) -> MoveTiming:
+    """Replay ``count`` held tasks through the workflow, unthrottled; returns its timing."""
+    keys = _experiment("a-wf")
+    await hold_tasks(env.redis, keys, count)
+    inp = build_input(
+        {
+            "experiment_id": keys.experiment_id,
+            "batch_size": batch,
+            "max_backlog_threshold": MAX_THRESHOLD,
+            "missing_group": "zero",
+        }
+    )
+    run: WorkflowRun = await run_resumption(env, inp)
+    check = await check_replay(env.redis, keys, count)
+    await env.redis.delete(keys.stream)
+    return MoveTiming(run.wall_s, run.result.turns, check.exactly_once, run.events, run.largest_run_events)
+
+
+async def bare_move(env: BenchEnv, count: int, batch: int) -> MoveTiming:
+    """Replay ``count`` held tasks by calling ``publish_batch`` in a tight loop; returns its timing."""
+    keys = _experiment("a-bare")
+    await hold_tasks(env.redis, keys, count)
+    started = time.monotonic()
+    grant = await acquire_claim(env.redis, keys, owner="bench", lease_ms=LEASE_MS)
+    seq = 0
+    while True:
+        seq += 1
+        result = await publish_batch(
+            env.redis,
+            keys,
+            DEFAULT_GROUP,
+            token=grant.token,
+            seq=seq,
+            batch_size=batch,
+            threshold=MAX_THRESHOLD,
+            owner="bench",
+            lease_ms=LEASE_MS,
+        )
+        if result.status is PublishStatus.COMPLETED:
+            break
+        if result.status is not PublishStatus.PUBLISHED:
+            raise RuntimeError(f"bare publish ended {result.status.value}")
+    wall = time.monotonic() - started
+    check = await check_replay(env.redis, keys, count)
+    await env.redis.delete(keys.stream)
+    return MoveTiming(wall, seq, check.exactly_once)
+
+
+async def redis_ms_per_turn(env: BenchEnv, calls: int = 200) -> dict[str, float]:
+    """Mean ms of a turn's other two Redis calls made bare from Python (``check_claim`` and
+    ``measure_backlog``, as in a's unthrottled turns: no group), to split the workflow's ms per turn
+    into Redis work and the rest (local activities, workflow tasks, the SDK)."""
+    keys = _experiment("a-turn")
+    await hold_tasks(env.redis, keys, 1)
+    grant = await acquire_claim(env.redis, keys, owner="bench", lease_ms=LEASE_MS)
+    started = time.monotonic()
+    for _ in range(calls):
+        await check_claim(env.redis, keys, grant.token, "bench", LEASE_MS)
+    check_ms = (time.monotonic() - started) / calls * 1000
+    started = time.monotonic()
+    for _ in range(calls):
+        await measure_backlog(env.redis, keys.stream, DEFAULT_GROUP, MAX_THRESHOLD)
+    measure_ms = (time.monotonic() - started) / calls * 1000
+    await env.redis.delete(keys.held, keys.state, keys.claim)
+    return {"check_claim_ms": check_ms, "measure_backlog_ms": measure_ms}
+
+
+async def throughput(env: BenchEnv, count: int, batches: tuple[int, ...], repeats: int) -> list[dict[str, object]]:
+    """Figure a for each batch size: best-of-``repeats`` tasks/s of workflow and bare, and their ratio."""
+    rows: list[dict[str, object]] = []
+    for batch in batches:
+        wf_runs: list[MoveTiming] = []
+        bare_runs: list[MoveTiming] = []
+        for _ in range(repeats):
+            wf_runs.append(await workflow_move(env, count, batch))
+            bare_runs.append(await bare_move(env, count, batch))
+        wf = min(wf_runs, key=lambda t: t.wall_s)
+        bare = min(bare_runs, key=lambda t: t.wall_s)
+        other = await redis_ms_per_turn(env)
+        redis_turn_ms = bare.wall_s / bare.steps * 1000 + other["check_claim_ms"] + other["measure_backlog_ms"]
+        rows.append(
+            {
+                "batch": batch,
+                "tasks": count,
+                "repeats": repeats,
+                "workflow_tasks_per_s": count / wf.wall_s,
+                "bare_tasks_per_s": count / bare.wall_s,
+                "ratio": bare.wall_s / wf.wall_s,
+                "workflow_ms_per_turn": wf.wall_s / wf.steps * 1000,
+                "bare_ms_per_publish": bare.wall_s / bare.steps * 1000,
+                "bare_ms_check_and_measure": other,
+                "redis_ms_per_turn": redis_turn_ms,
+                "other_ms_per_turn": wf.wall_s / wf.steps * 1000 - redis_turn_ms,
+                "exactly_once": all(t.exactly_once for t in wf_runs + bare_runs),
+                "workflow_runs": [asdict(t) for t in wf_runs],
+                "bare_runs": [asdict(t) for t in bare_runs],
+            }
+        )
+    return rows

@@ -1,0 +1,66 @@
+"""The bench at smoke size (figures a, b and c): it runs, writes its JSON with every key, and its own
+checks hold (exactly once and in order, the backlog within the threshold, finite ratios)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from bench.run import main
+
+A_KEYS = {
+    "batch", "tasks", "repeats", "workflow_tasks_per_s", "bare_tasks_per_s", "ratio", "workflow_ms_per_turn",
+    "bare_ms_per_publish", "bare_ms_check_and_measure", "redis_ms_per_turn", "other_ms_per_turn", "exactly_once",
+    "workflow_runs", "bare_runs",
+}  # fmt: skip
+B_RATIOS = ("rate_measured", "wall_over_ideal", "drained_over_ideal", "events_per_1000_tasks")
+C_ROW_KEYS = {
+    "case", "entries", "entry_bytes", "calls", "threshold", "backlog", "capped", "redis_ms_per_call",
+    "client_ms_per_call", "client_minus_ping_ms", "ping_ms_idle", "ping_ms_during",
+}  # fmt: skip
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_bench_smoke_writes_real_figures(tmp_path: Path) -> None:
+    assert main(["--smoke", "--only", "a,b,c", "--policies", "fixed,adaptive", "--out-dir", str(tmp_path)]) == 0
+
+    files = sorted(tmp_path.glob("bench-*.json"))
+    assert len(files) == 1 and (tmp_path / "latest.json").read_text() == files[0].read_text()
+    results = json.loads(files[0].read_text())
+    assert set(results) == {"meta", "a", "b", "c", "checks"}
+    assert results["meta"]["smoke"] is True and results["meta"]["figures"] == ["a", "b", "c"]
+    assert results["checks"] == {"exactly_once": True, "max_backlog_within_threshold": True}
+
+    assert [row["batch"] for row in results["a"]] == [100, 1_000, 5_000]
+    for row in results["a"]:
+        assert set(row) == A_KEYS
+        assert row["exactly_once"] is True
+        for key in ("workflow_tasks_per_s", "bare_tasks_per_s", "ratio", "workflow_ms_per_turn", "redis_ms_per_turn"):
+            assert _positive(row[key]), (key, row[key])
+        assert all(run["exactly_once"] and run["events"] > 0 for run in row["workflow_runs"])
+        # the bare move is the workflow's lower bound on time: it does the same Redis work, nothing else
+        assert row["ratio"] < 1
+
+    fixed, adaptive = results["b"]
+    assert fixed["policy"] == "fixed" and "skipped" not in fixed
+    assert fixed["exactly_once"] is True and 0 < fixed["max_backlog"] <= fixed["threshold"] == 500
+    assert all(_positive(fixed[key]) for key in B_RATIOS), {key: fixed[key] for key in B_RATIOS}
+    assert 0 <= fixed["idle_fraction"] <= 1 and fixed["max_sample_gap_ms"] > 0
+    assert fixed["events"] == sum(fixed["events_per_run"]) > 0
+    # a build without the adaptive policy reports it as skipped; one with it, as a real row
+    assert adaptive["policy"] == "adaptive"
+    assert "skipped" in adaptive or (adaptive["exactly_once"] and adaptive["max_backlog"] <= 500)
+
+    c = results["c"]
+    assert _positive(c["ratio_entries"]) and _positive(c["ratio_entry_size"])
+    for row in c["rows"]:
+        assert set(row) == C_ROW_KEYS
+        # group created at 0 on more entries than the threshold: the count stops at its cap
+        assert row["capped"] is True and row["backlog"] >= row["threshold"]
+        assert _positive(row["redis_ms_per_call"]) and _positive(row["ping_ms_during"]["p50"])
+    # 64 KiB entries cost more to count than 1 KiB ones, inside Redis
+    assert c["ratio_entry_size"] > 1
