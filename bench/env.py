@@ -16,7 +16,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 from temporalio.client import Client
 
-from xmc.services import free_port, local_redis, local_temporal
+from xmc.services import free_port, local_redis, local_temporal, stop_process
 from xmc.settings import Settings, connect_temporal
 
 LOG_DIR = Path(".xmc") / "bench"
@@ -136,9 +136,4 @@ async def worker_process(env: BenchEnv, name: str = "worker") -> AsyncIterator[W
             await _wait_ready(proc, log, timeout=60)
             yield WorkerProcess(proc)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, timeout=30)

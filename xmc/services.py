@@ -71,11 +71,12 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | Non
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """Stop ``proc``: SIGTERM, then SIGKILL if it has not exited after ``timeout`` seconds."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -91,7 +92,7 @@ def _service(args: list[str], port: int, timeout: float, log_file: Path | None) 
             wait_for_port(port, timeout, proc)
             yield
         finally:
-            _stop(proc)
+            stop_process(proc)
     finally:
         if log_file:
             out.close()  # type: ignore[union-attr]
