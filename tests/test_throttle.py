@@ -110,3 +110,19 @@ def test_stall_is_no_progress_across_the_window() -> None:
     assert watch.over_limit(139)
     assert watch.observe(T0 + timedelta(seconds=201), 400, 400, "2-0", moved=0) == 0  # went down
     assert watch.observe(T0 + timedelta(seconds=300), 400, 400, "2-0", moved=10) == 0  # tasks moved
+
+
+def test_a_min_wait_longer_than_a_poll_is_a_timer_even_before_a_measurement() -> None:
+    pacer = Pacer(adaptive=True, threshold=500, throttle_seconds=30, min_wait=10.0, max_wait=30.0)
+    plan = pacer.plan(500)
+    assert (plan.kind, plan.seconds) == (WaitKind.TIMER, 10.0)
+
+
+def test_the_stall_window_survives_continue_as_new_and_restarts_after_an_outage() -> None:
+    first = StallWatch(window=60, limit=120)
+    first.observe(T0, 500, 500, "1-0")
+    first.observe(T0 + timedelta(seconds=50), 500, 500, "1-0")
+    carried = StallWatch(window=60, limit=120, progress_at=first.progress_at, last=first.last)
+    assert carried.observe(T0 + timedelta(seconds=130), 500, 500, "1-0") == 130  # the next run's first reading
+    carried.restart(T0 + timedelta(seconds=400))  # Redis was away: consumers could not drain either
+    assert carried.observe(T0 + timedelta(seconds=401), 500, 500, "1-0") == 1

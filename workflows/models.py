@@ -71,7 +71,8 @@ class Carry(BaseModel):
         drain_rate: the adaptive policy's drain-rate estimate (entries per second) or None.
         reaction_seconds: the measured time from the end of a wait to the next publish (seconds).
         progress_at: when the backlog last went down or tasks last moved (workflow time, UTC):
-            the anchor of the stall window.
+            the anchor of the stall window; stall_reading: the last (backlog, pending,
+            last-delivered-id) it compared.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -88,6 +89,7 @@ class Carry(BaseModel):
     drain_rate: float | None = Field(default=None, ge=0, le=MAX_RATE, allow_inf_nan=False)
     reaction_seconds: float | None = Field(default=None, gt=0, le=60, allow_inf_nan=False)
     progress_at: datetime | None = None
+    stall_reading: tuple[int, int, str] | None = None
 
 
 class ResumptionInput(BaseModel):
@@ -157,7 +159,9 @@ class ResumptionInput(BaseModel):
                 f"max_wait_seconds ({self.max_wait_seconds:g}) must not be below "
                 f"min_wait_seconds ({self.min_wait_seconds:g})"
             )
-        for name in ("throttle_seconds", "max_wait_seconds", "redis_retry_seconds"):
+        # the Redis-outage wait is not among them: a lease lapsed during an outage is taken again
+        # for the current token at the next check (the fence counter, not the lease, decides)
+        for name in ("throttle_seconds", "max_wait_seconds"):
             wait = getattr(self, name)
             if wait is not None and self.claim_lease_seconds <= wait:
                 raise ValueError(

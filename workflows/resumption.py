@@ -139,7 +139,10 @@ class ResumptionWorkflow:
             reaction=carry.reaction_seconds if carry else None,
         )
         self._stall = StallWatch(
-            inp.stall_window_seconds, inp.max_stall_seconds, progress_at=carry.progress_at if carry else None
+            inp.stall_window_seconds,
+            inp.max_stall_seconds,
+            progress_at=carry.progress_at if carry else None,
+            last=carry.stall_reading if carry else None,
         )
         self._publish_next = False
         """The last publish left headroom: the next turn publishes without a check and a measurement."""
@@ -427,6 +430,7 @@ class ResumptionWorkflow:
         await workflow.sleep(
             inp.redis_retry_seconds, summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s"
         )
+        self._stall.restart(workflow.now())  # the consumers could not drain while Redis was away
 
     async def _continue_as_new(self) -> None:
         p = self._progress
@@ -444,6 +448,7 @@ class ResumptionWorkflow:
             drain_rate=self._pacer.rate,
             reaction_seconds=self._pacer.reaction,
             progress_at=self._stall.progress_at,
+            stall_reading=self._stall.last,
         )
         workflow.logger.info("continuing as new", extra={"experiment_id": p.experiment_id, "turns": p.turns})
         workflow.continue_as_new(self._input.model_copy(update={"carry": carry}))

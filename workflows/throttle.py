@@ -179,8 +179,8 @@ class Pacer:
         if not self.adaptive:
             return WaitPlan(WaitKind.TIMER, self.throttle_seconds)
         low = self.low_watermark or 0
-        if self.rate is None:  # nothing measured yet: a poll measures the rate
-            expected = min(self.max_wait, POLL_LIMIT_SECONDS)
+        if self.rate is None:  # nothing measured yet: a poll measures the rate (unless min_wait is longer)
+            expected = min(self.max_wait, max(self.min_wait, POLL_LIMIT_SECONDS))
         elif self.rate <= 0:
             expected = self.max_wait
         else:
@@ -211,23 +211,29 @@ class StallWatch:
         window: seconds without progress after which the replay is ``stalled``.
         limit: seconds without progress after which the run ends ``stalled`` (None: never).
         progress_at: when progress was last seen (workflow time), carried across continue-as-new.
+        last: the last reading, carried across continue-as-new.
     """
 
     window: float
     limit: float | None
     progress_at: datetime | None = None
-    _last: tuple[int, int, str] | None = field(default=None, init=False, repr=False)
+    last: tuple[int, int, str] | None = None
+    """The last reading (backlog, pending, last-delivered-id), carried across continue-as-new."""
 
     def observe(self, at: datetime, backlog: int, pending: int, last_delivered_id: str, moved: int = 0) -> float:
         """Fold in a reading at workflow time ``at``; returns the seconds since progress was last
         seen. Progress is a task moved, or the backlog or the PEL going down, or the group's
         last-delivered-id moving on (consumers reading, even when a capped count hides the drop)."""
         now = (backlog, pending, last_delivered_id)
-        last, self._last = self._last, now
+        last, self.last = self.last, now
         went_down = last is not None and (backlog < last[0] or pending < last[1] or last_delivered_id != last[2])
         if self.progress_at is None or moved > 0 or went_down:
             self.progress_at = at
         return (at - self.progress_at).total_seconds()
+
+    def restart(self, at: datetime) -> None:
+        """Start the window again at ``at`` (after a Redis outage: consumers could not drain either)."""
+        self.progress_at = at
 
     def stalled(self, seconds: float) -> bool:
         """True when ``seconds`` without progress reach the window."""
