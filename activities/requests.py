@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET
 from redisclient.results import MissingGroupPolicy
 
 
@@ -42,11 +43,13 @@ class CheckRequest(BaseModel):
 
 
 class BacklogRequest(BaseModel):
-    """Measure the backlog of ``ref``'s group, capped against ``threshold`` entries."""
+    """Measure the backlog of ``ref``'s group, capped against ``threshold`` entries and
+    ``max_bytes`` bytes read."""
 
     ref: ExperimentRef
     threshold: int = Field(ge=1)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+    max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
 
 
 class DrainWaitRequest(BaseModel):
@@ -63,10 +66,12 @@ class DrainWaitRequest(BaseModel):
     max_seconds: float = Field(gt=0, le=60, allow_inf_nan=False)
     poll_seconds: float = Field(gt=0, le=1, allow_inf_nan=False)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+    max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
 
 
 class PublishRequest(BaseModel):
-    """Publish one batch under ``token``; ``seq`` is the idempotency key (see ``publish_batch``)."""
+    """Publish one batch under ``token``; ``seq`` is the idempotency key, ``max_bytes`` the byte
+    budget of its reads (see ``redisclient.publish.publish_batch``)."""
 
     ref: ExperimentRef
     token: int = Field(ge=1)
@@ -76,6 +81,7 @@ class PublishRequest(BaseModel):
     owner: str = Field(min_length=1)
     lease_ms: int = Field(ge=1)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+    max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
 
 
 class ReleaseRequest(BaseModel):

@@ -126,7 +126,7 @@ class ResumptionActivities:
         """Measure the consumer group's backlog (pending + lag, capped near the threshold)."""
         async with _classified():
             reading = await backlog.measure_backlog(
-                self.redis, req.ref.stream, req.ref.consumer_group, req.threshold, req.missing_group
+                self.redis, req.ref.stream, req.ref.consumer_group, req.threshold, req.missing_group, req.max_bytes
             )
         return reading  # a missing group under the zero policy is logged by measure_backlog
 
@@ -145,6 +145,7 @@ class ResumptionActivities:
                 max_seconds=req.max_seconds,
                 poll_seconds=req.poll_seconds,
                 missing_group=req.missing_group,
+                max_bytes=req.max_bytes,
             )
 
     @activity.defn
@@ -162,6 +163,7 @@ class ResumptionActivities:
                 owner=req.owner,
                 lease_ms=req.lease_ms,
                 missing_group=req.missing_group,
+                max_bytes=req.max_bytes,
             )
 
     @activity.defn

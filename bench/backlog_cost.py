@@ -26,7 +26,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from redisclient.backlog import measure_backlog
+from redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, measure_backlog
 from xmc.services import local_redis
 
 STREAM, GROUP, THRESHOLD = "bench-stream", "bench-group", 500
@@ -55,12 +55,14 @@ async def fill(redis: Redis, upto: int, payload_bytes: int = 100, stream: str = 
 
 @dataclass(frozen=True)
 class CostCase:
-    """One row of figure c: ``entries`` entries of ``payload_bytes`` each, measured ``calls`` times."""
+    """One row of figure c: ``entries`` entries of ``payload_bytes`` each, measured ``calls`` times
+    with a byte budget of ``max_bytes`` per call (the product's default unless said)."""
 
     name: str
     entries: int
     payload_bytes: int
     calls: int
+    max_bytes: int = DEFAULT_BYTE_BUDGET
 
 
 FULL_CASES = (
@@ -68,12 +70,14 @@ FULL_CASES = (
     CostCase("1e6 x 100 B", 1_000_000, 100, 200),
     CostCase("520 x 1 KiB", 520, KIB, 200),
     CostCase("520 x 1 MiB", 520, MIB, 5),
+    CostCase("520 x 1 MiB, no byte budget", 520, MIB, 5, MAX_BYTE_BUDGET),
 )
 SMOKE_CASES = (
     CostCase("1e3 x 100 B", 1_000, 100, 50),
     CostCase("1e4 x 100 B", 10_000, 100, 50),
     CostCase("520 x 1 KiB", 520, KIB, 50),
     CostCase("520 x 64 KiB", 520, 64 * KIB, 10),
+    CostCase("520 x 64 KiB, no byte budget", 520, 64 * KIB, 10, MAX_BYTE_BUDGET),
 )
 
 
@@ -119,7 +123,7 @@ async def measure_case(redis: Redis, url: str, case: CostCase) -> dict[str, Any]
     """Fill a stream for ``case``, time ``measure_backlog`` on it, delete it; one row of figure c."""
     stream = f"bench-c-{case.entries}-{case.payload_bytes}"
     await fill(redis, case.entries, case.payload_bytes, stream)
-    reading = await measure_backlog(redis, stream, GROUP, THRESHOLD)  # loads the script
+    reading = await measure_backlog(redis, stream, GROUP, THRESHOLD, max_bytes=case.max_bytes)  # loads the script
     ping_ms = await _ping_round_trip_ms(redis)
     _, idle_pings = await _pings(url, lambda: asyncio.sleep(0.3, result=0.3))
     await redis.config_resetstat()
@@ -127,7 +131,7 @@ async def measure_case(redis: Redis, url: str, case: CostCase) -> dict[str, Any]
     async def calls() -> float:
         started = time.perf_counter()
         for _ in range(case.calls):
-            await measure_backlog(redis, stream, GROUP, THRESHOLD)
+            await measure_backlog(redis, stream, GROUP, THRESHOLD, max_bytes=case.max_bytes)
         return time.perf_counter() - started
 
     seconds, busy_pings = await _pings(url, calls)
@@ -140,8 +144,10 @@ async def measure_case(redis: Redis, url: str, case: CostCase) -> dict[str, Any]
         "entry_bytes": case.payload_bytes,
         "calls": case.calls,
         "threshold": THRESHOLD,
+        "max_bytes": case.max_bytes,
         "backlog": reading.backlog,
         "capped": reading.capped,
+        "bytes_capped": reading.bytes_capped,
         "redis_ms_per_call": redis_ms,
         "client_ms_per_call": client_ms,
         "client_minus_ping_ms": client_ms - ping_ms,
@@ -155,8 +161,10 @@ async def backlog_cost(redis: Redis, url: str, cases: tuple[CostCase, ...]) -> d
     (Redis-side time: more entries / fewer entries, larger / smaller entries)."""
     rows = [await measure_case(redis, url, case) for case in cases]
     small, big = rows[:2], rows[2:4]
+    unbounded = rows[4:5]
     return {
         "rows": rows,
+        **({"ratio_no_budget": unbounded[0]["redis_ms_per_call"] / big[1]["redis_ms_per_call"]} if unbounded else {}),
         "ratio_entries": small[1]["redis_ms_per_call"] / small[0]["redis_ms_per_call"],
         "ratio_entry_size": big[1]["redis_ms_per_call"] / big[0]["redis_ms_per_call"],
         "ratio_entries_label": f"{small[1]['case']} / {small[0]['case']}",

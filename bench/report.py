@@ -70,15 +70,17 @@ def _lines_b(rows: list[dict[str, Any]]) -> list[str]:
 
 def _lines_c(c: dict[str, Any]) -> list[str]:
     out = ["c. backlog measurement cost (threshold 500, group at 0: the count stops at its cap)"]
-    out.append(f"{'case':>14} {'redis ms':>9} {'client-ping':>11} {'PING p50 idle':>13} {'PING p50':>9} "
-               f"{'PING max':>9}")  # fmt: skip
+    out.append(f"{'case':>29} {'redis ms':>9} {'client-ping':>11} {'PING p50 idle':>13} {'PING p50':>9} "
+               f"{'PING max':>9} {'bytes capped':>12}")  # fmt: skip
     for r in c["rows"]:
         out.append(
-            f"{r['case']:>14} {r['redis_ms_per_call']:>9.3f} {r['client_minus_ping_ms']:>11.3f} "
-            f"{r['ping_ms_idle']['p50']:>13.3f} {r['ping_ms_during']['p50']:>9.3f} {r['ping_ms_during']['max']:>9.2f}"
+            f"{r['case']:>29} {r['redis_ms_per_call']:>9.3f} {r['client_minus_ping_ms']:>11.3f} "
+            f"{r['ping_ms_idle']['p50']:>13.3f} {r['ping_ms_during']['p50']:>9.3f} {r['ping_ms_during']['max']:>9.2f} "
+            f"{'yes' if r['bytes_capped'] else 'no':>12}"
         )
+    budget = f"; no byte budget / budget: {c['ratio_no_budget']:.1f}" if "ratio_no_budget" in c else ""
     out.append(f"  ratio {c['ratio_entries_label']}: {c['ratio_entries']:.2f}; "
-               f"ratio {c['ratio_entry_size_label']}: {c['ratio_entry_size']:.1f}")  # fmt: skip
+               f"ratio {c['ratio_entry_size_label']}: {c['ratio_entry_size']:.1f}{budget}")  # fmt: skip
     return out
 
 

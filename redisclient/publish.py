@@ -2,17 +2,17 @@
 
 One Lua script (``lua/publish.lua``) checks the fencing token, the call's sequence number and the
 pause state, measures the backlog with the shared rule, and moves at most
-``min(batch, threshold - backlog)`` of the oldest held entries to the task stream (XADD with the
-field map byte for byte, then XDEL) in one step. Redis runs a script atomically, so a retried or
-zombie call can never duplicate, lose or overshoot: a repeated ``seq`` returns the recorded result,
-an older one moves nothing.
+``min(batch, threshold - backlog)`` of the oldest held entries, and about a byte budget of them,
+to the task stream (XADD with the field map byte for byte, then XDEL) in one step. Redis runs a
+script atomically, so a retried or zombie call can never duplicate, lose or overshoot: a repeated
+``seq`` returns the recorded result, an older one moves nothing.
 """
 
 from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from redisclient.backlog import validate_threshold
+from redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byte_budget, validate_threshold
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.fencing import validate_lease
 from redisclient.keys import ExperimentKeys
@@ -32,6 +32,7 @@ async def publish_batch(
     owner: str,
     lease_ms: int,
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
+    max_bytes: int = DEFAULT_BYTE_BUDGET,
 ) -> PublishResult:
     """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
 
@@ -47,13 +48,17 @@ async def publish_batch(
         lease_ms: the claim's lease, extended by a successful call (milliseconds).
         missing_group: a missing group counts as backlog 0 (``zero``) or refuses (``error``; a
             missing stream has no group, so it refuses too).
+        max_bytes: the backlog count and the move each read about this many bytes at most: the
+            move stops once the tasks moved reach it (at least one task moves), so a batch of
+            large tasks takes several calls instead of blocking Redis (``status`` stays
+            ``published``, with headroom left).
 
     Returns:
         What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
         and the experiment is running again.
 
     Raises:
-        ValueError: a non-positive seq, batch_size, threshold or lease_ms.
+        ValueError: a non-positive seq, batch_size, threshold or lease_ms; a byte budget out of bounds.
         MissingConsumerGroupError: the group (or the stream) is missing and the policy is ``error``.
         redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream).
     """
@@ -63,9 +68,10 @@ async def publish_batch(
         raise ValueError(f"batch_size must be >= 1 entry, got {batch_size}")
     validate_threshold(threshold)
     validate_lease(lease_ms)
+    validate_byte_budget(max_bytes)
     raw = await script(client, "publish")(
         keys=[keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish],
-        args=[token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner],
+        args=[token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes],
     )
     result = PublishResult.model_validate_json(raw)
     if result.status is PublishStatus.NO_GROUP:

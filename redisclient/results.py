@@ -39,6 +39,9 @@ class BacklogReading(BaseModel):
             (it is then at least the threshold).
         headroom: ``threshold - backlog``, at least 0 (entries): what a publish may add. The throttle
             rule is computed once, in ``lua/backlog.lua``; 0 means the replay must wait.
+        bytes_capped: the lag count stopped at the byte budget: the entries after the
+            last-delivered-id hold more bytes than one script reads, so headroom is 0.
+        lag_bytes: bytes of the entries read counting the lag.
         last_delivered_id: the group's last-delivered-id ('' without a group).
         xinfo_lag: XINFO GROUPS' own ``lag`` field, for logs only (None when Redis reports NULL).
         threshold: the threshold (entries) the measurement was capped against.
@@ -49,6 +52,8 @@ class BacklogReading(BaseModel):
     lag: int
     capped: bool
     headroom: int
+    bytes_capped: bool = False
+    lag_bytes: int = 0
     last_delivered_id: str
     xinfo_lag: int | None
     threshold: int
@@ -113,11 +118,13 @@ class PublishResult(BaseModel):
 
     Attributes:
         status: see ``PublishStatus``.
-        moved: tasks moved from the held stream to the task stream (entries).
+        moved: tasks moved from the held stream to the task stream (entries); moved_bytes: their
+            bytes (IDs, fields and values as read).
         backlog: the backlog measured inside the script before the move (entries; 0 when the
             script refused before measuring).
         remaining: held tasks left after the move (entries).
-        pending, lag: the two parts of ``backlog``; capped: the count stopped at the cap.
+        pending, lag: the two parts of ``backlog``; capped: the count stopped at the cap;
+            bytes_capped: it stopped at the byte budget (headroom 0).
         headroom: ``threshold - backlog`` before the move (entries, at least 0; 0 when the script
             refused before measuring), so ``headroom - moved`` is what is left after it.
         last_delivered_id: the group's last-delivered-id at the measurement ('' when not measured).
@@ -127,11 +134,13 @@ class PublishResult(BaseModel):
 
     status: PublishStatus
     moved: int
+    moved_bytes: int = 0
     backlog: int
     remaining: int
     pending: int
     lag: int
     capped: bool = False
+    bytes_capped: bool = False
     headroom: int = 0
     last_delivered_id: str = ""
     group_status: GroupStatus

@@ -169,7 +169,43 @@ async def test_wrong_type_task_stream_raises_and_moves_nothing(redis: Redis) -> 
     assert await redis.xlen(KEYS.held) == 5
 
 
-@pytest.mark.parametrize("bad", [{"seq": 0}, {"batch": 0}, {"threshold": 0}])
+async def test_a_publish_moves_about_its_byte_budget_of_large_tasks(redis: Redis) -> None:
+    """Tasks of 100 KiB and a byte budget of 250 KiB: each call moves 3 tasks (the one that reaches
+    the budget included), however large the batch; the rest follow, in order, exactly once."""
+    await held.pause(redis, KEYS)
+    for i in range(8):
+        await held.enqueue_task(redis, KEYS, {"task": f"t{i}", "body": b"x" * 100 * 1024})
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    moves = []
+    for seq in range(1, 10):
+        result = await publish(redis, grant.token, seq, batch=100, threshold=1000, max_bytes=250 * 1024)
+        moves.append((result.status, result.moved))
+        assert result.moved_bytes >= 100 * 1024 * result.moved
+        if result.status is PublishStatus.COMPLETED:
+            break
+    assert moves == [(PublishStatus.PUBLISHED, 3), (PublishStatus.PUBLISHED, 3), (PublishStatus.COMPLETED, 2)]
+    assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(8)]
+
+
+async def test_a_backlog_larger_than_the_byte_budget_throttles(redis: Redis) -> None:
+    """Undelivered entries of 64 KiB: a count of 500 would read 32 MiB; with a budget of 256 KiB
+    the count stops after about 256 KiB, the reading is bytes-capped with headroom 0, and the
+    publish moves nothing (its own count is the same rule)."""
+    await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
+    for i in range(20):
+        await redis.xadd(KEYS.stream, {"task": f"other-{i}", "body": b"y" * 64 * 1024})
+    reading = await measure_backlog(redis, KEYS.stream, GROUP, 500, max_bytes=256 * 1024)
+    assert (reading.bytes_capped, reading.capped, reading.headroom) == (True, True, 0)
+    assert reading.lag == 4 and 256 * 1024 <= reading.lag_bytes < 5 * 64 * 1024 + 100  # one entry past the budget
+    small = await measure_backlog(redis, KEYS.stream, GROUP, 500, max_bytes=4 * 1024 * 1024)
+    assert (small.bytes_capped, small.lag, small.headroom) == (False, 20, 480)
+    await hold(redis, 3)
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    result = await publish(redis, grant.token, 1, batch=10, threshold=500, max_bytes=256 * 1024)
+    assert (result.status, result.moved, result.bytes_capped, result.headroom) == (PublishStatus.THROTTLED, 0, True, 0)
+
+
+@pytest.mark.parametrize("bad", [{"seq": 0}, {"batch": 0}, {"threshold": 0}, {"max_bytes": 0}])
 async def test_bad_arguments_are_refused(redis: Redis, bad: dict) -> None:
     with pytest.raises(ValueError):
         await publish(redis, 1, **{"seq": 1, **bad})

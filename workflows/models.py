@@ -14,6 +14,7 @@ from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from redisclient.backlog import DEFAULT_BYTE_BUDGET
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM
 from redisclient.results import MissingGroupPolicy
 from workflows.throttle import MAX_RATE
@@ -116,6 +117,10 @@ class ResumptionInput(BaseModel):
             task moved, for this long (seconds); it shows in the progress and the UI.
         max_stall_seconds: when set, a stall this long ends the run with outcome ``stalled``
             (claim released, experiment back to paused, nothing lost); None waits for ever.
+        max_bytes_per_call: the byte budget of one Redis script (bytes, 64 KiB..64 MiB): counting
+            the lag reads about this many bytes of entries at most (more undelivered bytes than
+            that count as a full backlog: the replay waits), and one publish moves about this many
+            bytes at most, so large tasks never block Redis for long.
         missing_group: a missing consumer group counts as backlog 0 with a warning (``zero``), or
             fails the run (``error``).
         turns_per_run: continue-as-new after this many turns (or earlier when Temporal suggests it)
@@ -141,6 +146,7 @@ class ResumptionInput(BaseModel):
     redis_retry_seconds: float = Field(default=10.0, gt=0, le=3_600, allow_inf_nan=False)
     stall_window_seconds: float = Field(default=300.0, gt=0, le=7 * MAX_WAIT_SECONDS, allow_inf_nan=False)
     max_stall_seconds: float | None = Field(default=None, gt=0, le=30 * MAX_WAIT_SECONDS, allow_inf_nan=False)
+    max_bytes_per_call: int = Field(default=DEFAULT_BYTE_BUDGET, ge=64 * 1024, le=64 * 1024 * 1024)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
     turns_per_run: int = Field(default=500, ge=1, le=10_000)
     carry: Carry | None = None

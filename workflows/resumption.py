@@ -240,9 +240,8 @@ class ResumptionWorkflow:
             return ended
         reading = await self._measure()
         if reading.headroom == 0:
-            return await self._wait(
-                reading.backlog, wait_reason(reading.pending, reading.lag, reading.capped, reading.threshold)
-            )
+            reason = wait_reason(reading.pending, reading.lag, reading.capped, reading.threshold, reading.bytes_capped)
+            return await self._wait(reading.backlog, reason)
         return await self._publish()
 
     async def _check(self) -> ResumptionResult | None:
@@ -269,7 +268,12 @@ class ResumptionWorkflow:
         self._set_phase(Phase.MEASURING)
         reading = await self._call(
             ResumptionActivities.measure_backlog,
-            BacklogRequest(ref=self._ref, threshold=inp.max_backlog_threshold, missing_group=inp.missing_group),
+            BacklogRequest(
+                ref=self._ref,
+                threshold=inp.max_backlog_threshold,
+                missing_group=inp.missing_group,
+                max_bytes=inp.max_bytes_per_call,
+            ),
             summary=f"measure backlog of {inp.consumer_group} on {inp.stream}",
         )
         self._observe(reading.pending, reading.lag, reading.capped, reading.last_delivered_id)
@@ -340,6 +344,7 @@ class ResumptionWorkflow:
                 max_seconds=plan.seconds,
                 poll_seconds=plan.poll_seconds,
                 missing_group=inp.missing_group,
+                max_bytes=inp.max_bytes_per_call,
             ),
             summary=f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}",
             start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),
@@ -366,6 +371,7 @@ class ResumptionWorkflow:
                 owner=self._owner,
                 lease_ms=inp.lease_ms,
                 missing_group=inp.missing_group,
+                max_bytes=inp.max_bytes_per_call,
             ),
             summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
         )
@@ -395,9 +401,8 @@ class ResumptionWorkflow:
                 return self._finish(Outcome.FENCED, detail="a newer token took over before the publish")
             case PublishStatus.THROTTLED:
                 # the backlog grew between the measurement and the publish
-                return await self._wait(
-                    result.backlog, wait_reason(result.pending, result.lag, result.capped, p.threshold)
-                )
+                reason = wait_reason(result.pending, result.lag, result.capped, p.threshold, result.bytes_capped)
+                return await self._wait(result.backlog, reason)
             case PublishStatus.STALE:
                 # an older seq than the last publish recorded for this token (after a workflow
                 # reset): go on from the recorded one
@@ -410,7 +415,9 @@ class ResumptionWorkflow:
                     # filled up to the threshold: the adaptive wait measures the drain itself
                     return await self._wait(
                         result.backlog + result.moved,
-                        wait_reason(result.pending, result.lag + result.moved, result.capped, p.threshold),
+                        wait_reason(
+                            result.pending, result.lag + result.moved, result.capped, p.threshold, result.bytes_capped
+                        ),
                     )
                 # else (fixed): the next turn measures again, as the seed's rule does
         return None

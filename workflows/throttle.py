@@ -84,12 +84,15 @@ class WaitPlan:
     poll_seconds: float = POLL_INTERVAL_BOUNDS[1]
 
 
-def wait_reason(pending: int, lag: int, capped: bool, threshold: int) -> str:
+def wait_reason(pending: int, lag: int, capped: bool, threshold: int, bytes_capped: bool = False) -> str:
     """A one-line reason for the UI, e.g. ``backlog 501+ >= 500 (pending 120 + lag 381+)``.
 
-    A ``+`` marks a count that stopped at the cap: the true value may be larger.
+    A ``+`` marks a count that stopped at the cap: the true value may be larger. A count stopped
+    by the byte budget says so: the undelivered tasks are too large to count in one script.
     """
     plus = "+" if capped else ""
+    if bytes_capped:
+        return f"undelivered entries pass the byte budget (pending {pending} + lag {lag}+ counted)"
     lag_text = "not counted" if capped and lag == 0 else f"{lag}{plus}"
     return f"backlog {pending + lag}{plus} >= {threshold} (pending {pending} + lag {lag_text})"
 

@@ -3,7 +3,8 @@
 -- KEYS[6] publish record (the idempotency record: token, seq, result; it does not lapse with the lease)
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group,
--- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner
+-- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
+-- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
 --   fencing: a token other than the fence counter's moves nothing ('fenced');
@@ -12,16 +13,18 @@
 --   group: under the 'error' policy a missing group, or a missing stream (so no group), moves nothing;
 --   bound: moves at most min(batch, headroom) entries, headroom = threshold - backlog from the shared
 --          backlog rule ('throttled' when that is 0);
---   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream;
+--   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream,
+--         oldest first, stopping once the entries moved reach the byte budget (at least one moves);
 --   done: when the held stream is empty the experiment is running again ('completed').
--- Returns JSON {status, moved, backlog, remaining, pending, lag, capped, headroom, last_delivered_id,
--- group_status, last_seq}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale'.
+-- Returns JSON {status, moved, moved_bytes, backlog, remaining, pending, lag, capped, bytes_capped,
+-- headroom, last_delivered_id, group_status, last_seq}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale'.
 local token, seq = tonumber(ARGV[1]), tonumber(ARGV[2])
-local batch, threshold = tonumber(ARGV[3]), tonumber(ARGV[4])
+local batch, threshold, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[9])
 
-local function reply(status, moved, b, remaining, last_seq)
-  return cjson.encode({status = status, moved = moved, backlog = b.pending + b.lag, remaining = remaining,
-                       pending = b.pending, lag = b.lag, capped = b.capped, headroom = b.headroom,
+local function reply(status, moved, b, remaining, last_seq, moved_bytes)
+  return cjson.encode({status = status, moved = moved, moved_bytes = moved_bytes or 0,
+                       backlog = b.pending + b.lag, remaining = remaining, pending = b.pending, lag = b.lag,
+                       capped = b.capped, bytes_capped = b.bytes_capped or false, headroom = b.headroom,
                        last_delivered_id = b.last_delivered_id or '', group_status = b.status,
                        last_seq = last_seq or 0})
 end
@@ -42,18 +45,17 @@ if redis.call('GET', KEYS[3]) == 'paused' then
   return reply('paused', 0, none, redis.call('XLEN', KEYS[2]))
 end
 
-local b = xmc_backlog(KEYS[1], ARGV[5], threshold)
+local b = xmc_backlog(KEYS[1], ARGV[5], threshold, budget)
 if b.status ~= 'ok' and ARGV[6] == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
 local room = math.min(batch, b.headroom)
-local moved = 0
+local moved, moved_bytes = 0, 0
 if room > 0 then
-  for _, e in ipairs(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', room)) do
+  moved, moved_bytes = xmc_read(KEYS[2], '-', room, budget, function(e)
     redis.call('XADD', KEYS[1], '*', unpack(e[2]))
     redis.call('XDEL', KEYS[2], e[1])
-    moved = moved + 1
-  end
+  end)
 end
 local remaining = redis.call('XLEN', KEYS[2])
 local status = 'published'
@@ -64,7 +66,7 @@ if remaining == 0 then
 elseif room <= 0 then
   status = 'throttled'
 end
-local result = reply(status, moved, b, remaining)
+local result = reply(status, moved, b, remaining, 0, moved_bytes)
 redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
 if redis.call('HGET', KEYS[5], 'token') ~= ARGV[1] then
   redis.call('HSET', KEYS[5], 'token', token, 'owner', ARGV[8])  -- a lapsed lease, taken again
