@@ -3,8 +3,8 @@
 Registers ``ResumptionWorkflow`` and its activities on the task queue ``XMC_TASK_QUEUE`` (default
 ``xmc-resumption``). Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), Redis from
 ``XMC_REDIS_URL``, Prometheus metrics on ``XMC_METRICS_BIND`` when set. SIGINT or SIGTERM stops
-polling, lets running activities finish (up to 10 s) and exits 0; running workflows continue on
-any other worker, their durable timers intact.
+polling, lets running activities finish (up to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS``
+at most); running workflows continue on any other worker, their durable timers intact.
 """
 
 from __future__ import annotations
@@ -24,6 +24,17 @@ from xmc.settings import Settings, connect_temporal
 log = logging.getLogger("xmc.worker")
 
 
+GRACEFUL_SHUTDOWN = timedelta(seconds=10)
+"""How long a stopping worker lets running activities finish."""
+
+SHUTDOWN_LIMIT_SECONDS = 15.0
+"""How long a stopping worker waits for its shutdown at most (seconds). A workflow task that keeps
+running local activities back to back (an adaptive replay polling, or publishing without a wait)
+stays open, and temporalio 1.35's shutdown waits for it to end (measured: still blocked after
+30 s). Past this limit the worker exits anyway, like a crash: every Redis step is atomic and
+idempotent, and another worker takes the workflow over once its workflow task times out."""
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     """Run a worker until ``stop`` is set; raises what connecting to Temporal raises."""
     client = await connect_temporal(metrics_bind=settings.metrics_bind)
@@ -34,12 +45,22 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             task_queue=settings.task_queue,
             workflows=[ResumptionWorkflow],
             activities=ResumptionActivities(redis).all(),
-            graceful_shutdown_timeout=timedelta(seconds=10),
+            graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         )
-        async with worker:
-            log.info("worker polling task queue %s", settings.task_queue)
-            await stop.wait()
-            log.info("stopping worker")
+        running = asyncio.create_task(worker.run())
+        log.info("worker polling task queue %s", settings.task_queue)
+        await asyncio.wait([running, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if running.done():
+            running.result()  # the worker failed: raise why
+        log.info("stopping worker")
+        try:
+            await asyncio.wait_for(asyncio.shield(worker.shutdown()), SHUTDOWN_LIMIT_SECONDS)
+        except TimeoutError:
+            log.warning(
+                "worker still busy after %gs (a workflow task running local activities back to back); "
+                "exiting: another worker takes it over after its workflow task times out",
+                SHUTDOWN_LIMIT_SECONDS,
+            )
     finally:
         await redis.aclose()
 

@@ -12,7 +12,8 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,9 @@ from temporalio.worker import Worker
 
 from redisclient import held
 from redisclient.keys import ExperimentKeys
-from tests.helpers import GROUP, STREAM, consume, hold_tasks, stream_tasks
+from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, start, stream_tasks
 from tests.parent import ResumeExperimentParent
+from worker import SHUTDOWN_LIMIT_SECONDS
 from workflows.models import Outcome, ResumptionInput, ResumptionResult
 from workflows.resumption import ResumptionWorkflow
 from xmc.services import free_port, installed_binary
@@ -36,24 +38,37 @@ def metrics_port() -> int:
     return free_port()
 
 
-@pytest.fixture
-def worker_process(dev_env, redis_url, task_queue, tmp_path, metrics_port) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m worker`` configured only through the environment, as an operator runs it."""
+@contextmanager
+def running_worker(
+    dev_env: WorkflowEnvironment, redis_url: str, task_queue: str, log_path: Path, metrics_port: int | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m worker`` configured only through the environment, as an operator runs it;
+    killed at the end of the block if still running."""
     env = {
-        "XMC_METRICS_BIND": f"127.0.0.1:{metrics_port}",
+        **({"XMC_METRICS_BIND": f"127.0.0.1:{metrics_port}"} if metrics_port else {}),
         **os.environ,
         "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
         "TEMPORAL_NAMESPACE": "default",
         "XMC_REDIS_URL": redis_url,
         "XMC_TASK_QUEUE": task_queue,
     }
-    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "worker"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    log.close()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def worker_process(dev_env, redis_url, task_queue, tmp_path, metrics_port) -> Iterator[subprocess.Popen[bytes]]:
+    """One worker process for the test (see ``running_worker``)."""
+    with running_worker(dev_env, redis_url, task_queue, tmp_path / "worker.log", metrics_port) as proc:
+        yield proc
 
 
 def temporal_workflow_cli(env: WorkflowEnvironment, *args: str) -> subprocess.CompletedProcess[str]:
@@ -155,3 +170,59 @@ async def test_worker_stops_cleanly_on_sigterm(worker_process) -> None:
     while worker_process.poll() is None and time.monotonic() - t0 < 20:
         await asyncio.sleep(0.1)
     assert worker_process.returncode == 0
+
+
+async def script_calls(redis) -> int:  # type: ignore[no-untyped-def]
+    """Lua script calls Redis has served since its statistics were reset."""
+    stats = await redis.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+async def until(read: Callable[[], Awaitable[int]], at_least: int, timeout: float) -> None:
+    """Wait until ``await read()`` reaches ``at_least``; raises TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while (value := await read()) < at_least:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reached {value}, not {at_least}, in {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+async def test_sigterm_during_back_to_back_polls_stops_the_worker_and_another_finishes(
+    dev_env, redis, redis_url, task_queue, tmp_path
+) -> None:
+    """An adaptive replay whose every wait is a poll (``max_wait_seconds`` 2, nobody draining)
+    keeps its workflow task open with local activities back to back. SIGTERM still stops the
+    worker within its shutdown limit (rc 0); a second worker takes the replay over once the
+    workflow task times out, and it completes exactly once, in order, under the same token."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 20)
+    await fill_backlog(redis, 5)
+    await redis.config_resetstat()
+    log = tmp_path / "worker.log"
+    with running_worker(dev_env, redis_url, task_queue, log) as first:
+        handle = await start(
+            dev_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_policy="adaptive",
+            max_wait_seconds=2,
+        )
+        # a poll reads the backlog every 50 ms here (a tenth of its 2 s bound, at most 50 ms):
+        # 60 script calls in, the first poll is over and another runs
+        await until(lambda: script_calls(redis), 60, timeout=30)
+        first.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        while first.poll() is None and time.monotonic() - t0 < SHUTDOWN_LIMIT_SECONDS + 10:
+            await asyncio.sleep(0.1)
+        stopped_in = time.monotonic() - t0
+    assert first.returncode == 0 and stopped_in < SHUTDOWN_LIMIT_SECONDS + 5, (first.returncode, stopped_in)
+    assert await redis.xlen(STREAM) == 5  # nothing published while nobody drained
+    stop, seen = asyncio.Event(), []
+    with running_worker(dev_env, redis_url, task_queue, log):
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+        result = await asyncio.wait_for(handle.result(), 90)
+        stop.set()
+        await consumer
+    assert (result.outcome, result.replayed, result.token, result.runs) == (Outcome.COMPLETED, 20, 1, 1)
+    assert (await stream_tasks(redis))[5:] == names and seen[5:] == names
