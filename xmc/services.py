@@ -126,4 +126,23 @@ def local_temporal(
     if db_file:
         args += ["--db-filename", str(db_file)]
     with _service(args, port, 60, log_file):
-        yield f"127.0.0.1:{port}"
+        address = f"127.0.0.1:{port}"
+        wait_until_serving(address, timeout=60)
+        yield address
+
+
+def wait_until_serving(address: str, timeout: float) -> None:
+    """Wait until the Temporal frontend at ``address`` reports SERVING (``temporal operator cluster
+    health``): the port listens a moment before the frontend is healthy, and a client connecting
+    in between fails with "Frontend is not healthy yet".
+
+    Raises:
+        TimeoutError: not serving after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    health = [installed_binary("temporal"), "operator", "cluster", "health", "--address", address]
+    while time.monotonic() < deadline:
+        if subprocess.run(health, capture_output=True, timeout=10).returncode == 0:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"Temporal at {address} not serving after {timeout} s")
