@@ -122,6 +122,32 @@ async def test_a_retry_after_the_lease_lapsed_still_returns_the_recorded_result(
     assert (await fencing.claim_info(redis, KEYS))["token"] == str(grant.token)  # the lease taken again
 
 
+async def test_a_publish_sets_the_claims_lease(redis: Redis) -> None:
+    """A publish that reaches the move sets the claim's lease to the one asked for (a chained
+    publish has no check before it to extend the lease): published, throttled, and a lease that had
+    lapsed, taken again with an expiry, never without one."""
+    await hold(redis, 30)
+    await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 600_000)
+
+    async def publish_with_lease(seq: int, lease_ms: int) -> PublishStatus:
+        result = await publish_batch(
+            redis, KEYS, GROUP, token=grant.token, seq=seq, batch_size=10, threshold=15, owner="me", lease_ms=lease_ms
+        )
+        return result.status
+
+    assert await publish_with_lease(1, 45_000) is PublishStatus.PUBLISHED
+    assert 44_000 < await redis.pttl(KEYS.claim) <= 45_000
+    assert await publish_with_lease(2, 90_000) is PublishStatus.PUBLISHED
+    assert 89_000 < await redis.pttl(KEYS.claim) <= 90_000
+    assert await publish_with_lease(3, 20_000) is PublishStatus.THROTTLED
+    assert 19_000 < await redis.pttl(KEYS.claim) <= 20_000
+    await redis.delete(KEYS.claim)  # the lease lapsed
+    assert await publish_with_lease(4, 30_000) is PublishStatus.THROTTLED
+    assert 29_000 < await redis.pttl(KEYS.claim) <= 30_000
+    assert (await fencing.claim_info(redis, KEYS))["token"] == str(grant.token)
+
+
 async def test_a_released_token_publishes_nothing(redis: Redis) -> None:
     await hold(redis, 5)
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
