@@ -308,7 +308,13 @@ async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(ts_env, 
     the run moved."""
     async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
         recorded = PublishResult(
-            status=PublishStatus.PUBLISHED, moved=7, backlog=0, remaining=3, pending=0, lag=0, group_status=GroupStatus.OK
+            status=PublishStatus.PUBLISHED,
+            moved=7,
+            backlog=0,
+            remaining=3,
+            pending=0,
+            lag=0,
+            group_status=GroupStatus.OK,
         )
         await redis.hset(run.keys.publish, mapping={"token": 1, "seq": 5, "result": recorded.model_dump_json()})
         await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone
