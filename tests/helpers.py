@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
@@ -76,24 +76,31 @@ async def stream_tasks(redis: Redis) -> list[bytes]:
 async def wait_for(handle: WorkflowHandle, ok: Callable[[Progress], bool], timeout: float = 20) -> Progress:
     """Poll the ``progress`` query until ``ok(progress)``; raises TimeoutError after ``timeout``.
 
-    Only "the workflow is not ready for queries yet" (no workflow task completed) is waited out;
-    any other failure of the query (the run failed or was terminated before it could answer, no
-    such workflow) or of ``ok`` is raised at once."""
+    Only "not answered yet" is waited out: the server's WorkflowNotReady (no workflow task
+    completed), or a query still unanswered after 5 s (the server holds it while a workflow task is
+    open, e.g. during a local activity's retries). Any other failure of the query (no such
+    workflow, a run closed before its first task, a failing query handler) or of ``ok`` is raised
+    at once, and so is the run's end (failed, completed, ...) before ``ok``."""
     deadline = time.monotonic() + timeout
-    while True:
+    for polls in itertools.count(1):
         try:
             progress = await asyncio.wait_for(
-                handle.query(ResumptionWorkflow.progress), max(0.1, deadline - time.monotonic())
+                handle.query(ResumptionWorkflow.progress), min(5.0, max(0.1, deadline - time.monotonic()))
             )
+        except TimeoutError:
+            pass
         except RPCError as err:
             if err.status is not RPCStatusCode.FAILED_PRECONDITION:  # WorkflowNotReady
                 raise
         else:
             if ok(progress):
                 return progress
+            if polls % 10 == 0 and (status := (await handle.describe()).status) is not WorkflowExecutionStatus.RUNNING:
+                raise AssertionError(f"the run ended ({status.name}) before progress reached the state: {progress}")
         if time.monotonic() > deadline:
             raise TimeoutError("progress never reached the expected state")
         await asyncio.sleep(0.05)
+    raise AssertionError("unreachable")
 
 
 async def worker_polling(client: Client, task_queue: str, timeout: float = 20) -> None:
