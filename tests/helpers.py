@@ -1,14 +1,22 @@
-"""Shared test helpers: a worker for the resumption on a test environment, held tasks, consumers."""
+"""Shared test helpers: a worker for the resumption on a test environment, held tasks, consumers,
+and readers of a run's history (its Redis calls in order, with their results)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from redis.asyncio import Redis
-from temporalio.client import Client, WorkflowHandle
+from temporalio.api.enums.v1 import EventType, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.resumption import ResumptionActivities
@@ -66,18 +74,116 @@ async def stream_tasks(redis: Redis) -> list[bytes]:
 
 
 async def wait_for(handle: WorkflowHandle, ok: Callable[[Progress], bool], timeout: float = 20) -> Progress:
-    """Poll the ``progress`` query until ``ok(progress)``; raises TimeoutError."""
+    """Poll the ``progress`` query until ``ok(progress)``; raises TimeoutError after ``timeout``.
+
+    Only "not answered yet" is waited out: the server's WorkflowNotReady (no workflow task
+    completed), or a query still unanswered after 5 s (the server holds it while a workflow task is
+    open, e.g. during a local activity's retries). Any other failure of the query (no such
+    workflow, a run closed before its first task, a failing query handler) or of ``ok`` is raised
+    at once, and so is the run's end (failed, completed, ...) before ``ok``."""
     deadline = time.monotonic() + timeout
-    while True:
+    for polls in itertools.count(1):
         try:
-            progress = await handle.query(ResumptionWorkflow.progress)
+            progress = await asyncio.wait_for(
+                handle.query(ResumptionWorkflow.progress), min(5.0, max(0.1, deadline - time.monotonic()))
+            )
+        except TimeoutError:
+            pass
+        except RPCError as err:
+            if err.status is not RPCStatusCode.FAILED_PRECONDITION:  # WorkflowNotReady
+                raise
+        else:
             if ok(progress):
                 return progress
-        except Exception:  # the first workflow task may not have run yet
-            pass
+            if polls % 10 == 0 and (status := (await handle.describe()).status) is not WorkflowExecutionStatus.RUNNING:
+                raise AssertionError(f"the run ended ({status.name}) before progress reached the state: {progress}")
         if time.monotonic() > deadline:
             raise TimeoutError("progress never reached the expected state")
         await asyncio.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+async def worker_polling(client: Client, task_queue: str, timeout: float = 20) -> None:
+    """Wait until a worker polls ``task_queue`` for workflow tasks (the server lists its poller)."""
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    deadline = time.monotonic() + timeout
+    while not (await client.workflow_service.describe_task_queue(request)).pollers:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no worker polled {task_queue} within {timeout:g}s")
+        await asyncio.sleep(0.05)
+
+
+Call = tuple[str, Any]
+"""One Redis call or durable wait of a run, from its history: (activity type, its result as JSON)
+or ("timer", seconds)."""
+
+
+def history_calls(history: WorkflowHistory) -> list[Call]:
+    """Every local activity and durable timer of one run's history, in order."""
+    calls: list[Call] = []
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED:
+            calls.append(
+                ("timer", e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds())
+            )
+        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            details = e.marker_recorded_event_attributes.details
+            if "data" not in details:
+                continue  # a patch marker
+            data = json.loads(details["data"].payloads[0].data)
+            result = details["result"].payloads[0].data if "result" in details else b"null"
+            calls.append((data["activity_type"], json.loads(result)))
+    return calls
+
+
+async def redis_calls(handle: WorkflowHandle) -> list[Call]:
+    """``history_calls`` of the run ``handle`` points at (the last run, unless it names one)."""
+    return history_calls(await handle.fetch_history())
+
+
+async def chain_histories(client: Client, handle: WorkflowHandle) -> list[WorkflowHistory]:
+    """The history of every run of a resumption, first to last, following continue-as-new."""
+    histories: list[WorkflowHistory] = []
+    run_id: str | None = handle.first_execution_run_id or handle.result_run_id
+    while run_id:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        histories.append(history)
+        last = history.events[-1]
+        run_id = (
+            last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+            if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+            else None
+        )
+    return histories
+
+
+def assert_checked_after_every_wait(calls: list[Call]) -> None:
+    """After every wait (a timer or a poll) the next Redis call is the pause and fencing check (or
+    the release, when the wait ended the run)."""
+    for (kind, _), (after, _) in itertools.pairwise(calls):
+        if kind in ("timer", "wait_for_drain"):
+            assert after in ("check_claim", "release_claim"), f"{after} right after a wait"
+
+
+def assert_waited_at_the_threshold(calls: list[Call]) -> None:
+    """A measurement at or over the threshold (headroom 0) is followed by a wait (or, when a stall
+    ended the run, the release), never by a publish."""
+    for (kind, reading), (after, _) in itertools.pairwise(calls):
+        if kind == "measure_backlog" and reading["headroom"] == 0:
+            assert after in ("timer", "wait_for_drain", "release_claim"), f"{after} after {reading}"
+
+
+def assert_never_over(calls: list[Call], threshold: int) -> None:
+    """No publish took the backlog past the threshold: the script's own result says what it
+    measured before its move (atomically with it) and how much it moved."""
+    publishes = [r for kind, r in calls if kind == "publish_batch"]
+    assert publishes
+    for r in publishes:
+        assert r["backlog"] + r["moved"] <= threshold, r
 
 
 def throttled(progress: Progress) -> bool:

@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.errors import NON_RETRYABLE_ERROR_TYPES
-from activities.requests import AcquireRequest, BacklogRequest, ExperimentRef, PublishRequest
+from activities.requests import (
+    AcquireRequest,
+    BacklogRequest,
+    CheckRequest,
+    DrainWaitRequest,
+    ExperimentRef,
+    PublishRequest,
+    ReleaseRequest,
+)
 from activities.resumption import ResumptionActivities
 from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
+from xmc.services import free_port
 
 REF = ExperimentRef(experiment_id="E1", stream="xmc-tasks-stream", consumer_group="xmc-workers")
 KEYS = ExperimentKeys(REF.stream, REF.experiment_id)
@@ -63,3 +80,52 @@ async def test_a_missing_group_under_the_error_policy_is_not_retried(redis: Redi
             BacklogRequest(ref=REF, threshold=5, missing_group="error"),
         )
     assert (err.value.type, err.value.non_retryable) == ("MissingConsumerGroup", True)
+
+
+CALLS: dict[str, Callable[[ResumptionActivities], Any]] = {
+    "acquire_claim": lambda a: a.acquire_claim(AcquireRequest(ref=REF, owner="me", lease_ms=1000, request_id="r1")),
+    "check_claim": lambda a: a.check_claim(CheckRequest(ref=REF, token=1, owner="me", lease_ms=1000)),
+    "measure_backlog": lambda a: a.measure_backlog(BacklogRequest(ref=REF, threshold=5)),
+    "wait_for_drain": lambda a: a.wait_for_drain(
+        DrainWaitRequest(ref=REF, threshold=5, low_watermark=0, min_seconds=0, max_seconds=1, poll_seconds=0.1)
+    ),
+    "publish_batch": lambda a: a.publish_batch(
+        PublishRequest(ref=REF, token=1, seq=1, batch_size=5, threshold=5, owner="me", lease_ms=1000)
+    ),
+    "release_claim": lambda a: a.release_claim(ReleaseRequest(ref=REF, token=1, owner="me")),
+}
+
+
+NO_CLIENT_RETRY = Retry(NoBackoff(), 0)
+"""redis-py's own retries (seconds of backoff) are beside the point: what the activity raises is."""
+
+
+@pytest.fixture(scope="module")
+def silent_port() -> Iterator[int]:
+    """A port whose connections the kernel accepts and nobody ever answers."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        yield silent.getsockname()[1]
+
+
+@pytest.mark.parametrize("name", CALLS)
+async def test_a_refused_connection_is_retried(name: str) -> None:
+    """Redis down (nothing listens): every activity raises redis' ConnectionError as is, which
+    Temporal's retry policy retries, never a non-retryable ApplicationError."""
+    client = Redis(port=free_port(), socket_connect_timeout=0.5, retry=NO_CLIENT_RETRY)
+    try:
+        with pytest.raises(RedisConnectionError):  # raised as is: retried
+            await ActivityEnvironment().run(CALLS[name], ResumptionActivities(client))
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("name", CALLS)
+async def test_a_timeout_is_retried(name: str, silent_port: int) -> None:
+    client = Redis(port=silent_port, socket_connect_timeout=0.2, socket_timeout=0.2, retry=NO_CLIENT_RETRY)
+    try:
+        with pytest.raises(RedisTimeoutError):  # raised as is: retried
+            await ActivityEnvironment().run(CALLS[name], ResumptionActivities(client))
+    finally:
+        await client.aclose()

@@ -73,6 +73,8 @@ async def test_check_extends_the_lease(redis: Redis) -> None:
     assert 0 < await redis.pttl(KEYS.claim) <= 1_000
     await fencing.check_claim(redis, KEYS, grant.token, "a", 60_000)
     assert 59_000 < await redis.pttl(KEYS.claim) <= 60_000
+    await fencing.check_claim(redis, KEYS, grant.token, "a", 20_000)  # the lease asked for, also a shorter one
+    assert 19_000 < await redis.pttl(KEYS.claim) <= 20_000
 
 
 async def test_lapsed_lease_is_reestablished_for_the_current_token(redis: Redis) -> None:
@@ -82,6 +84,7 @@ async def test_lapsed_lease_is_reestablished_for_the_current_token(redis: Redis)
     check = await fencing.check_claim(redis, KEYS, grant.token, "a", 60_000)
     assert not check.fenced and check.reestablished
     assert (await fencing.claim_info(redis, KEYS))["token"] == str(grant.token)
+    assert 59_000 < await redis.pttl(KEYS.claim) <= 60_000  # taken again with the lease, not for ever
 
 
 async def test_release_can_hand_the_experiment_back_as_paused(redis: Redis) -> None:

@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 
 from redisclient import held
 from redisclient.keys import ExperimentKeys
-from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, start, stream_tasks
+from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, start, stream_tasks, worker_polling
 from tests.parent import ResumeExperimentParent
 from worker import SHUTDOWN_LIMIT_SECONDS
 from workflows.models import Outcome, ResumptionInput, ResumptionResult
@@ -162,8 +162,8 @@ async def test_started_as_a_child_workflow(dev_env, redis, task_queue, worker_pr
     assert await held.get_state(redis, ExperimentKeys(STREAM, e)) == "running"
 
 
-async def test_worker_stops_cleanly_on_sigterm(worker_process) -> None:
-    await asyncio.sleep(1.5)  # connected and polling
+async def test_worker_stops_cleanly_on_sigterm(dev_env, task_queue, worker_process) -> None:
+    await worker_polling(dev_env.client, task_queue)
     assert worker_process.poll() is None
     worker_process.send_signal(signal.SIGTERM)
     t0 = time.monotonic()

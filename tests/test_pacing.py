@@ -6,53 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import uuid
-from typing import Any
-
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
 
 from redisclient import held
 from redisclient.keys import ExperimentKeys
 from redisclient.results import ExperimentState
-from tests.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, wait_for
+from tests.helpers import (
+    GROUP,
+    STREAM,
+    assert_checked_after_every_wait,
+    assert_never_over,
+    assert_waited_at_the_threshold,
+    consume,
+    hold_tasks,
+    redis_calls,
+    resumption_worker,
+    start,
+    stream_tasks,
+    wait_for,
+)
 from workflows.models import Outcome, Phase
 from workflows.resumption import ResumptionWorkflow
-
-
-async def redis_calls(handle: WorkflowHandle) -> list[tuple[str, Any]]:
-    """Every local activity and durable timer of the run in order: (activity type, its result) or
-    ("timer", seconds)."""
-    calls: list[tuple[str, Any]] = []
-    for e in (await handle.fetch_history()).events:
-        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED:
-            calls.append(
-                ("timer", e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds())
-            )
-        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
-            details = e.marker_recorded_event_attributes.details
-            if "data" not in details:
-                continue  # a patch marker
-            data = json.loads(details["data"].payloads[0].data)
-            result = details["result"].payloads[0].data if "result" in details else b"null"
-            calls.append((data["activity_type"], json.loads(result)))
-    return calls
-
-
-def assert_checked_after_every_wait(calls: list[tuple[str, Any]]) -> None:
-    """After every wait (a timer or a poll) the next Redis call is the pause and fencing check, and
-    no publish ever took the backlog past the threshold (measured inside the script)."""
-    for (kind, _), (after, _) in itertools.pairwise(calls):
-        if kind in ("timer", "wait_for_drain"):
-            assert after in ("check_claim", "release_claim"), f"{after} right after a wait"
-
-
-def assert_never_over(calls: list[tuple[str, Any]], threshold: int) -> None:
-    publishes = [r for kind, r in calls if kind == "publish_batch"]
-    assert publishes
-    for r in publishes:
-        assert r["backlog"] + r["moved"] <= threshold, r
 
 
 async def test_adaptive_keeps_up_with_fast_consumers_by_polling(ts_env, redis, redis_url, task_queue) -> None:
@@ -83,6 +57,7 @@ async def test_adaptive_keeps_up_with_fast_consumers_by_polling(ts_env, redis, r
     assert progress.drain_rate is not None and progress.drain_rate > 100
     assert progress.low_watermark is not None and 0 <= progress.low_watermark <= 37
     assert_checked_after_every_wait(calls)
+    assert_waited_at_the_threshold(calls)
     assert_never_over(calls, 50)
     # a publish that left headroom is followed by the next publish, with no check in between
     chained = sum(1 for (a, r), (b, _) in itertools.pairwise(calls)
@@ -122,6 +97,7 @@ async def test_adaptive_waits_grow_when_nobody_drains_and_a_stall_ends_the_run(
     assert progress.stalled and progress.stall_reason and "not going down" in progress.stall_reason
     assert progress.drain_rate == 0
     assert_checked_after_every_wait(calls)
+    assert_waited_at_the_threshold(calls)
     assert_never_over(calls, 10)
     assert calls[-1][0] == "release_claim"
     assert await held.get_state(redis, keys) is ExperimentState.PAUSED

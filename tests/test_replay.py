@@ -3,28 +3,80 @@ change that would break running workflows raises NondeterminismError here."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from tests.helpers import history_calls
+from tests.record_histories import SCENARIOS
 from workflows.resumption import ResumptionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
+HELD = 12
+"""Tasks every recorded scenario holds, behind a backlog at the threshold (tests/record_histories.py)."""
 
-def test_histories_are_recorded() -> None:
-    assert {p.stem for p in HISTORIES} >= {
-        "completed_after_throttles",
-        "paused_during_wait",
-        "fenced_during_wait",
-        "cancelled_during_wait",
-        "continued_as_new",
-        "waited_for_redis",
-        "adaptive_completed",
-    }
+ENDINGS: dict[str, tuple[EventType.ValueType, str | None, list[str]]] = {
+    # scenario: (the first run's last event, the result's outcome, the Redis calls after the last timer)
+    "completed_after_throttles": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
+    "adaptive_completed": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
+    "waited_for_redis": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
+    "paused_during_wait": (
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+        "paused",
+        ["check_claim", "release_claim"],
+    ),
+    "fenced_during_wait": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "fenced", ["check_claim"]),
+    "cancelled_during_wait": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED, None, ["release_claim"]),
+    "continued_as_new": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW, None, []),
+}
+
+
+def scenario(path: Path) -> str:
+    """The scenario a recording is of: its name without the ``v0_``, ``v1_`` prefix of older code."""
+    return re.sub(r"^v\d+_", "", path.stem)
+
+
+def test_every_scenario_of_the_recorder_is_recorded_and_checked() -> None:
+    assert {p.stem for p in HISTORIES} >= set(SCENARIOS)
+    assert {scenario(p) for p in HISTORIES} == set(ENDINGS)
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
+    """What each recording is a recording of: it throttled first (a backlog at the threshold), and
+    ended the way its name says, so a replay of it exercises that path."""
+    history = WorkflowHistory.from_json(f"resumption-{path.stem}", path.read_text())
+    name = scenario(path)
+    event_type, outcome, after_last_timer = ENDINGS[name]
+    last = history.events[-1]
+    assert last.event_type == event_type
+    if outcome is not None:
+        result = json.loads(last.workflow_execution_completed_event_attributes.result.payloads[0].data)
+        moved = HELD if outcome == "completed" else 0
+        assert (result["outcome"], result["replayed"], result["remaining"]) == (outcome, moved, HELD - moved)
+    timers = [
+        json.loads(e.user_metadata.summary.data)
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+    ]
+    assert timers and timers[0].startswith("throttled") and "backlog 5 >= 5" in timers[0]
+    assert any(t.startswith("Redis unavailable") for t in timers) == (name == "waited_for_redis")
+    calls = history_calls(history)
+    kinds = [k for k, _ in calls]
+    assert kinds[0] == "acquire_claim"
+    if after_last_timer:
+        last_timer = len(kinds) - 1 - kinds[::-1].index("timer")
+        assert kinds[last_timer + 1 :] == after_last_timer
+        assert "publish_batch" not in kinds  # nothing was published before the wait ended the run
+    if name == "cancelled_during_wait":
+        assert any(e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED for e in history.events)
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

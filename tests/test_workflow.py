@@ -25,13 +25,17 @@ from activities.resumption import ResumptionActivities
 from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
 from redisclient.publish import publish_batch
-from redisclient.results import ExperimentState, PublishResult, PublishStatus
+from redisclient.results import ExperimentState, GroupStatus, PublishResult, PublishStatus
 from tests.helpers import (
     GROUP,
     STREAM,
+    assert_checked_after_every_wait,
+    assert_never_over,
+    assert_waited_at_the_threshold,
     consume,
     fill_backlog,
     hold_tasks,
+    redis_calls,
     resumption_worker,
     start,
     stream_tasks,
@@ -258,3 +262,70 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(ts_env, redis,
     assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 12, 0)
     assert await stream_tasks(redis) == names
     assert progress.redis_waits == 1
+
+
+async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshold(
+    ts_env, redis, redis_url, task_queue
+) -> None:
+    """A backlog one below the threshold (pending 2 + lag 2 at threshold 5) takes exactly one task;
+    at exactly the threshold the run waits, turn after turn, checking pause and fencing after every
+    wait and publishing nothing, until the stall limit ends it."""
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 4)
+    await redis.xreadgroup(GROUP, "c0", {STREAM: ">"}, count=2)  # 2 pending, 2 undelivered
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(
+            ts_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            batch_size=3,
+            throttle_seconds=10,
+            stall_window_seconds=20,
+            max_stall_seconds=40,
+        )
+        result = await asyncio.wait_for(handle.result(), 30)
+    calls = await redis_calls(handle)
+    kinds = [k for k, _ in calls]
+    readings = [(r["pending"], r["lag"], r["headroom"]) for k, r in calls if k == "measure_backlog"]
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.STALLED, 1, 9)
+    assert (await stream_tasks(redis))[4:] == names[:1]
+    assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names[1:]
+    assert readings[0] == (2, 2, 1) and set(readings[1:]) == {(2, 3, 0)}
+    assert_waited_at_the_threshold(calls)
+    assert_checked_after_every_wait(calls)
+    assert_never_over(calls, 5)
+    assert kinds.count("publish_batch") == 1, kinds
+    assert kinds.count("timer") == result.throttles >= 3
+
+
+async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(ts_env, redis, redis_url, task_queue) -> None:
+    """As after a workflow reset: the publish record already holds a later seq of the run's own
+    token (here a hand-made record claiming 7 tasks). The run's publishes are refused as stale, it
+    goes on from the recorded seq, and the recorded result is never counted: ``replayed`` is what
+    the run moved."""
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+        recorded = PublishResult(
+            status=PublishStatus.PUBLISHED,
+            moved=7,
+            backlog=0,
+            remaining=3,
+            pending=0,
+            lag=0,
+            group_status=GroupStatus.OK,
+        )
+        await redis.hset(run.keys.publish, mapping={"token": 1, "seq": 5, "result": recorded.model_dump_json()})
+        await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone
+        stop, seen = asyncio.Event(), []
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+        result = await asyncio.wait_for(run.handle.result(), 30)
+        stop.set()
+        await consumer
+    publishes = [r for k, r in await redis_calls(run.handle) if k == "publish_batch"]
+    assert (result.outcome, result.remaining, result.token) == (Outcome.COMPLETED, 0, 1)
+    assert (publishes[0]["status"], publishes[0]["moved"], publishes[0]["last_seq"]) == ("stale", 0, 5)
+    assert result.replayed == 10, "replayed counts only the tasks this run moved"
+    assert await redis.xlen(STREAM) == 5 + 10
+    assert (await stream_tasks(redis))[5:] == run.names
