@@ -16,7 +16,8 @@ A_KEYS = {
 }  # fmt: skip
 B_RATIOS = ("rate_measured", "wall_over_ideal", "drained_over_ideal", "events_per_1000_tasks")
 C_ROW_KEYS = {
-    "case", "entries", "entry_bytes", "calls", "threshold", "backlog", "capped", "redis_ms_per_call",
+    "case", "entries", "entry_bytes", "calls", "threshold", "max_bytes", "backlog", "capped", "bytes_capped",
+    "redis_ms_per_call",
     "client_ms_per_call", "client_minus_ping_ms", "ping_ms_idle", "ping_ms_during",
 }  # fmt: skip
 
@@ -51,16 +52,21 @@ def test_bench_smoke_writes_real_figures(tmp_path: Path) -> None:
     assert all(_positive(fixed[key]) for key in B_RATIOS), {key: fixed[key] for key in B_RATIOS}
     assert 0 <= fixed["idle_fraction"] <= 1 and fixed["max_sample_gap_ms"] > 0
     assert fixed["events"] == sum(fixed["events_per_run"]) > 0
-    # a build without the adaptive policy reports it as skipped; one with it, as a real row
-    assert adaptive["policy"] == "adaptive"
-    assert "skipped" in adaptive or (adaptive["exactly_once"] and adaptive["max_backlog"] <= 500)
+    assert adaptive["policy"] == "adaptive" and "skipped" not in adaptive
+    assert adaptive["exactly_once"] is True and 0 < adaptive["max_backlog"] <= 500
 
     c = results["c"]
     assert _positive(c["ratio_entries"]) and _positive(c["ratio_entry_size"])
     for row in c["rows"]:
         assert set(row) == C_ROW_KEYS
-        # group created at 0 on more entries than the threshold: the count stops at its cap
-        assert row["capped"] is True and row["backlog"] >= row["threshold"]
+        # group created at 0 on more entries than the threshold: the count stops at its cap, or
+        # (64 KiB entries, 4 MiB budget) at the byte budget, about 64 entries in
+        assert row["capped"] is True
+        if row["bytes_capped"]:
+            assert row["entry_bytes"] * row["backlog"] >= row["max_bytes"] > row["entry_bytes"] * (row["backlog"] - 2)
+        else:
+            assert row["backlog"] >= row["threshold"]
         assert _positive(row["redis_ms_per_call"]) and _positive(row["ping_ms_during"]["p50"])
-    # 64 KiB entries cost more to count than 1 KiB ones, inside Redis
-    assert c["ratio_entry_size"] > 1
+    assert [row["bytes_capped"] for row in c["rows"]] == [False, False, False, True, False]
+    # the byte budget bounds what one count of large entries costs inside Redis
+    assert c["ratio_entry_size"] > 1 and c["ratio_no_budget"] > 3
