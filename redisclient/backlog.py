@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.results import BacklogReading, DrainWait, GroupStatus, MissingGroupPolicy
-from redisclient.scripts import script
+from redisclient.scripts import run_script
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ async def measure_backlog(
     """
     validate_threshold(threshold)
     validate_byte_budget(max_bytes)
-    raw = json.loads(await script(client, "measure")(keys=[stream], args=[group, threshold, max_bytes]))
+    raw = json.loads(await run_script(client, "measure", [stream], [group, threshold, max_bytes]))
     # Lua turns a NULL reply into false, and cjson encodes that as JSON false
     raw["xinfo_lag"] = raw["xinfo_lag"] if raw["xinfo_lag"] is not False else None
     reading = BacklogReading.model_validate({**raw, "threshold": threshold})

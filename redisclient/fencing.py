@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ClaimCheck, ClaimGrant
-from redisclient.scripts import script
+from redisclient.scripts import run_script
 
 
 def validate_lease(lease_ms: int) -> None:
@@ -50,9 +50,11 @@ async def acquire_claim(
         redis.exceptions.RedisError: on any Redis fault.
     """
     validate_lease(lease_ms)
-    raw = await script(client, "acquire")(
-        keys=[keys.fence, keys.claim, keys.state, keys.held, keys.publish, keys.acquire_log],
-        args=[owner, lease_ms, request_id or uuid.uuid4().hex],
+    raw = await run_script(
+        client,
+        "acquire",
+        [keys.fence, keys.claim, keys.state, keys.held, keys.publish, keys.acquire_log],
+        [owner, lease_ms, request_id or uuid.uuid4().hex],
     )
     return ClaimGrant.model_validate_json(raw)
 
@@ -69,9 +71,7 @@ async def check_claim(client: Redis, keys: ExperimentKeys, token: int, owner: st
         redis.exceptions.RedisError: on any Redis fault.
     """
     validate_lease(lease_ms)
-    raw = await script(client, "check")(
-        keys=[keys.fence, keys.claim, keys.state, keys.held], args=[token, owner, lease_ms]
-    )
+    raw = await run_script(client, "check", [keys.fence, keys.claim, keys.state, keys.held], [token, owner, lease_ms])
     return ClaimCheck.model_validate_json(raw)
 
 
@@ -96,9 +96,11 @@ async def release_claim(
     Raises:
         redis.exceptions.RedisError: on any Redis fault.
     """
-    released = await script(client, "release")(
-        keys=[keys.fence, keys.claim, keys.state, keys.publish],
-        args=[token, owner, "1" if back_to_paused else "0"],
+    released = await run_script(
+        client,
+        "release",
+        [keys.fence, keys.claim, keys.state, keys.publish],
+        [token, owner, "1" if back_to_paused else "0"],
     )
     return int(released)
 

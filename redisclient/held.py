@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ExperimentState
-from redisclient.scripts import script
+from redisclient.scripts import run_script
 
 Task = Mapping[str | bytes, str | bytes | int | float]
 """A task: a stream entry's field map. Stored byte for byte; an int or float is stored as its text."""
@@ -40,7 +40,7 @@ async def enqueue_task(client: Redis, keys: ExperimentKeys, task: Task) -> tuple
     flat: list[str | bytes | int | float] = []
     for field, value in task.items():
         flat += [field, value]
-    where, entry_id = await script(client, "enqueue")(keys=[keys.stream, keys.state, keys.held], args=flat)
+    where, entry_id = await run_script(client, "enqueue", [keys.stream, keys.state, keys.held], flat)
     return as_text(where), entry_id
 
 

@@ -79,3 +79,21 @@ class ExperimentKeys:
 def as_text(value: bytes | str) -> str:
     """A reply as text, whether the client decodes responses or not (UTF-8)."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+_TYPES = {
+    "state": "string",
+    "held": "stream",
+    "claim": "hash",
+    "fence": "string",
+    "publish": "hash",
+    "acquired": "list",
+}
+
+
+def expected_type(key: str) -> str:
+    """The Redis type a key of the layout holds (``TYPE`` reply): an experiment's key by its last
+    part (DESIGN.md section 3), any other key (the task stream) ``stream``."""
+    if key.startswith("{") and ":experiment:" in key:
+        return _TYPES.get(key.rsplit(":", 1)[1], "stream")
+    return "stream"

@@ -17,7 +17,7 @@ from redisclient.errors import MissingConsumerGroupError
 from redisclient.fencing import validate_lease
 from redisclient.keys import ExperimentKeys
 from redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
-from redisclient.scripts import script
+from redisclient.scripts import run_script
 
 
 async def publish_batch(
@@ -69,9 +69,11 @@ async def publish_batch(
     validate_threshold(threshold)
     validate_lease(lease_ms)
     validate_byte_budget(max_bytes)
-    raw = await script(client, "publish")(
-        keys=[keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish],
-        args=[token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes],
+    raw = await run_script(
+        client,
+        "publish",
+        [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish],
+        [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes],
     )
     result = PublishResult.model_validate_json(raw)
     if result.status is PublishStatus.NO_GROUP:

@@ -18,6 +18,9 @@ class ExperimentState(StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     RESUMING = "resuming"
+    UNKNOWN = "unknown"
+    """The state key holds a value the contract does not know: treated as holding (enqueue) and
+    normalized to ``resuming`` by the next claim."""
 
 
 class GroupStatus(StrEnum):
@@ -74,11 +77,13 @@ class BacklogReading(BaseModel):
 
 
 class ClaimGrant(BaseModel):
-    """A claim just taken: the fencing token, the state after the claim, held tasks (entries);
-    ``repeated`` when the request ID had been granted before (nothing changed then)."""
+    """A claim just taken: the fencing token, the state after the claim and before it (None in a
+    repeated grant and in results recorded before it existed), held tasks (entries); ``repeated``
+    when the request ID had been granted before (nothing changed then)."""
 
     token: int
     state: ExperimentState
+    previous_state: ExperimentState | None = None
     held: int
     repeated: bool = False
 
@@ -88,6 +93,8 @@ class ClaimCheck(BaseModel):
 
     Attributes:
         fenced: True when a newer token was issued; the caller must stop publishing.
+        fence_lost: True when the fence counter is below the token: Redis lost data (a restart
+            without persistence), not a takeover; the caller must stop too.
         current_token: the fence counter's value.
         state: the experiment's state.
         held: held tasks left (entries).
@@ -95,6 +102,7 @@ class ClaimCheck(BaseModel):
     """
 
     fenced: bool
+    fence_lost: bool = False
     current_token: int
     state: ExperimentState
     held: int
@@ -109,6 +117,7 @@ class PublishStatus(StrEnum):
     THROTTLED = "throttled"
     PAUSED = "paused"
     FENCED = "fenced"
+    FENCE_LOST = "fence_lost"
     STALE = "stale"
     NO_GROUP = "no_group"
 
@@ -120,6 +129,9 @@ class PublishResult(BaseModel):
         status: see ``PublishStatus``.
         moved: tasks moved from the held stream to the task stream (entries); moved_bytes: their
             bytes (IDs, fields and values as read).
+        total_moved: tasks this token has moved in all, counted by the script in the publish
+            record: the authority for a resumption's ``replayed`` (None in results recorded
+            before it existed).
         backlog: the backlog measured inside the script before the move (entries; 0 when the
             script refused before measuring).
         remaining: held tasks left after the move (entries).
@@ -135,6 +147,7 @@ class PublishResult(BaseModel):
     status: PublishStatus
     moved: int
     moved_bytes: int = 0
+    total_moved: int | None = None
     backlog: int
     remaining: int
     pending: int

@@ -229,7 +229,9 @@ class Outcome(StrEnum):
     COMPLETED = "completed"
     PAUSED = "paused"
     FENCED = "fenced"
+    FENCE_LOST = "fence_lost"
     STALLED = "stalled"
+    NOTHING_HELD = "nothing_held"
     CANCELLED = "cancelled"
 
 
@@ -239,8 +241,12 @@ class ResumptionResult(BaseModel):
     Attributes:
         experiment_id: the experiment.
         outcome: completed (held stream drained, experiment running), paused (paused during the
-            replay), fenced (a newer claim took over), stalled (the backlog did not go down for
-            ``max_stall_seconds``; the experiment was handed back as paused).
+            replay), fenced (a newer claim took over), fence_lost (the fence counter went back below
+            this run's token: Redis lost data, e.g. a restart without persistence; nothing more is
+            published), stalled (the backlog did not go down for ``max_stall_seconds``; the
+            experiment was handed back as paused), nothing_held (the experiment was neither paused
+            nor holding tasks: a mistyped experiment ID or stream; nothing changed).
+        replayed: exact: counted by the publish script in Redis, whatever crashed meanwhile.
         replayed: tasks this resumption moved into the task stream (entries, over all runs).
         remaining: held tasks left (entries).
         throttles: throttle waits taken.

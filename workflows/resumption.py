@@ -146,6 +146,8 @@ class ResumptionWorkflow:
         )
         self._publish_next = False
         """The last publish left headroom: the next turn publishes without a check and a measurement."""
+        self._nothing_held = False
+        """The claim found the experiment running and holding nothing: the run ends ``nothing_held``."""
 
     @workflow.query
     def progress(self) -> Progress:
@@ -180,6 +182,15 @@ class ResumptionWorkflow:
             # a fault retrying cannot mend: hand the experiment back as paused, then fail the run
             await self._release(back_to_paused=True)
             raise
+        except Exception as err:
+            # a fault of the workflow code itself (or of a result it cannot read): fail the run and
+            # hand the experiment back, instead of retrying the workflow task for ever. (A
+            # nondeterminism error is not raised here: it still retries, so a fixed worker can
+            # take the run over.)
+            await self._release(back_to_paused=True)
+            raise ApplicationError(
+                f"{type(err).__name__}: {err}", type="WorkflowCodeError", non_retryable=True
+            ) from err
 
     @property
     def _token(self) -> int:
@@ -228,6 +239,8 @@ class ResumptionWorkflow:
             "resumption started",
             extra={"experiment_id": inp.experiment_id, "token": grant.token, "held": grant.held},
         )
+        if grant.held == 0 and grant.previous_state is ExperimentState.RUNNING:
+            self._nothing_held = True
 
     async def _turn(self) -> ResumptionResult | None:
         """One turn: check, measure, wait or publish (a turn right after a publish that left
@@ -235,6 +248,10 @@ class ResumptionWorkflow:
         if self._publish_next:
             self._publish_next = False
             return await self._publish()
+        if self._nothing_held:
+            # neither paused nor holding tasks: most likely a mistyped experiment ID or stream
+            await self._release(back_to_paused=False)
+            return self._finish(Outcome.NOTHING_HELD, detail="the experiment was not paused and holds no tasks")
         ended = await self._check()
         if ended is not None:
             return ended
@@ -255,6 +272,8 @@ class ResumptionWorkflow:
             summary=f"check pause state and fencing token {self._token}",
         )
         p.remaining = check.held
+        if check.fence_lost:
+            return self._fence_lost(check.current_token)
         if check.fenced:
             return self._finish(Outcome.FENCED, detail=f"token {check.current_token} took over")
         if check.state is ExperimentState.PAUSED:
@@ -376,7 +395,8 @@ class ResumptionWorkflow:
             summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
         )
         self._seq = seq
-        p.replayed += result.moved
+        # Redis's count is the authority: publishes whose history was lost are in it too
+        p.replayed = result.total_moved if result.total_moved is not None else p.replayed + result.moved
         p.remaining = result.remaining
         if result.status in (PublishStatus.PUBLISHED, PublishStatus.COMPLETED, PublishStatus.THROTTLED):
             # the script measured the backlog before its move
@@ -399,6 +419,8 @@ class ResumptionWorkflow:
                 return self._finish(Outcome.PAUSED)
             case PublishStatus.FENCED:
                 return self._finish(Outcome.FENCED, detail="a newer token took over before the publish")
+            case PublishStatus.FENCE_LOST:
+                return self._fence_lost(None)
             case PublishStatus.THROTTLED:
                 # the backlog grew between the measurement and the publish
                 reason = wait_reason(result.pending, result.lag, result.capped, p.threshold, result.bytes_capped)
@@ -474,6 +496,17 @@ class ResumptionWorkflow:
         except FAILED_CALL as err:
             # the lease will lapse on its own; the run's own outcome or failure matters more
             workflow.logger.warning("claim not released", extra={"error": str(err)})
+
+    def _fence_lost(self, counter: int | None) -> ResumptionResult:
+        """The fence counter went back below this run's token: Redis lost data (a restart without
+        persistence or a failover to a replica that had not caught up), not a takeover. Nothing
+        more is published; the claim is not released (its counter is no longer trustworthy)."""
+        detail = f"the fence counter is {counter if counter is not None else 'below'} < token {self._token}"
+        workflow.logger.error(
+            "fence counter went back: Redis lost data; stopping without publishing",
+            extra={"experiment_id": self._progress.experiment_id, "token": self._token, "counter": counter},
+        )
+        return self._finish(Outcome.FENCE_LOST, detail=detail)
 
     def _finish(self, outcome: Outcome, detail: str = "") -> ResumptionResult:
         p = self._progress

@@ -4,27 +4,34 @@
 -- ARGV[1] owner, ARGV[2] lease in milliseconds, ARGV[3] request ID (the caller's idempotency key)
 -- A repeated request ID returns the token it was given and changes nothing, so an attempt that
 -- reaches Redis late (after its retry succeeded) cannot fence its own replayer.
--- Moves the experiment to `resuming` (starting the replay is the resume) when it is paused, or
--- when its state key is gone but tasks are still held (so producers queue behind them).
--- Returns JSON {token, state, held, repeated}.
+-- Moves the experiment to `resuming` (starting the replay is the resume) when it is paused, holds
+-- a value the contract does not know, or when its state key is gone but tasks are still held.
+-- Returns JSON {token (a decimal string), state, previous_state (before this claim), held, repeated}. A fence counter that is not a
+-- token fails the call before any write (tokens.lua).
 local prefix = ARGV[3] .. ':'
 for _, entry in ipairs(redis.call('LRANGE', KEYS[6], 0, -1)) do
   if string.sub(entry, 1, #prefix) == prefix then
     local state = redis.call('GET', KEYS[3]) or 'running'
-    return cjson.encode({token = tonumber(string.sub(entry, #prefix + 1)), state = state,
+    return cjson.encode({token = string.sub(entry, #prefix + 1), state = xmc_known_state(state),
                          held = redis.call('XLEN', KEYS[4]), repeated = true})
   end
 end
-local token = redis.call('INCR', KEYS[1])
+xmc_fence(KEYS[1])
+redis.call('INCR', KEYS[1])
+local token = redis.call('GET', KEYS[1])
 redis.call('LPUSH', KEYS[6], prefix .. token)
 redis.call('LTRIM', KEYS[6], 0, 15)
 redis.call('DEL', KEYS[2], KEYS[5])
 redis.call('HSET', KEYS[2], 'token', token, 'owner', ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 local state = redis.call('GET', KEYS[3])
+local previous = xmc_known_state(state or 'running')
 local held = redis.call('XLEN', KEYS[4])
-if state == 'paused' or (not state and held > 0) then
+if (state and state ~= 'resuming') or (not state and held > 0) then
+  -- paused, a value the contract does not know, or gone while tasks are held: resuming, so
+  -- producers keep queueing behind the held tasks until the replay drains them
   redis.call('SET', KEYS[3], 'resuming')
   state = 'resuming'
 end
-return cjson.encode({token = token, state = state or 'running', held = held, repeated = false})
+return cjson.encode({token = token, state = state or 'running', previous_state = previous, held = held,
+                     repeated = false})

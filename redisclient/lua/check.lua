@@ -3,12 +3,16 @@
 -- ARGV[1] token, ARGV[2] owner, ARGV[3] lease in milliseconds
 -- The fence counter is the authority: the token is current while no newer one was issued. A lease
 -- that lapsed (a worker down longer than the lease) is re-established for the current token.
--- Returns JSON {fenced, current_token, state, held, reestablished}.
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-local state = redis.call('GET', KEYS[3]) or 'running'
+-- A fence counter below the token means Redis lost data (a restart without persistence), not a
+-- takeover: `fence_lost`. Returns JSON {fenced, fence_lost, current_token (a decimal string), state,
+-- held, reestablished}.
+local current = xmc_fence(KEYS[1])
+local state = xmc_known_state(redis.call('GET', KEYS[3]) or 'running')
 local held = redis.call('XLEN', KEYS[4])
-if current ~= tonumber(ARGV[1]) then
-  return cjson.encode({fenced = true, current_token = current, state = state, held = held, reestablished = false})
+local cmp = xmc_token_cmp(current, ARGV[1])
+if cmp ~= 0 then
+  return cjson.encode({fenced = cmp > 0, fence_lost = cmp < 0, current_token = current, state = state,
+                       held = held, reestablished = false})
 end
 local reestablished = false
 if redis.call('HGET', KEYS[2], 'token') ~= ARGV[1] then
@@ -16,4 +20,5 @@ if redis.call('HGET', KEYS[2], 'token') ~= ARGV[1] then
   reestablished = true
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return cjson.encode({fenced = false, current_token = current, state = state, held = held, reestablished = reestablished})
+return cjson.encode({fenced = false, fence_lost = false, current_token = current, state = state, held = held,
+                     reestablished = reestablished})

@@ -1,13 +1,15 @@
 -- The atomic publish (DESIGN.md section 5, step 4): move the oldest held tasks into the task stream.
 -- KEYS[1] task stream, KEYS[2] held stream, KEYS[3] state, KEYS[4] fence counter, KEYS[5] claim hash,
--- KEYS[6] publish record (the idempotency record: token, seq, result; it does not lapse with the lease)
+-- KEYS[6] publish record (the idempotency record: token, seq, result, and `moved`, the tasks this
+--         token moved in all, the authority for the run's count; it does not lapse with the lease)
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group,
 -- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
 -- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
---   fencing: a token other than the fence counter's moves nothing ('fenced');
+--   fencing: a token other than the fence counter's moves nothing ('fenced'; 'fence_lost' when the
+--            counter is below the token: Redis lost data, e.g. restarted without persistence);
 --   idempotency: a repeated seq returns the recorded result, an older seq moves nothing ('stale');
 --   pause: a paused experiment moves nothing ('paused');
 --   group: under the 'error' policy a missing group, or a missing stream (so no group), moves nothing;
@@ -16,24 +18,31 @@
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream,
 --         oldest first, stopping once the entries moved reach the byte budget (at least one moves);
 --   done: when the held stream is empty the experiment is running again ('completed').
--- Returns JSON {status, moved, moved_bytes, backlog, remaining, pending, lag, capped, bytes_capped,
+-- Tokens are decimal strings compared exactly (tokens.lua).
+-- Returns JSON {status, moved, moved_bytes, total_moved (this token's tasks moved in all), backlog, remaining, pending, lag, capped, bytes_capped,
 -- headroom, last_delivered_id, group_status, last_seq}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale'.
-local token, seq = tonumber(ARGV[1]), tonumber(ARGV[2])
+local token, seq = ARGV[1], tonumber(ARGV[2])
 local batch, threshold, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[9])
+
+-- tasks this token has moved so far: the publish record's count (the authority for `replayed`)
+local own = redis.call('HGET', KEYS[6], 'token') == token
+local total = own and tonumber(redis.call('HGET', KEYS[6], 'moved') or '0') or 0
 
 local function reply(status, moved, b, remaining, last_seq, moved_bytes)
   return cjson.encode({status = status, moved = moved, moved_bytes = moved_bytes or 0,
-                       backlog = b.pending + b.lag, remaining = remaining, pending = b.pending, lag = b.lag,
-                       capped = b.capped, bytes_capped = b.bytes_capped or false, headroom = b.headroom,
-                       last_delivered_id = b.last_delivered_id or '', group_status = b.status,
-                       last_seq = last_seq or 0})
+                       total_moved = total + moved, backlog = b.pending + b.lag, remaining = remaining,
+                       pending = b.pending, lag = b.lag, capped = b.capped, bytes_capped = b.bytes_capped or false,
+                       headroom = b.headroom, last_delivered_id = b.last_delivered_id or '',
+                       group_status = b.status, last_seq = last_seq or 0})
 end
 local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
 
-if tonumber(redis.call('GET', KEYS[4]) or '0') ~= token then
-  return reply('fenced', 0, none, redis.call('XLEN', KEYS[2]))
+local fence = xmc_token_cmp(xmc_fence(KEYS[4]), token)
+if fence ~= 0 then
+  -- a newer token took over, or the counter went back below ours: Redis lost data
+  return reply(fence > 0 and 'fenced' or 'fence_lost', 0, none, redis.call('XLEN', KEYS[2]))
 end
-if tonumber(redis.call('HGET', KEYS[6], 'token') or '0') == token then
+if own then
   local last_seq = tonumber(redis.call('HGET', KEYS[6], 'seq') or '0')
   if seq == last_seq then
     return redis.call('HGET', KEYS[6], 'result')
@@ -67,8 +76,8 @@ elseif room <= 0 then
   status = 'throttled'
 end
 local result = reply(status, moved, b, remaining, 0, moved_bytes)
-redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
-if redis.call('HGET', KEYS[5], 'token') ~= ARGV[1] then
+redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result, 'moved', total + moved)
+if redis.call('HGET', KEYS[5], 'token') ~= token then
   redis.call('HSET', KEYS[5], 'token', token, 'owner', ARGV[8])  -- a lapsed lease, taken again
 end
 redis.call('PEXPIRE', KEYS[5], ARGV[7])

@@ -6,12 +6,13 @@
 -- The fence counter is bumped, so the released token can never publish again (a zombie attempt of
 -- the released run is fenced at the resource). Returns the released token, or 0 when it was not
 -- current (a newer claim owns the experiment, or the owner holds no claim): nothing changes then.
-local token = tonumber(ARGV[1])
-if token == 0 and redis.call('HGET', KEYS[2], 'owner') == ARGV[2] then
-  token = tonumber(redis.call('HGET', KEYS[2], 'token'))
+-- Tokens are decimal strings (tokens.lua); the reply too ('0' when nothing was released).
+local token = ARGV[1]
+if token == '0' and redis.call('HGET', KEYS[2], 'owner') == ARGV[2] then
+  token = redis.call('HGET', KEYS[2], 'token') or '0'
 end
-if token == 0 or tonumber(redis.call('GET', KEYS[1]) or '0') ~= token then
-  return 0
+if token == '0' or xmc_fence(KEYS[1]) ~= token then
+  return '0'
 end
 redis.call('INCR', KEYS[1])
 redis.call('DEL', KEYS[2], KEYS[4])

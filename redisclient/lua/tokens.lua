@@ -1,0 +1,32 @@
+-- Fencing tokens, exactly, and the experiment's state as the contract knows it (a fragment:
+-- scripts.py prepends it to every script that reads tokens or the state).
+-- A token is the fence counter's value: a decimal integer up to Redis's 64-bit INCR limit. Lua
+-- numbers are doubles and cjson writes 14 significant digits, so tokens stay strings here: read
+-- with GET (never the number INCR returns), compared as canonical decimal strings, and written to
+-- JSON as strings.
+
+-- The fence counter of `key` as a canonical token string ('0' when absent). Raises an error reply
+-- naming the key, before any write, when it holds anything else (a negative number, text).
+local function xmc_fence(key)
+  local v = redis.call('GET', key)
+  if not v then return '0' end
+  if not string.match(v, '^%d+$') or #v > 19 or (#v > 1 and string.sub(v, 1, 1) == '0') then
+    error({err = 'XMCCORRUPT ' .. key .. ' holds ' .. string.format('%q', string.sub(v, 1, 40))
+                 .. ', not a fencing token (a non-negative integer)'})
+  end
+  return v
+end
+
+-- -1, 0 or 1 as canonical token string a is below, equal to or above b.
+local function xmc_token_cmp(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  if a == b then return 0 end
+  return a < b and -1 or 1
+end
+
+-- An experiment's state as the contract knows it: 'paused', 'resuming' or 'running' (absent);
+-- any other value is reported as 'unknown' (and treated as holding: enqueue.lua, acquire.lua).
+local function xmc_known_state(v)
+  if v == 'paused' or v == 'resuming' or v == 'running' then return v end
+  return 'unknown'
+end
