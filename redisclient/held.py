@@ -50,15 +50,14 @@ async def pause(client: Redis, keys: ExperimentKeys) -> None:
 
 
 async def get_state(client: Redis, keys: ExperimentKeys) -> ExperimentState:
-    """The experiment's state (``running`` when the state key is absent).
-
-    Raises:
-        ValueError: the key holds something else than ``paused`` or ``resuming``.
-    """
+    """The experiment's state: ``running`` when the state key is absent, ``unknown`` when it holds
+    anything but ``paused`` or ``resuming`` (as the scripts read it: ``lua/tokens.lua``)."""
     raw = await client.get(keys.state)
     if raw is None:
         return ExperimentState.RUNNING
-    return ExperimentState(as_text(raw))
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    known = (ExperimentState.PAUSED.value, ExperimentState.RESUMING.value)
+    return ExperimentState(text) if text in known else ExperimentState.UNKNOWN
 
 
 async def held_count(client: Redis, keys: ExperimentKeys) -> int:

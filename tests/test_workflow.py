@@ -329,3 +329,78 @@ async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(ts_env, 
     assert result.replayed == 10, "replayed counts only the tasks this run moved"
     assert await redis.xlen(STREAM) == 5 + 10
     assert (await stream_tasks(redis))[5:] == run.names
+
+
+async def test_an_experiment_neither_paused_nor_holding_ends_nothing_held(ts_env, redis, redis_url, task_queue) -> None:
+    """A mistyped experiment ID (or stream) from the Temporal CLI: a distinct outcome at once,
+    not ``completed, replayed 0``, and no state is created for it."""
+    e = experiment()
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
+        result = await asyncio.wait_for(handle.result(), 20)
+    keys = ExperimentKeys(STREAM, e)
+    assert (result.outcome, result.replayed, result.remaining, result.throttles) == (Outcome.NOTHING_HELD, 0, 0, 0)
+    assert not await redis.exists(keys.state, keys.held, keys.claim)
+
+
+async def test_a_fence_counter_that_went_back_ends_fence_lost(ts_env, redis, redis_url, task_queue) -> None:
+    """The fence counter below the run's token (Redis restarted without persistence) is data loss,
+    reported as such, and nothing more is published."""
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+        await redis.set(run.keys.fence, "0")
+        await redis.xgroup_setid(STREAM, GROUP, "$")
+        result = await asyncio.wait_for(run.handle.result(), 20)
+    assert (result.outcome, result.replayed, result.remaining, result.token) == (Outcome.FENCE_LOST, 0, 10, 1)
+    assert await redis.xlen(run.keys.held) == 10 and await redis.xlen(STREAM) == 5
+
+
+async def test_a_corrupt_fence_counter_fails_the_run_at_once_and_leaves_the_experiment_paused(
+    ts_env, redis, redis_url, task_queue
+) -> None:
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 3)
+    await redis.set(keys.fence, "-5")
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env.client, task_queue, experiment_id=e)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 20)
+    assert f'XMCCORRUPT {keys.fence} holds "-5"' in str(failure.value.cause)
+    assert await held.get_state(redis, keys) is ExperimentState.PAUSED
+    assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names
+    assert not await redis.exists(keys.claim)
+
+
+class UnreadableCheck(ResumptionActivities):
+    """The real activities, but the check answers something the workflow cannot read (a fault of
+    the workflow's side of the contract): pydantic raises inside workflow code."""
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.check_garbled if f.__name__ == "check_claim" else f for f in super().all()]
+
+    @activity.defn(name="check_claim")
+    async def check_garbled(self, req: Any) -> dict[str, Any]:
+        return {"fenced": "perhaps"}
+
+
+async def test_an_exception_in_workflow_code_fails_the_run_and_hands_back(ts_env, redis, redis_url, task_queue) -> None:
+    """Decided: any exception of workflow code (here a result it cannot read) fails the run as a
+    non-retryable ``WorkflowCodeError`` after handing the experiment back as paused, instead of
+    retrying the workflow task for ever."""
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 3)
+    client = Redis.from_url(redis_url)
+    async with Worker(
+        ts_env.client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=UnreadableCheck(client).all()
+    ):
+        handle = await start(ts_env.client, task_queue, experiment_id=e)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 20)
+    await client.aclose()
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "WorkflowCodeError" and cause.non_retryable
+    assert "ValidationError" in str(cause) and "fenced" in str(cause)
+    assert await held.get_state(redis, keys) is ExperimentState.PAUSED
+    assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names
+    assert not await redis.exists(keys.claim)

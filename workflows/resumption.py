@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import typing
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
@@ -91,6 +93,12 @@ FAILED_CALL = (ActivityError, ApplicationError)
 """What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a
 local activity that failed without retrying, the activity's ``ApplicationError`` itself (measured
 with temporalio 1.35)."""
+
+
+@functools.cache
+def _result_adapter(activity: Callable[..., Any]) -> TypeAdapter[Any]:
+    """A pydantic adapter for the return type of activity method ``activity``."""
+    return TypeAdapter(typing.get_type_hints(activity)["return"])
 
 
 def _permanent(err: BaseException) -> bool:
@@ -547,18 +555,21 @@ class ResumptionWorkflow:
         start_to_close: timedelta = REDIS_CALL_TIMEOUT,
     ) -> _Res:
         """Run the Redis local activity ``activity`` (a method of ``ResumptionActivities``) with
-        ``start_to_close`` timeout and ``retry_policy``.
+        ``start_to_close`` timeout and ``retry_policy``; returns its result as the method's
+        return annotation says.
 
         Raises:
             asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the
                 SDK reports that as a failed call caused by cancellation; it must not be taken for
                 a Redis fault).
             ActivityError, ApplicationError: the call failed (see ``_permanent``).
+            pydantic.ValidationError: the result does not match the method's return type.
         """
         try:
-            return await workflow.execute_local_activity_method(
-                activity,
+            raw = await workflow.execute_local_activity(
+                activity.__name__,  # the activity's registered name (activity.defn's default)
                 arg,
+                result_type=None,
                 start_to_close_timeout=start_to_close,
                 retry_policy=retry_policy,
                 summary=summary,
@@ -567,3 +578,7 @@ class ResumptionWorkflow:
             if is_cancelled_exception(err):
                 raise asyncio.CancelledError() from err
             raise
+        # called by name and read here, in workflow code, rather than by the SDK while it applies
+        # the activation: a result the workflow cannot read then fails the run through ``run``'s
+        # handler, which hands the experiment back, instead of failing the run before it can
+        return cast(_Res, _result_adapter(activity).validate_python(raw))

@@ -11,12 +11,15 @@
 local prefix = ARGV[3] .. ':'
 for _, entry in ipairs(redis.call('LRANGE', KEYS[6], 0, -1)) do
   if string.sub(entry, 1, #prefix) == prefix then
-    local state = redis.call('GET', KEYS[3]) or 'running'
-    return cjson.encode({token = string.sub(entry, #prefix + 1), state = xmc_known_state(state),
+    local state = xmc_known_state(redis.call('GET', KEYS[3]))
+    return cjson.encode({token = string.sub(entry, #prefix + 1), state = state,
                          held = redis.call('XLEN', KEYS[4]), repeated = true})
   end
 end
-xmc_fence(KEYS[1])
+if xmc_token_cmp(xmc_fence(KEYS[1]), '9223372036854775806') >= 0 then
+  -- the release of the next token must still be able to revoke it with INCR (2^63 - 1 at most)
+  return redis.error_reply('XMCEXHAUSTED ' .. KEYS[1] .. ' has no fencing token left (64-bit INCR limit)')
+end
 redis.call('INCR', KEYS[1])
 local token = redis.call('GET', KEYS[1])
 redis.call('LPUSH', KEYS[6], prefix .. token)
@@ -25,7 +28,7 @@ redis.call('DEL', KEYS[2], KEYS[5])
 redis.call('HSET', KEYS[2], 'token', token, 'owner', ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 local state = redis.call('GET', KEYS[3])
-local previous = xmc_known_state(state or 'running')
+local previous = xmc_known_state(state)
 local held = redis.call('XLEN', KEYS[4])
 if (state and state ~= 'resuming') or (not state and held > 0) then
   -- paused, a value the contract does not know, or gone while tasks are held: resuming, so

@@ -7,7 +7,7 @@
 -- takeover: `fence_lost`. Returns JSON {fenced, fence_lost, current_token (a decimal string), state,
 -- held, reestablished}.
 local current = xmc_fence(KEYS[1])
-local state = xmc_known_state(redis.call('GET', KEYS[3]) or 'running')
+local state = xmc_known_state(redis.call('GET', KEYS[3]))
 local held = redis.call('XLEN', KEYS[4])
 local cmp = xmc_token_cmp(current, ARGV[1])
 if cmp ~= 0 then

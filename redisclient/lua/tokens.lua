@@ -24,9 +24,11 @@ local function xmc_token_cmp(a, b)
   return a < b and -1 or 1
 end
 
--- An experiment's state as the contract knows it: 'paused', 'resuming' or 'running' (absent);
--- any other value is reported as 'unknown' (and treated as holding: enqueue.lua, acquire.lua).
+-- An experiment's state (GET's reply) as the contract knows it: 'paused', 'resuming', or
+-- 'running' when the key is absent; any other value is reported as 'unknown' (and treated as
+-- holding: enqueue.lua, acquire.lua).
 local function xmc_known_state(v)
-  if v == 'paused' or v == 'resuming' or v == 'running' then return v end
+  if not v then return 'running' end
+  if v == 'paused' or v == 'resuming' then return v end
   return 'unknown'
 end
