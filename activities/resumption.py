@@ -16,7 +16,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    MovedError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -31,28 +38,42 @@ from activities.requests import (
     ReleaseRequest,
 )
 from redisclient import backlog, fencing, publish
+from redisclient.connection import STALE_CONNECTION_ERRORS, drop_stale_connections
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
 from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult
 
-TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError)
+TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
 """Error replies of a server that is, for now, out of memory (OOM), running a long script (BUSY),
-a replica after a failover (READONLY), resharding or failing over (TRYAGAIN, CLUSTERDOWN,
-MASTERDOWN), short of replicas or unable to persist: they mend themselves and are retried.
-redis-py turns the ones it knows into the classes of ``TRANSIENT_ERRORS`` (LOADING becomes a
-ConnectionError), and leaves the rest as ``ResponseError`` with the reply's text. Any other error
-reply (WRONGTYPE, a non-integer fence key, NOPERM, a cluster MOVED or CROSSSLOT with a
-non-cluster client) repeats on every retry, so it fails the call at once."""
+a replica after a failover (READONLY), a node that lost the slot in a failover behind a stable
+address (MOVED), resharding or failing over (TRYAGAIN, CLUSTERDOWN, MASTERDOWN), short of replicas
+or unable to persist: they mend themselves and are retried (READONLY and MOVED after the pool's
+connections were dropped, see ``_classified``). redis-py turns the ones it knows into the classes
+of ``TRANSIENT_ERRORS`` (LOADING becomes a ConnectionError), and leaves the rest as
+``ResponseError`` with the reply's text. Any other error reply (WRONGTYPE, a non-integer fence
+key, NOPERM, a CROSSSLOT) repeats on every retry, so it fails the call at once. (A MOVED from a
+Redis Cluster addressed without a cluster client repeats too: the run then waits in
+``redis_unavailable`` with the MOVED reply as its last error instead of failing.)"""
 
 
 @asynccontextmanager
-async def _classified() -> AsyncIterator[None]:
+async def _classified(redis: Redis) -> AsyncIterator[None]:
     """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection
     faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``)
-    propagate and are retried."""
+    propagate and are retried.
+
+    A failover: after READONLY, MOVED, a reset or refused connection or a timeout
+    (``redisclient.connection.STALE_CONNECTION_ERRORS``) the pooled connections of ``redis`` are
+    dropped before the error propagates, so Temporal's retry (200 ms later, ``REDIS_RETRY``)
+    connects afresh to whatever server the address names now: a failover behind a stable address
+    costs one failed attempt per call in flight, never a worker restart.
+    """
     try:
         yield
+    except STALE_CONNECTION_ERRORS:
+        await drop_stale_connections(redis)
+        raise
     except ValueError as err:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
     except MissingConsumerGroupError as err:
@@ -101,7 +122,7 @@ class ResumptionActivities:
     @activity.defn
     async def acquire_claim(self, req: AcquireRequest) -> ClaimGrant:
         """Take the claim (a new fencing token); moves the experiment paused -> resuming."""
-        async with _classified():
+        async with _classified(self.redis):
             grant = await fencing.acquire_claim(self.redis, _keys(req.ref), req.owner, req.lease_ms, req.request_id)
         activity.logger.info(
             "claim taken",
@@ -112,7 +133,7 @@ class ResumptionActivities:
     @activity.defn
     async def check_claim(self, req: CheckRequest) -> ClaimCheck:
         """Check pause state and fencing token; extend the claim's lease."""
-        async with _classified():
+        async with _classified(self.redis):
             check = await fencing.check_claim(self.redis, _keys(req.ref), req.token, req.owner, req.lease_ms)
         if check.reestablished:
             activity.logger.warning(
@@ -124,7 +145,7 @@ class ResumptionActivities:
     @activity.defn
     async def measure_backlog(self, req: BacklogRequest) -> BacklogReading:
         """Measure the consumer group's backlog (pending + lag, capped near the threshold)."""
-        async with _classified():
+        async with _classified(self.redis):
             reading = await backlog.measure_backlog(
                 self.redis, req.ref.stream, req.ref.consumer_group, req.threshold, req.missing_group, req.max_bytes
             )
@@ -134,7 +155,7 @@ class ResumptionActivities:
     async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
         """Poll the backlog until it falls to the low watermark, within the request's bounds (a
         short throttle wait of the adaptive policy; see ``redisclient.backlog.wait_for_drain``)."""
-        async with _classified():
+        async with _classified(self.redis):
             return await backlog.wait_for_drain(
                 self.redis,
                 req.ref.stream,
@@ -151,7 +172,7 @@ class ResumptionActivities:
     @activity.defn
     async def publish_batch(self, req: PublishRequest) -> PublishResult:
         """Atomically move the next batch of held tasks into the task stream."""
-        async with _classified():
+        async with _classified(self.redis):
             return await publish.publish_batch(
                 self.redis,
                 _keys(req.ref),
@@ -169,7 +190,7 @@ class ResumptionActivities:
     @activity.defn
     async def release_claim(self, req: ReleaseRequest) -> int:
         """Release the claim and revoke its token if still current; returns the released token or 0."""
-        async with _classified():
+        async with _classified(self.redis):
             released = await fencing.release_claim(
                 self.redis, _keys(req.ref), req.token, owner=req.owner, back_to_paused=req.back_to_paused
             )

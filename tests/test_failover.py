@@ -1,0 +1,260 @@
+"""A failover behind a stable address (issue 6, item 3), with two real redis-servers.
+
+A managed Redis fails over by promoting a replica and moving its DNS name to it; the old primary
+becomes a replica of the new one. Here the stable address is a TCP proxy on a loopback port
+(``SwitchableProxy``): new connections go to its current target, connections opened before the
+switch stay with the old server (as they do across a DNS change) unless the switch resets them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MovedError, ReadOnlyError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from activities.requests import AcquireRequest, CheckRequest, ExperimentRef, PublishRequest
+from activities.resumption import ResumptionActivities, _classified
+from redisclient import held
+from redisclient.keys import ExperimentKeys
+from redisclient.results import ExperimentState
+from workflows.models import Outcome
+from workflows.resumption import ResumptionWorkflow
+from xmc.services import local_redis
+
+from .helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, throttled, wait_for
+
+NO_CLIENT_RETRY = Retry(NoBackoff(), 0)
+"""redis-py's own reconnect-and-resend on a connection error is off, so a reset shows as the
+activity's error, as it does with redis-py versions that do not retry by default."""
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 10) -> None:
+    """Await ``condition()`` until it is true, polling every 10 ms; TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+class SwitchableProxy:
+    """A TCP proxy on 127.0.0.1 whose target port can be switched: a stable address.
+
+    ``switch(port)`` sends new connections to ``port``; connections already open keep their old
+    target, unless ``reset=True`` aborts them (an RST to both ends)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.sessions: dict[asyncio.StreamWriter, tuple[asyncio.StreamWriter, int]] = {}
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/0"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._session, "127.0.0.1", 0)
+
+    def open_to(self, port: int) -> int:
+        """Connections open through the proxy to ``port`` now."""
+        return sum(1 for _, target in self.sessions.values() if target == port)
+
+    def switch(self, port: int, *, reset: bool = False) -> None:
+        self.target = port
+        if reset:
+            for client, (upstream, _) in list(self.sessions.items()):
+                client.transport.abort()
+                upstream.transport.abort()
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.switch(self.target, reset=True)
+        await self._server.wait_closed()
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        target = self.target
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.sessions[writer] = (up_writer, target)
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            del self.sessions[writer]
+
+    @staticmethod
+    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        except OSError:
+            pass
+        finally:
+            dst.transport.abort()  # one side gone: the other goes too
+
+
+@dataclass
+class Servers:
+    """``a``, the primary behind ``proxy`` at first; ``b``, a standalone server; clients to each."""
+
+    a: Redis
+    b: Redis
+    a_port: int
+    b_port: int
+    proxy: SwitchableProxy
+
+    async def nothing_open_to_a(self) -> bool:
+        """No connection through the proxy goes to A (the old primary) now."""
+        return self.proxy.open_to(self.a_port) == 0
+
+    async def fail_over(self, *, reset: bool = False) -> None:
+        """What a managed failover does: B replicates A until it has every write (A's writes paused
+        meanwhile), B is promoted, the stable address moves to B, A becomes B's replica (READONLY)."""
+        await self.b.execute_command("REPLICAOF", "127.0.0.1", self.a_port)
+        await self.a.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+        try:
+            a_offset = (await self.a.info("replication"))["master_repl_offset"]
+
+            async def b_has_every_write() -> bool:
+                info = await self.b.info("replication")
+                return info.get("master_link_status") == "up" and info.get("slave_repl_offset") == a_offset
+
+            await until(b_has_every_write)
+            await self.b.execute_command("REPLICAOF", "NO", "ONE")
+            self.proxy.switch(self.b_port, reset=reset)
+            await self.a.execute_command("REPLICAOF", "127.0.0.1", self.b_port)
+        finally:
+            await self.a.execute_command("CLIENT", "UNPAUSE")
+        assert (await self.a.info("replication"))["role"] == "slave"
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+@pytest.fixture
+def server_urls(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """Two redis-servers, started in ``tmp_path``: a replica stores its primary's snapshot as
+    ``dump.rdb`` in its working directory, which the next redis-server started there would load."""
+    with contextlib.ExitStack() as servers:
+        with contextlib.chdir(tmp_path):  # only while they start: the tests' own paths are relative
+            a = servers.enter_context(local_redis(log_file=tmp_path / "redis-a.log"))
+            b = servers.enter_context(local_redis(log_file=tmp_path / "redis-b.log"))
+        yield a, b
+
+
+@pytest_asyncio.fixture
+async def servers(server_urls: tuple[str, str]) -> AsyncIterator[Servers]:
+    url_a, url_b = server_urls
+    a, b = Redis.from_url(url_a, decode_responses=False), Redis.from_url(url_b, decode_responses=False)
+    for server in (a, b):
+        await server.config_set("repl-diskless-sync-delay", 0)  # sync at once (Redis 7.0 waits 5 s)
+    proxy = SwitchableProxy(_port(url_a))
+    await proxy.start()
+    yield Servers(a, b, _port(url_a), _port(url_b), proxy)
+    await proxy.close()
+    await a.aclose()
+    await b.aclose()
+
+
+REF = ExperimentRef(experiment_id="F1", stream=STREAM, consumer_group=GROUP)
+KEYS = ExperimentKeys(STREAM, REF.experiment_id)
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["readonly", "connection-reset"])
+async def test_after_a_failover_one_call_fails_once_and_its_retry_reaches_the_new_primary(
+    servers: Servers, reset: bool
+) -> None:
+    names = await hold_tasks(servers.a, REF.experiment_id, 10)
+    client = Redis.from_url(servers.proxy.url, decode_responses=False, retry=NO_CLIENT_RETRY)
+    activities, env = ResumptionActivities(client), ActivityEnvironment()
+    try:
+        grant = await env.run(
+            activities.acquire_claim, AcquireRequest(ref=REF, owner="me", lease_ms=60_000, request_id="r1")
+        )
+        await asyncio.gather(*(client.ping() for _ in range(3)))  # three pooled connections, all to A
+        assert servers.proxy.open_to(servers.a_port) == 3
+
+        await servers.fail_over(reset=reset)
+        check = CheckRequest(ref=REF, token=grant.token, owner="me", lease_ms=60_000)
+        with pytest.raises(RedisConnectionError if reset else ReadOnlyError) as err:
+            await env.run(activities.check_claim, check)  # on a connection of before the switch
+        assert not isinstance(err.value, ApplicationError)  # Temporal's retry policy retries it
+
+        # the retry, and every call after it (however many connections the pool had), reach B
+        checks = await asyncio.gather(*(env.run(activities.check_claim, check) for _ in range(3)))
+        assert {(c.fenced, c.current_token, c.state) for c in checks} == {(False, 1, ExperimentState.RESUMING)}
+        published = await env.run(
+            activities.publish_batch,
+            PublishRequest(ref=REF, token=1, seq=1, batch_size=4, threshold=100, owner="me", lease_ms=60_000),
+        )
+        assert (published.moved, published.remaining) == (4, 6)
+        assert await stream_tasks(servers.b) == names[:4]
+        await until(servers.nothing_open_to_a)  # the pool kept no connection to the old primary
+        assert servers.proxy.open_to(servers.b_port) >= 1
+    finally:
+        await client.aclose()
+
+
+async def test_a_moved_reply_drops_the_pooled_connections_and_is_retried(servers: Servers) -> None:
+    """MOVED (a cluster node that lost the slot) is retryable and, like READONLY, closes the pool's
+    connections: the next command runs on a new connection (a new client ID)."""
+    client = Redis.from_url(servers.proxy.url, decode_responses=False)
+    try:
+        before = await client.client_id()
+        with pytest.raises(MovedError):
+            async with _classified(client):
+                raise MovedError("3999 127.0.0.1:6381")
+        assert await client.client_id() != before
+    finally:
+        await client.aclose()
+
+
+async def test_a_failover_mid_replay_completes_without_restarting_the_worker(
+    ts_env: WorkflowEnvironment, servers: Servers, task_queue: str
+) -> None:
+    """60 held tasks at threshold 20 with no consumer: the replay publishes 20 and waits. Meanwhile
+    A fails over to B behind the worker's address; consumers then drain B, and the same worker
+    replays the other 40 into B without a Redis-unavailable wait: every task once, in order."""
+    e = "F2"
+    names = await hold_tasks(servers.a, e, 60)
+    await servers.a.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    async with resumption_worker(ts_env.client, task_queue, servers.proxy.url):
+        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=20, batch_size=7)
+        progress = await wait_for(handle, throttled)
+        assert (progress.replayed, progress.backlog) == (20, 20)
+
+        await servers.fail_over()
+        assert await stream_tasks(servers.b) == names[:20]  # B has every write A took
+        stop, seen = asyncio.Event(), []
+        consumer = asyncio.create_task(consume(servers.b, "c1", stop, seen))
+        result = await asyncio.wait_for(handle.result(), 15)
+        stop.set()
+        await consumer
+        progress = await handle.query(ResumptionWorkflow.progress)
+        await until(servers.nothing_open_to_a)  # the worker's pool kept no connection to the old primary
+
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 60, 0)
+    assert progress.redis_waits == 0  # each READONLY was mended by the call's own retry
+    assert await stream_tasks(servers.b) == names  # every task exactly once, in order
+    assert seen == names
+    assert await servers.b.xlen(ExperimentKeys(STREAM, e).held) == 0
+    assert await held.get_state(servers.b, ExperimentKeys(STREAM, e)) is ExperimentState.RUNNING
