@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,12 +101,17 @@ def _service(args: list[str], port: int, timeout: float, log_file: Path | None) 
 
 @contextmanager
 def local_redis(port: int | None = None, log_file: Path | None = None) -> Iterator[str]:
-    """Run a throwaway ``redis-server`` on 127.0.0.1 (no persistence); yields its ``redis://`` URL."""
+    """Run a throwaway ``redis-server`` on 127.0.0.1 (no persistence); yields its ``redis://`` URL.
+
+    Its working directory is a temporary one of its own: a server made a replica writes a
+    ``dump.rdb`` there, which would otherwise land in the caller's directory and be loaded,
+    silently, by the next server started from it."""
     port = port or free_port()
-    args = [installed_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--protected-mode", "yes"]  # fmt: skip
-    with _service(args, port, 10, log_file):
-        yield f"redis://127.0.0.1:{port}/0"
+    with tempfile.TemporaryDirectory(prefix="xmc-redis-") as workdir:
+        args = [installed_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--protected-mode", "yes", "--dir", workdir]  # fmt: skip
+        with _service(args, port, 10, log_file):
+            yield f"redis://127.0.0.1:{port}/0"
 
 
 @contextmanager
