@@ -42,6 +42,19 @@ async def _read_key(redis: Redis, key: str, expected: str, read: Awaitable[T], *
         raise KeyContentError(f"key {key} holds {shown}, expected {expected}") from err
 
 
+async def state_and_held(redis: Redis, keys: ExperimentKeys) -> tuple[ExperimentState, int]:
+    """The experiment's state and its held tasks (entries).
+
+    Raises:
+        KeyContentError: the state or held key holds the wrong type or an unknown state.
+    """
+    states = ", ".join(s.value for s in ExperimentState if s is not ExperimentState.RUNNING)
+    state = await _read_key(
+        redis, keys.state, f"a string: {states} (absent: running)", held.get_state(redis, keys), parses=True
+    )
+    return state, await _read_key(redis, keys.held, "a stream (the held tasks)", held.held_count(redis, keys))
+
+
 async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
     """State, held tasks (entries), claim, last fencing token and the group's backlog, as a dict.
 
@@ -55,12 +68,8 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
     reading = await _read_key(
         redis, keys.stream, "a stream (the task stream)", measure_backlog(redis, keys.stream, group, threshold)
     )
-    states = ", ".join(s.value for s in ExperimentState if s is not ExperimentState.RUNNING)
-    state = await _read_key(
-        redis, keys.state, f"a string: {states} (absent: running)", held.get_state(redis, keys), parses=True
-    )
+    state, held_tasks = await state_and_held(redis, keys)
     claim = await _read_key(redis, keys.claim, "a hash (token, owner)", fencing.claim_info(redis, keys))
-    held_tasks = await _read_key(redis, keys.held, "a stream (the held tasks)", held.held_count(redis, keys))
     fence = await _read_key(
         redis, keys.fence, "an integer (the fencing token)", fencing.current_token(redis, keys), parses=True
     )
