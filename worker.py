@@ -5,6 +5,10 @@ Registers ``ResumptionWorkflow`` and its activities on the task queue ``XMC_TASK
 ``XMC_REDIS_URL``, Prometheus metrics on ``XMC_METRICS_BIND`` when set. SIGINT or SIGTERM stops
 polling, lets running activities finish (up to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS``
 at most); running workflows continue on any other worker, their durable timers intact.
+
+Bad settings, an unreachable Temporal or a Redis that refuses the configuration (a database that
+does not exist, wrong credentials, an endpoint that is not Redis) print one line and exit 2
+(``xmc.errors``). A Redis that is merely down at start is waited out like any outage.
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
 from datetime import timedelta
 
+from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.resumption import ResumptionActivities
 from workflows.resumption import ResumptionWorkflow
+from xmc.errors import EXIT_OPERATOR_ERROR, one_line, operator_message, redis_message
 from xmc.settings import Settings, connect_temporal
 
 log = logging.getLogger("xmc.worker")
@@ -33,6 +41,60 @@ running local activities back to back (an adaptive replay polling, or publishing
 stays open, and temporalio 1.35's shutdown waits for it to end (measured: still blocked after
 30 s). Past this limit the worker exits anyway, like a crash: every Redis step is atomic and
 idempotent, and another worker takes the workflow over once its workflow task times out."""
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+EXPECTED_FAULTS = (RedisError, ApplicationError)
+"""Exceptions whose message says all: a Redis fault (connection, timeout, error reply) and the
+errors the activities raise on purpose (``activities/resumption.py`` ``_classified``)."""
+
+
+class ExpectedFaultFilter(logging.Filter):
+    """Log an activity attempt that failed with an expected fault as one line, without traceback.
+
+    temporalio logs every failed activity attempt on the ``temporalio.activity`` logger as
+    ``Completing activity as failed`` with ``exc_info``: during a Redis outage the local
+    activities' fast retries made that about 80 traceback lines a second. For an exception in
+    ``EXPECTED_FAULTS`` the record keeps its level and the activity's details and gains
+    ``error=Type: message`` on the same line; any other exception (a bug) keeps its traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite ``record`` in place when it carries an expected fault; never drops a record."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, EXPECTED_FAULTS):
+            record.msg = f"{record.getMessage()} error={type(exc).__name__}: {one_line(str(exc))}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Log to stderr, one line per record; expected activity faults without traceback."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(ExpectedFaultFilter())
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+async def check_redis(settings: Settings) -> None:
+    """Ping Redis once at start: a configuration it refuses (``ResponseError`` such as ``DB index
+    is out of range``, bad credentials, an endpoint that is not Redis) is raised; a Redis that is
+    down only logs a warning, since the replay waits out outages by itself."""
+    redis = settings.redis()
+    try:
+        await redis.ping()
+    except (ResponseError, AuthenticationError, InvalidResponse):
+        raise
+    except RedisError as err:
+        log.warning(
+            "%s; the worker starts anyway and waits for it",
+            redis_message(err, settings.redis_url, settings.redis_timeout_seconds),
+        )
+    finally:
+        await redis.aclose()
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
@@ -65,16 +127,34 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         await redis.aclose()
 
 
-async def main() -> None:
-    """Entry point: settings from the environment, stop on SIGINT/SIGTERM."""
+async def main(settings: Settings) -> None:
+    """Run the worker with ``settings`` until SIGINT/SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await run_worker(Settings(), stop)
+    await check_redis(settings)
+    await run_worker(settings, stop)
+
+
+def cli() -> int:
+    """Entry point of ``python -m worker``: settings from the environment; an operator error
+    (``xmc.errors.operator_message``) is one line on stderr and exit 2, a bug keeps its traceback."""
+    setup_logging()
+    settings: Settings | None = None
+    try:
+        settings = Settings()
+        asyncio.run(main(settings))
+        return 0
+    except Exception as err:
+        message = operator_message(err, settings)
+        if message is None:
+            raise
+        print(f"worker: {message}", file=sys.stderr)
+        return EXIT_OPERATOR_ERROR
+    finally:
+        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(main())
-    gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+    sys.exit(cli())

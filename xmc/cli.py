@@ -1,8 +1,10 @@
 """The ``xmc`` command: ``xmc demo``, ``xmc pause E``, ``xmc enqueue E``, ``xmc status E``, ``xmc resume E``.
 
 Redis from ``XMC_REDIS_URL``, Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), like the worker.
-Errors an operator can mend (bad arguments, Redis or Temporal unreachable, a resumption already
-running) print one line and exit 2.
+Errors an operator can mend (bad arguments or settings, Redis or Temporal unreachable, a key
+holding garbage, a resumption already running or failed) print one line naming the argument,
+setting or key, never a secret, and exit 2 (``xmc.errors``). A closed stdout (``xmc status E |
+head``) ends the command quietly with 141. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -11,19 +13,22 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Annotated, NoReturn
 
-from pydantic import ValidationError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from pydantic import TypeAdapter, ValidationError
+from temporalio.client import WorkflowFailureError
 
 from redisclient import held
+from redisclient.backlog import validate_threshold
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from redisclient.results import ExperimentState
 from workflows.models import ResumptionInput, ThrottlePolicy
 from xmc.demo import DemoOptions, run_demo
-from xmc.ops import experiment_status, start_resumption
+from xmc.errors import EXIT_BROKEN_PIPE, EXIT_OPERATOR_ERROR, OperatorError, operator_message, workflow_failure_message
+from xmc.ops import experiment_status, start_resumption, state_and_held
 from xmc.settings import Settings, connect_temporal
 
 DESCRIPTION = (
@@ -32,16 +37,76 @@ DESCRIPTION = (
 )
 
 
-async def _pause(args: argparse.Namespace) -> int:
-    redis = Settings().redis()
+Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+
+_EXPERIMENT_ID: TypeAdapter[str] = TypeAdapter(
+    Annotated[str, *ResumptionInput.model_fields["experiment_id"].metadata]  # type: ignore[valid-type]
+)
+"""The experiment ID rule of ``ResumptionInput`` (one rule: the CLI checks what the workflow checks)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse`` whose errors are one line (``xmc status: error: ...``) and exit 2, not a usage
+    block; ``--help`` is unchanged."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` on one line with a pointer to ``--help`` and exit 2."""
+        self.exit(EXIT_OPERATOR_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def experiment_id_arg(value: str) -> str:
+    """An experiment ID as ``ResumptionInput.experiment_id`` and the key layout accept it."""
+    try:
+        _EXPERIMENT_ID.validate_python(value)
+        ExperimentKeys(DEFAULT_STREAM, value)
+    except (ValidationError, ValueError) as err:
+        msg = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
+        raise argparse.ArgumentTypeError(f"experiment ID {value[:40]!r}: {msg}") from None
+    return value
+
+
+def stream_arg(value: str) -> str:
+    """A stream name the key layout accepts (not empty, no braces: they set the hash tag)."""
+    try:
+        ExperimentKeys(value, "E")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
+def threshold_arg(value: str) -> int:
+    """A backlog threshold: an integer of at least 1 entry."""
+    try:
+        threshold = int(value)
+        validate_threshold(threshold)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            str(err) if "threshold" in str(err) else f"not an integer: {value!r}"
+        ) from None
+    return threshold
+
+
+def count_arg(value: str) -> int:
+    """A task count: an integer of at least 1."""
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {count}")
+    return count
+
+
+async def _pause(args: argparse.Namespace, settings: Settings) -> int:
+    redis = settings.redis()
     await held.pause(redis, ExperimentKeys(args.stream, args.experiment_id))
     print(f"experiment {args.experiment_id} paused: its new tasks are held")
     await redis.aclose()
     return 0
 
 
-async def _enqueue(args: argparse.Namespace) -> int:
-    redis = Settings().redis()
+async def _enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    redis = settings.redis()
     keys = ExperimentKeys(args.stream, args.experiment_id)
     where: dict[str, int] = {}
     for i in range(args.count):
@@ -52,28 +117,16 @@ async def _enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _status(args: argparse.Namespace) -> int:
-    redis = Settings().redis()
+async def _status(args: argparse.Namespace, settings: Settings) -> int:
+    redis = settings.redis()
     status = await experiment_status(redis, ExperimentKeys(args.stream, args.experiment_id), args.group, args.threshold)
     print(json.dumps(status, indent=2))
     await redis.aclose()
     return 0
 
 
-async def _resume(args: argparse.Namespace) -> int:
-    settings = Settings()
-    redis = settings.redis()
-    keys = ExperimentKeys(args.stream, args.experiment_id)
-    state, waiting = await held.get_state(redis, keys), await held.held_count(redis, keys)
-    await redis.aclose()
-    if state is ExperimentState.RUNNING and not waiting and not args.force:
-        print(
-            f"experiment {args.experiment_id} is running and holds no tasks: nothing to resume "
-            "(--force starts the workflow anyway)",
-            file=sys.stderr,
-        )
-        return 1
-    inp = ResumptionInput(
+async def _resume(args: argparse.Namespace, settings: Settings) -> int:
+    inp = ResumptionInput(  # validated before anything is read or started
         experiment_id=args.experiment_id,
         stream=args.stream,
         consumer_group=args.group,
@@ -82,15 +135,30 @@ async def _resume(args: argparse.Namespace) -> int:
         throttle_seconds=args.throttle_seconds,
         throttle_policy=ThrottlePolicy(args.policy),
     )
+    redis = settings.redis()
+    keys = ExperimentKeys(args.stream, args.experiment_id)
+    state, waiting = await state_and_held(redis, keys)
+    await redis.aclose()
+    if state is ExperimentState.RUNNING and not waiting and not args.force:
+        print(
+            f"experiment {args.experiment_id} is running and holds no tasks: nothing to resume "
+            "(--force starts the workflow anyway)",
+            file=sys.stderr,
+        )
+        return 1
     client = await connect_temporal()
     handle = await start_resumption(client, inp, settings.task_queue)
     print(f"started {handle.id} (run {handle.result_run_id})")
     if args.wait:
-        print((await handle.result()).model_dump_json(indent=2))
+        try:
+            result = await handle.result()
+        except WorkflowFailureError as err:
+            raise OperatorError(workflow_failure_message(err, handle.id)) from err
+        print(result.model_dump_json(indent=2))
     return 0
 
 
-async def _demo(args: argparse.Namespace) -> int:
+async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     return await run_demo(
         DemoOptions(
             tasks=args.tasks,
@@ -108,22 +176,24 @@ async def _demo(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``xmc``."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    p = argparse.ArgumentParser(prog="xmc", description=DESCRIPTION, formatter_class=fmt)
+    p = OneLineParser(prog="xmc", description=DESCRIPTION, formatter_class=fmt)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def experiment_cmd(name: str, help_text: str, fn: Callable[[argparse.Namespace], Awaitable[int]]):  # type: ignore[no-untyped-def]
+    def experiment_cmd(name: str, help_text: str, fn: Command) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text, formatter_class=fmt)
-        cmd.add_argument("experiment_id", help="the experiment ID")
-        cmd.add_argument("--stream", default=DEFAULT_STREAM, help="the task stream")
+        cmd.add_argument("experiment_id", type=experiment_id_arg, help="the experiment ID")
+        cmd.add_argument("--stream", type=stream_arg, default=DEFAULT_STREAM, help="the task stream")
         cmd.set_defaults(fn=fn)
         return cmd
 
     experiment_cmd("pause", "pause an experiment: its new tasks are held", _pause)
     enqueue = experiment_cmd("enqueue", "enqueue synthetic tasks through the pause-aware script", _enqueue)
-    enqueue.add_argument("--count", type=int, default=100, help="tasks to enqueue")
+    enqueue.add_argument("--count", type=count_arg, default=100, help="tasks to enqueue")
     status = experiment_cmd("status", "print state, held tasks, claim, fencing token and backlog as JSON", _status)
     status.add_argument("--group", default=DEFAULT_GROUP, help="the consumer group")
-    status.add_argument("--threshold", type=int, default=500, help="count the backlog up to this many entries")
+    status.add_argument(
+        "--threshold", type=threshold_arg, default=500, help="count the backlog up to this many entries"
+    )
     resume = experiment_cmd("resume", "start ResumptionWorkflow for the experiment (ID resumption-<E>)", _resume)
     resume.add_argument("--group", default=DEFAULT_GROUP, help="the consumer group whose backlog throttles")
     resume.add_argument("--batch", type=int, default=100, help="most tasks one publish moves")
@@ -157,24 +227,31 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``xmc`` command; returns its exit code."""
+    """Run the ``xmc`` command; returns its exit code (0, 1 for nothing to do, 2 for an operator
+    error, 130 on Ctrl-C, 141 when stdout was closed)."""
     args = parser().parse_args(argv)
+    settings: Settings | None = None
     try:
-        return asyncio.run(args.fn(args))
-    except ValidationError as err:
-        print(f"xmc {args.command}: invalid input: {err}", file=sys.stderr)
-    except RedisConnectionError as err:
-        print(f"xmc {args.command}: cannot reach Redis at {Settings().redis_url}: {err}", file=sys.stderr)
-    except WorkflowAlreadyStartedError as err:
-        print(f"xmc {args.command}: a resumption is already running: {err}", file=sys.stderr)
-    except RuntimeError as err:  # what Client.connect raises when Temporal is unreachable
-        print(f"xmc {args.command}: {err}", file=sys.stderr)
+        settings = Settings()
+        code: int = asyncio.run(args.fn(args, settings))
+        sys.stdout.flush()  # a closed pipe fails here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (xmc status E | head): say nothing; point stdout at /dev/null so the
+        # interpreter's last flush does not fail again (Python docs, "Note on SIGPIPE")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print(f"xmc {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        message = operator_message(err, settings)
+        if message is None:
+            raise  # a bug: keep its traceback
+        print(f"xmc {args.command}: {message}", file=sys.stderr)
+        return EXIT_OPERATOR_ERROR
     finally:
         gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
-    return 2
 
 
 if __name__ == "__main__":

@@ -2,15 +2,57 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import TypeVar
+
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from temporalio.client import Client, WorkflowHandle
 
 from redisclient import fencing, held
 from redisclient.backlog import measure_backlog
-from redisclient.keys import ExperimentKeys
+from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ExperimentState
 from workflows.models import ResumptionInput, ResumptionResult
 from workflows.resumption import ResumptionWorkflow
+from xmc.errors import KeyContentError
+
+T = TypeVar("T")
+
+MAX_SHOWN_VALUE_CHARS = 40
+"""Longest part of a garbage key's value an error message quotes."""
+
+
+async def _read_key(redis: Redis, key: str, expected: str, read: Awaitable[T], *, parses: bool = False) -> T:
+    """Await ``read`` of ``key``; a key of the wrong type (WRONGTYPE), or for a read that
+    ``parses`` the value a ``ValueError``, becomes ``KeyContentError`` naming the key, what it
+    holds and what the contract expects (``expected``)."""
+    try:
+        return await read
+    except ResponseError as err:
+        if not str(err).startswith("WRONGTYPE"):
+            raise
+        kind = as_text(await redis.type(key))
+        raise KeyContentError(f"key {key} is a {kind}, expected {expected}") from err
+    except ValueError as err:
+        if not parses:
+            raise
+        raw = as_text(await redis.get(key) or b"")
+        shown = repr(raw[:MAX_SHOWN_VALUE_CHARS]) + ("..." if len(raw) > MAX_SHOWN_VALUE_CHARS else "")
+        raise KeyContentError(f"key {key} holds {shown}, expected {expected}") from err
+
+
+async def state_and_held(redis: Redis, keys: ExperimentKeys) -> tuple[ExperimentState, int]:
+    """The experiment's state and its held tasks (entries).
+
+    Raises:
+        KeyContentError: the state or held key holds the wrong type or an unknown state.
+    """
+    states = ", ".join(s.value for s in ExperimentState if s is not ExperimentState.RUNNING)
+    state = await _read_key(
+        redis, keys.state, f"a string: {states} (absent: running)", held.get_state(redis, keys), parses=True
+    )
+    return state, await _read_key(redis, keys.held, "a stream (the held tasks)", held.held_count(redis, keys))
 
 
 async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
@@ -19,17 +61,25 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
     ``orphaned`` is True for an experiment that is resuming with no live claim: its replayer is
     gone (a failed or terminated run whose lease lapsed) and producers are still holding its tasks;
     starting a resumption again continues the replay in order.
+
+    Raises:
+        KeyContentError: a key holds the wrong type or a value the contract does not know.
     """
-    reading = await measure_backlog(redis, keys.stream, group, threshold)
-    state = await held.get_state(redis, keys)
-    claim = await fencing.claim_info(redis, keys)
+    reading = await _read_key(
+        redis, keys.stream, "a stream (the task stream)", measure_backlog(redis, keys.stream, group, threshold)
+    )
+    state, held_tasks = await state_and_held(redis, keys)
+    claim = await _read_key(redis, keys.claim, "a hash (token, owner)", fencing.claim_info(redis, keys))
+    fence = await _read_key(
+        redis, keys.fence, "an integer (the fencing token)", fencing.current_token(redis, keys), parses=True
+    )
     return {
         "experiment_id": keys.experiment_id,
         "state": state.value,
         "orphaned": state is ExperimentState.RESUMING and not claim,
-        "held": await held.held_count(redis, keys),
+        "held": held_tasks,
         "claim": claim,
-        "fence": await fencing.current_token(redis, keys),
+        "fence": fence,
         "backlog": {
             "group": group,
             "pending": reading.pending,

@@ -8,8 +8,12 @@ worker and the CLI connect exactly like the ``temporal`` CLI does.
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
+from redis.asyncio.connection import parse_url
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
@@ -19,17 +23,87 @@ from workflows.models import TASK_QUEUE
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 
+MAX_REDIS_TIMEOUT_SECONDS = 300.0
+"""The longest socket timeout ``XMC_REDIS_TIMEOUT_SECONDS`` accepts: a Redis call of the replay is
+retried for about 6 s, so a timeout of minutes already means an unresponsive Redis."""
+
+SECRET_QUERY_ARGS = frozenset({"password", "username"})
+"""Query arguments of a Redis URL that ``redacted_url`` masks (redis-py passes unknown ones on)."""
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password (and any ``password=`` query argument) replaced by ``***``.
+
+    Every URL the CLI and the worker print goes through this. A URL that cannot be parsed at all
+    is shown as ``<unparseable URL>``: printing it could print a secret.
+    """
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            userinfo, _, hostport = netloc.rpartition("@")
+            user = userinfo.partition(":")[0]
+            netloc = f"{user}:***@{hostport}"
+        query = urlencode(
+            [(k, "***" if k in SECRET_QUERY_ARGS else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)],
+            safe="*",
+        )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return "<unparseable URL>"
+
+
+def redis_db_of(url: str) -> int:
+    """The database index a valid ``XMC_REDIS_URL`` selects (0 when it names none)."""
+    return int(parse_url(url).get("db", 0))
+
 
 class Settings(BaseSettings):
-    """``XMC_REDIS_URL`` (redis:// URL), ``XMC_TASK_QUEUE``, ``XMC_METRICS_BIND`` (host:port for a
-    Prometheus ``/metrics`` endpoint, off when unset), ``XMC_REDIS_TIMEOUT_SECONDS``."""
+    """``XMC_REDIS_URL`` (redis://, rediss:// or unix:// URL), ``XMC_TASK_QUEUE``,
+    ``XMC_METRICS_BIND`` (host:port for a Prometheus ``/metrics`` endpoint, off when unset),
+    ``XMC_REDIS_TIMEOUT_SECONDS`` (0 < s <= 300).
+
+    Every field is checked when the settings are read, so a bad value fails before any
+    connection, with a message naming the variable and never its secret (see ``xmc.errors``).
+    """
 
     model_config = SettingsConfigDict(env_prefix="XMC_")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    task_queue: str = TASK_QUEUE
+    task_queue: str = Field(default=TASK_QUEUE, min_length=1, max_length=1000)
     metrics_bind: str | None = None
-    redis_timeout_seconds: float = 5.0
+    redis_timeout_seconds: float = Field(default=5.0, gt=0, le=MAX_REDIS_TIMEOUT_SECONDS, allow_inf_nan=False)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _valid_redis_url(cls, url: str) -> str:
+        """Parse the URL with redis-py's own parser (what the client does), and refuse a database
+        path that is not a number: redis-py silently reads ``redis://host/abc`` as database 0."""
+        try:
+            kwargs = parse_url(url)
+        except ValueError as err:  # the scheme, a port that is no number, a bad query argument
+            raise ValueError(str(err).rstrip(".")) from None
+        parts = urlsplit(url)
+        if parts.scheme in ("redis", "rediss") and "db" not in kwargs:
+            db = parts.path.strip("/")
+            if db and not db.isdigit():
+                raise ValueError(f"the database must be a number (redis://host:port/0), got {db[:40]!r}")
+        return url
+
+    @field_validator("metrics_bind")
+    @classmethod
+    def _valid_metrics_bind(cls, bind: str | None) -> str | None:
+        """``host:port`` with a port in 1..65535 (empty means off)."""
+        if not bind:
+            return None
+        host, sep, port = bind.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"must be host:port with a port in 1..65535, got {bind[:80]!r}")
+        return bind
+
+    def redis_location(self) -> str:
+        """The Redis URL for messages and logs, its password masked."""
+        return redacted_url(self.redis_url)
 
     def redis(self) -> Redis:
         """A new asyncio Redis client; bytes in, bytes out (task field maps move byte for byte)."""
@@ -42,6 +116,18 @@ class Settings(BaseSettings):
         )
 
 
+class TemporalUnreachableError(Exception):
+    """Temporal could not be reached at the configured address; the message is one line naming
+    ``TEMPORAL_ADDRESS`` (never the API key)."""
+
+
+def temporal_target() -> tuple[str, str]:
+    """The address and namespace envconfig selects (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``,
+    profiles), with the SDK's defaults; for messages."""
+    config = ClientConfig.load_client_connect_config()
+    return str(config.get("target_host") or DEFAULT_TEMPORAL_ADDRESS), str(config.get("namespace") or "default")
+
+
 async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
     """Connect to Temporal as configured by envconfig, with the pydantic data converter.
 
@@ -50,11 +136,16 @@ async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
             ``xmc_*`` counters); None for no metrics.
 
     Raises:
-        RuntimeError: the server cannot be reached.
+        TemporalUnreachableError: the server cannot be reached, or the address is malformed.
     """
     config = ClientConfig.load_client_connect_config()
     config.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
     runtime = None
     if metrics_bind:
         runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics_bind)))
-    return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
+    try:
+        return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
+    except (RuntimeError, ValueError) as err:  # the SDK's connect errors: unreachable, or a bad target URL
+        raise TemporalUnreachableError(
+            f"cannot reach Temporal at TEMPORAL_ADDRESS={config['target_host']}: {err}"
+        ) from err

@@ -1,0 +1,275 @@
+"""Operator errors (issue 6, item 6; the settings rows of item 8): each a one-line message on
+stderr naming the argument, setting or key, never a secret, and exit 2; run as an operator runs
+the commands (``python -m xmc``, ``python -m worker``) against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.resumption import ResumptionActivities
+from redisclient.keys import ExperimentKeys
+from workflows.resumption import ResumptionWorkflow
+from xmc.services import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "s3cret-Pa55"
+KEYS = ExperimentKeys("xmc-tasks-stream", "E6")
+
+
+def run(module: str, *args: str, timeout: float = 20, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` with only ``env`` (plus PATH) in its environment."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], *parts: str) -> str:
+    """Assert exit 2, exactly one stderr line containing ``parts``, no secret; return the line."""
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert SECRET not in proc.stderr + proc.stdout
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def fake_endpoints() -> Iterator[dict[str, int]]:
+    """Two loopback TCP servers that are not Redis: one answers HTTP, one closes at once."""
+    servers: dict[str, int] = {}
+    socks = []
+
+    def serve(sock: socket.socket, reply: bytes) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                if reply:
+                    conn.recv(1024)
+                    conn.sendall(reply)
+
+    for name, reply in (("http", b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"), ("closing", b"")):
+        sock = socket.create_server(("127.0.0.1", 0))
+        socks.append(sock)
+        servers[name] = sock.getsockname()[1]
+        threading.Thread(target=serve, args=(sock, reply), daemon=True).start()
+    yield servers
+    for sock in socks:
+        sock.close()
+
+
+def dead_url() -> str:
+    return f"redis://admin:{SECRET}@127.0.0.1:{free_port()}/0"
+
+
+def test_password_is_masked_when_redis_is_unreachable() -> None:
+    line = one_line_error(
+        run("xmc", "status", "E6", XMC_REDIS_URL=dead_url()), "cannot reach Redis at redis://admin:***@"
+    )
+    assert line.startswith("xmc status: ") and "(XMC_REDIS_URL)" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["status", ""], "argument experiment_id: experiment ID '': String should have at least 1 character"),
+        (["status", "E6", "--threshold", "0"], "argument --threshold: threshold must be >= 1 entry, got 0"),
+        (["status", "E6", "--stream", "a{b"], "argument --stream: stream 'a{b' must not contain braces"),
+        (["enqueue", "E6", "--count", "0"], "argument --count: must be >= 1, got 0"),
+        (["resume", "x" * 201], "argument experiment_id: experiment ID 'xxxx"),
+    ],
+)
+def test_bad_arguments_are_one_line(args: list[str], expected: str) -> None:
+    line = one_line_error(run("xmc", *args, XMC_REDIS_URL=dead_url()), expected, "see xmc ")
+    assert line.startswith(f"xmc {args[0]}: error: ")
+
+
+def test_bad_resume_input_names_the_field() -> None:
+    one_line_error(
+        run("xmc", "resume", "E6", "--batch", "0", XMC_REDIS_URL=dead_url()),
+        "xmc resume: invalid ResumptionInput: batch_size: Input should be greater than or equal to 1",
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"XMC_REDIS_TIMEOUT_SECONDS": "0"}, "XMC_REDIS_TIMEOUT_SECONDS: Input should be greater than 0"),
+        ({"XMC_REDIS_TIMEOUT_SECONDS": "nan"}, "XMC_REDIS_TIMEOUT_SECONDS: Input should be a finite number"),
+        ({"XMC_REDIS_TIMEOUT_SECONDS": "301"}, "XMC_REDIS_TIMEOUT_SECONDS: Input should be less than or equal to 300"),
+        ({"XMC_REDIS_URL": f"http://u:{SECRET}@x"}, "XMC_REDIS_URL: Redis URL must specify one of the following"),
+        ({"XMC_REDIS_URL": f"redis://:{SECRET}@127.0.0.1/abc"}, "XMC_REDIS_URL: the database must be a number"),
+        ({"XMC_REDIS_URL": f"redis://:{SECRET}@127.0.0.1:port/0"}, "XMC_REDIS_URL: Port could not be cast"),
+        ({"XMC_REDIS_URL": "redis://127.0.0.1/0?db=x"}, "XMC_REDIS_URL: Invalid value for 'db' in connection URL"),
+        ({"XMC_METRICS_BIND": "9090"}, "XMC_METRICS_BIND: must be host:port with a port in 1..65535"),
+        ({"XMC_TASK_QUEUE": ""}, "XMC_TASK_QUEUE: String should have at least 1 character"),
+    ],
+)
+@pytest.mark.parametrize("module", ["xmc", "worker"])
+def test_bad_settings_are_one_line(module: str, env: dict[str, str], expected: str) -> None:
+    env = {"XMC_REDIS_URL": dead_url(), **env}
+    args = ["status", "E6"] if module == "xmc" else []
+    prefix = "xmc status: " if module == "xmc" else "worker: "
+    line = one_line_error(run(module, *args, **env), "invalid setting: " + expected)
+    assert line.startswith(prefix)
+
+
+def test_nonexistent_database(redis_url: str) -> None:
+    url = redis_url.rsplit("/", 1)[0] + "/99"
+    expected = f"XMC_REDIS_URL: database 99 does not exist on the Redis at {url} (DB index is out of range)"
+    one_line_error(run("xmc", "status", "E6", XMC_REDIS_URL=url), expected)
+    # the worker checks Redis before it connects to Temporal, so no Temporal server is needed here
+    one_line_error(run("worker", XMC_REDIS_URL=url, TEMPORAL_ADDRESS="127.0.0.1:1"), "worker: " + expected)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [
+        ("http", "does not speak the Redis protocol: Protocol Error: b'HTTP/1.1 400 Bad Request'"),
+        ("closing", "cannot reach Redis at redis://:***@127.0.0.1:"),
+    ],
+)
+def test_endpoint_that_is_not_redis(fake_endpoints: dict[str, int], endpoint: str, expected: str) -> None:
+    url = f"redis://:{SECRET}@127.0.0.1:{fake_endpoints[endpoint]}/0"
+    one_line_error(run("xmc", "status", "E6", XMC_REDIS_URL=url), expected)
+
+
+GARBAGE = [
+    ("status", KEYS.state, "garbage", f"key {KEYS.state} holds 'garbage', expected a string: paused, resuming"),
+    ("status", KEYS.fence, "ten", f"key {KEYS.fence} holds 'ten', expected an integer (the fencing token)"),
+    ("status", KEYS.held, "text", f"key {KEYS.held} is a string, expected a stream (the held tasks)"),
+    ("status", KEYS.claim, "text", f"key {KEYS.claim} is a string, expected a hash (token, owner)"),
+    ("status", KEYS.stream, "text", f"key {KEYS.stream} is a string, expected a stream (the task stream)"),
+    # resume reads the state and held keys before it starts the workflow
+    ("resume", KEYS.state, "garbage", f"key {KEYS.state} holds 'garbage', expected a string: paused, resuming"),
+    ("resume", KEYS.held, "text", f"key {KEYS.held} is a string, expected a stream (the held tasks)"),
+]
+
+
+@pytest.mark.parametrize(("command", "key", "value", "expected"), GARBAGE)
+async def test_garbage_keys(redis: Redis, redis_url: str, command: str, key: str, value: str, expected: str) -> None:
+    await redis.set(key, value)
+    one_line_error(run("xmc", command, "E6", XMC_REDIS_URL=redis_url), f"xmc {command}: " + expected)
+
+
+async def test_broken_pipe_exits_quietly(redis: Redis, redis_url: str) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before xmc writes a byte (xmc status E | head, head done)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "xmc", "status", "E6"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=20,
+            cwd=ROOT,
+            env={"PATH": "/usr/bin:/bin", "XMC_REDIS_URL": redis_url},
+        )
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_unreachable_or_malformed_temporal_address(redis_url: str) -> None:
+    base = {"XMC_REDIS_URL": redis_url}
+    one_line_error(
+        run("xmc", "resume", "E6", "--force", TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}", **base),
+        "xmc resume: cannot reach Temporal at TEMPORAL_ADDRESS=127.0.0.1:",
+        "Connection refused",
+    )
+    one_line_error(
+        run("xmc", "resume", "E6", "--force", TEMPORAL_ADDRESS="bad address::x", **base),
+        "xmc resume: cannot reach Temporal at TEMPORAL_ADDRESS=bad address::x: invalid target URL",
+    )
+
+
+def test_unknown_namespace(dev_env: WorkflowEnvironment, redis_url: str) -> None:
+    address = dev_env.client.service_client.config.target_host
+    one_line_error(
+        run(
+            "xmc",
+            "resume",
+            "E6",
+            "--force",
+            XMC_REDIS_URL=redis_url,
+            TEMPORAL_ADDRESS=address,
+            TEMPORAL_NAMESPACE="nope",
+        ),
+        f"TEMPORAL_ADDRESS={address}, TEMPORAL_NAMESPACE=nope: NOT_FOUND: Namespace nope is not found",
+    )
+
+
+async def test_resume_wait_of_a_failed_run(
+    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+) -> None:
+    await redis.set(KEYS.state, "paused")
+    await redis.set(KEYS.stream, "not a stream")  # the run fails measuring: RedisWrongType, not retryable
+    env = {
+        "XMC_REDIS_URL": redis_url,
+        "XMC_TASK_QUEUE": task_queue,
+        "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+    }
+    worker_redis = Redis.from_url(redis_url)
+    try:
+        async with Worker(
+            dev_env.client,
+            task_queue=task_queue,
+            workflows=[ResumptionWorkflow],
+            activities=ResumptionActivities(worker_redis).all(),
+        ):
+            proc = await asyncio.to_thread(run, "xmc", "resume", "E6", "--wait", **env)
+    finally:
+        await worker_redis.aclose()
+    line = one_line_error(proc, "xmc resume: resumption-E6 failed: ")
+    assert "RedisWrongType" in line, line
+    assert proc.stdout.startswith("started resumption-E6")
+
+
+async def test_worker_logs_one_line_per_failed_attempt_during_an_outage(
+    dev_env: WorkflowEnvironment, task_queue: str, tmp_path: Path
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    env = {"XMC_REDIS_URL": dead_url(), "XMC_TASK_QUEUE": task_queue, "TEMPORAL_ADDRESS": address}
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker"], cwd=ROOT, env={"PATH": "/usr/bin:/bin", **env}, stdout=log, stderr=log
+        )
+    try:
+        handle = await dev_env.client.start_workflow(
+            ResumptionWorkflow.run, {"experiment_id": "E6"}, id=f"resumption-E6-{task_queue}", task_queue=task_queue
+        )
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and log_path.read_text().count("Completing activity as failed") < 3:
+            await asyncio.sleep(0.2)
+        await handle.terminate()
+    finally:
+        proc.kill()
+        proc.wait()
+    text = log_path.read_text()
+    failed = [line for line in text.splitlines() if "Completing activity as failed" in line]
+    assert len(failed) >= 3, text
+    assert all("error=ConnectionError: Error 111 connecting to 127.0.0.1" in line for line in failed), text
+    assert "Traceback" not in text and SECRET not in text
+    assert "redis://admin:***@127.0.0.1" in text  # the start-up warning names the Redis, masked
