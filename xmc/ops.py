@@ -45,12 +45,14 @@ async def _read_key(redis: Redis, key: str, expected: str, read: Awaitable[T], *
 async def state_and_held(redis: Redis, keys: ExperimentKeys) -> tuple[ExperimentState, int]:
     """The experiment's state and its held tasks (entries).
 
+    A state value the contract does not know is ``unknown``, not an error: producers hold their
+    tasks behind it and the next claim normalizes it (``lua/tokens.lua``).
+
     Raises:
-        KeyContentError: the state or held key holds the wrong type or an unknown state.
+        KeyContentError: the state or held key holds the wrong type.
     """
-    states = ", ".join(s.value for s in ExperimentState if s is not ExperimentState.RUNNING)
     state = await _read_key(
-        redis, keys.state, f"a string: {states} (absent: running)", held.get_state(redis, keys), parses=True
+        redis, keys.state, "a string: paused, resuming (absent: running)", held.get_state(redis, keys)
     )
     return state, await _read_key(redis, keys.held, "a stream (the held tasks)", held.held_count(redis, keys))
 
