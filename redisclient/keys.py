@@ -7,7 +7,31 @@ Lua script may touch them all.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+NAME_CHARACTERS = "letters, digits and . _ : / @ + = -"
+_NAME = re.compile(r"[A-Za-z0-9._:/@+=-]{1,200}")
+MAX_NAME_LENGTH = 200
+
+
+def validate_name(what: str, value: str) -> str:
+    """The one rule for a name that becomes part of a key (an experiment ID, a stream): 1 to 200
+    of ``NAME_CHARACTERS``. So no whitespace, no brace (it would move the ``{S}`` hash tag and
+    split an experiment's keys across cluster slots) and no glob character (``*``, ``?``, ``[``,
+    ``\\``) where a key pattern is built; every entry point (workflow input, activities, CLI,
+    producers) goes through it. Returns ``value``.
+
+    Raises:
+        ValueError: naming ``what`` and the rule.
+    """
+    if not _NAME.fullmatch(value):
+        shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
+        raise ValueError(
+            f"{what} {shown} ({len(value)} characters) must be 1 to {MAX_NAME_LENGTH} of {NAME_CHARACTERS}"
+        )
+    return value
+
 
 DEFAULT_STREAM = "xmc-tasks-stream"
 DEFAULT_GROUP = "xmc-workers"
@@ -22,20 +46,15 @@ class ExperimentKeys:
         experiment_id: the experiment ``E``.
 
     Raises:
-        ValueError: when ``stream`` or ``experiment_id`` is empty, or ``stream`` contains a brace
-            (it would change the hash tag and split the keys across cluster slots).
+        ValueError: when ``stream`` or ``experiment_id`` breaks ``validate_name``'s rule.
     """
 
     stream: str
     experiment_id: str
 
     def __post_init__(self) -> None:
-        if not self.stream:
-            raise ValueError("stream must not be empty")
-        if "{" in self.stream or "}" in self.stream:
-            raise ValueError(f"stream {self.stream!r} must not contain braces: they set the hash tag")
-        if not self.experiment_id:
-            raise ValueError("experiment_id must not be empty")
+        validate_name("stream", self.stream)
+        validate_name("experiment_id", self.experiment_id)
 
     @property
     def _prefix(self) -> str:

@@ -96,7 +96,9 @@ def test_password_is_masked_when_redis_is_unreachable() -> None:
     [
         (["status", ""], "argument experiment_id: experiment ID '': String should have at least 1 character"),
         (["status", "E6", "--threshold", "0"], "argument --threshold: threshold must be >= 1 entry, got 0"),
-        (["status", "E6", "--stream", "a{b"], "argument --stream: stream 'a{b' must not contain braces"),
+        (["status", "E6", "--stream", "a{b"], "argument --stream: stream 'a{b' (3 characters) must be 1 to 200 of"),
+        (["pause", "E 6"], "experiment ID 'E 6': experiment_id 'E 6' (3 characters) must be 1 to 200 of"),
+        (["enqueue", "E*"], "experiment ID 'E*': experiment_id 'E*' (2 characters) must be 1 to 200 of"),
         (["enqueue", "E6", "--count", "0"], "argument --count: must be >= 1, got 0"),
         (["resume", "x" * 201], "argument experiment_id: experiment ID 'xxxx"),
     ],

@@ -12,10 +12,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from redisclient.backlog import DEFAULT_BYTE_BUDGET
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM
+from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
 from redisclient.results import MissingGroupPolicy
 from workflows.throttle import MAX_RATE
 
@@ -97,8 +97,9 @@ class ResumptionInput(BaseModel):
     """Input of ``ResumptionWorkflow``; only ``experiment_id`` is required. Unknown fields are errors.
 
     Attributes:
-        experiment_id: the experiment ``E`` to resume.
-        stream: the task stream's key.
+        experiment_id: the experiment ``E`` to resume; stream: the task stream's key. Both become
+            parts of keys: 1 to 200 letters, digits and ``. _ : / @ + = -``
+            (``redisclient.keys.validate_name``, the one rule every entry point applies).
         consumer_group: the consumer group whose backlog throttles the replay.
         batch_size: the most tasks one publish moves (entries, 1..10,000).
         max_backlog_threshold: at or above this backlog (entries) the replay waits; at most
@@ -133,9 +134,9 @@ class ResumptionInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    experiment_id: str = Field(min_length=1, max_length=200)
-    stream: str = Field(default=DEFAULT_STREAM, min_length=1)
-    consumer_group: str = Field(default=DEFAULT_GROUP, min_length=1)
+    experiment_id: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    stream: str = Field(default=DEFAULT_STREAM, min_length=1, max_length=MAX_NAME_LENGTH)
+    consumer_group: str = Field(default=DEFAULT_GROUP, min_length=1, max_length=MAX_NAME_LENGTH)
     batch_size: int = Field(default=100, ge=1, le=10_000)
     max_backlog_threshold: int = Field(default=500, ge=1, le=100_000)
     throttle_seconds: float = Field(default=10.0, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
@@ -151,12 +152,10 @@ class ResumptionInput(BaseModel):
     turns_per_run: int = Field(default=500, ge=1, le=10_000)
     carry: Carry | None = None
 
-    @field_validator("stream")
+    @field_validator("experiment_id", "stream")
     @classmethod
-    def _no_braces(cls, value: str) -> str:
-        if "{" in value or "}" in value:
-            raise ValueError("must not contain braces: the stream's name is the hash tag of its companion keys")
-        return value
+    def _key_name(cls, value: str, info: ValidationInfo) -> str:
+        return validate_name(str(info.field_name), value)
 
     @model_validator(mode="after")
     def _waits_fit(self) -> ResumptionInput:
