@@ -5,8 +5,10 @@ field name too), drains the task stream with consumers slower than the replay, a
 SIGKILLs the worker (``python -m worker``) ``worker_kills`` times, SIGKILLs and restarts
 redis-server (AOF, ``appendfsync always``, same port and directory) and SIGKILLs and restarts the
 Temporal dev server (same port and SQLite db file). Every fault fires once the consumers have
-recorded a seeded random number of tasks (a condition, never a sleep); the seed and the schedule
-are printed, and ``--seed`` replays the same schedule.
+recorded a seeded random number of tasks and then, right after the next publish moved tasks out of
+the held stream (conditions, never a sleep): with a batch below the threshold a refill is several
+publishes back to back in one workflow task, so the fault lands while tasks are moved that the
+history does not record yet. The seed and the schedule are printed; ``--seed`` replays the schedule.
 
 The run owns every process it starts (its own redis-server and dev server, not a test session's)
 and stops them all at the end, whatever happens.
@@ -100,6 +102,7 @@ class Fault:
     kind: str
     at: int
     fired_at_delivered: int | None = None
+    right_after_move: bool = False
     fired_after_seconds: float | None = None
     outage_seconds: float | None = None
 
@@ -164,7 +167,8 @@ class ChaosReport:
             f"worker exits not asked for {self.worker_exits_unasked or 'none'}",
             "faults: "
             + "; ".join(
-                f"{f.kind}@{f.fired_at_delivered} (t={f.fired_after_seconds:.1f}s, back in {f.outage_seconds:.1f}s)"
+                f"{f.kind}@{f.fired_at_delivered}{'' if f.right_after_move else ' (no move seen)'} "
+                f"(t={f.fired_after_seconds:.1f}s, back in {f.outage_seconds:.1f}s)"
                 if f.fired_at_delivered is not None
                 and f.fired_after_seconds is not None
                 and f.outage_seconds is not None
@@ -388,6 +392,24 @@ async def drained(redis: Redis, stream: str, group: str) -> bool:
     return bool(g["pending"] == 0 and g["last-delivered-id"] == info["last-generated-id"])
 
 
+async def next_move(redis: Redis, keys: ExperimentKeys, timeout: float) -> bool:
+    """Wait until the held stream shrinks (a publish just ran; the next ones of the same refill,
+    if any, are on their way), polling every millisecond; False when none came in ``timeout``
+    (nothing left to move, or Redis down). A fault fired right then lands inside the window that
+    matters: the script has moved tasks whose workflow task (its local-activity markers) is not
+    in the history yet."""
+    deadline = time.monotonic() + timeout
+    try:
+        before = await held.held_count(redis, keys)
+        while time.monotonic() < deadline:
+            if await held.held_count(redis, keys) < before:
+                return True
+            await asyncio.sleep(0.001)
+    except REDIS_FAULTS:
+        pass
+    return False
+
+
 async def fire(fault: Fault, redis_server: RedisServer, temporal: TemporalServer, workers: WorkerSupervisor) -> None:
     """SIGKILL what ``fault`` names and start it again; records how long it was away (seconds).
     Blocking waits run in a thread so the consumers keep going."""
@@ -482,6 +504,7 @@ async def run_chaos(cfg: ChaosConfig, say: Say = print) -> ChaosReport:
                     cfg.stage_timeout,
                     workers.watch,
                 )
+                fault.right_after_move = await next_move(redis, keys, min(20.0, cfg.stage_timeout / 3))
                 fault.fired_at_delivered = len(consumed.entries)
                 fault.fired_after_seconds = time.monotonic() - t0
                 await fire(fault, redis_server, temporal, workers)
@@ -551,7 +574,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=1_000.0, help="consumers' total rate, tasks/s (default 1,000)")
     parser.add_argument("--consumers", type=int, default=4, help="consumer tasks (default 4)")
     parser.add_argument("--threshold", type=int, default=1_000, help="max_backlog_threshold (default 1,000)")
-    parser.add_argument("--batch", type=int, default=500, help="batch_size (default 500)")
+    parser.add_argument("--batch", type=int, default=200, help="batch_size (default 200)")
     parser.add_argument("--seed", type=int, default=None, help="fault schedule and payload seed (default: random)")
     parser.add_argument("--log-dir", type=Path, default=Path(".xmc") / "chaos", help="data and logs")
     return parser.parse_args(argv)
