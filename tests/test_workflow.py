@@ -14,8 +14,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from temporalio import activity
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -193,6 +195,51 @@ async def test_bad_input_fails_at_once_naming_the_field(ts_env, redis, redis_url
             await asyncio.wait_for(handle.result(), 10)
     assert field in str(failure.value.cause)
     assert await redis.dbsize() == 0  # nothing was claimed, moved or changed
+
+
+NUMERIC_FIELDS = [
+    "batch_size", "max_backlog_threshold", "throttle_seconds", "min_wait_seconds", "max_wait_seconds",
+    "claim_lease_seconds", "redis_retry_seconds", "stall_window_seconds", "max_stall_seconds",
+    "max_bytes_per_call", "turns_per_run",
+]  # fmt: skip
+RAW_BAD_INPUTS = [
+    # what the Temporal CLI sends for --input, as JSON text: wrong types for the whole input
+    ("[1, 2]", "ResumptionInput"),
+    ('"E42"', "ResumptionInput"),
+    ("42", "ResumptionInput"),
+    ("null", "ResumptionInput"),
+    # experiment IDs the key rule refuses
+    ('{"experiment_id": "   "}', "experiment_id"),
+    ('{"experiment_id": "E 42"}', "experiment_id"),
+    ('{"experiment_id": "E*"}', "experiment_id"),
+    ('{"experiment_id": "' + "e" * 10_000 + '"}', "experiment_id"),
+    ('{"experiment_id": 42}', "experiment_id"),
+    # not finite, or past the documented maximum, in every numeric field
+    *[(f'{{"experiment_id": "E", "{f}": {v}}}', f) for f in NUMERIC_FIELDS for v in ("NaN", "Infinity", "1e400")],
+    *[(f'{{"experiment_id": "E", "{f}": -Infinity}}', f) for f in ("throttle_seconds", "min_wait_seconds")],
+    ('{"experiment_id": "E", "claim_lease_seconds": 1e9}', "claim_lease_seconds"),
+    ('{"experiment_id": "E", "batch_size": 1e30}', "batch_size"),
+    ('{"experiment_id": "E", "throttle_policy": "eager"}', "throttle_policy"),
+]
+
+
+@pytest.mark.parametrize("raw,field", RAW_BAD_INPUTS, ids=[f"{i}-{f}" for i, (_, f) in enumerate(RAW_BAD_INPUTS)])
+async def test_bad_json_input_fails_at_once_naming_the_field(ts_env, redis, redis_url, task_queue, raw, field) -> None:
+    """The input exactly as JSON text (the Temporal CLI's ``--input``): each fails the run at once,
+    non-retryable, naming the field, and nothing in Redis is touched."""
+    payload = Payload(metadata={"encoding": b"json/plain"}, data=raw.encode())
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await ts_env.client.start_workflow(
+            "ResumptionWorkflow",
+            RawValue(payload),
+            id=f"bad-{uuid.uuid4().hex[:6]}",
+            task_queue=task_queue,
+            result_type=ResumptionResult,
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 10)
+    assert field in str(failure.value.cause)
+    assert await redis.dbsize() == 0
 
 
 async def test_nothing_held_completes_at_once(ts_env, redis, redis_url, task_queue) -> None:

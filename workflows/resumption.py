@@ -403,15 +403,18 @@ class ResumptionWorkflow:
             summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
         )
         self._seq = seq
-        # Redis's count is the authority: publishes whose history was lost are in it too
+        # Redis's count is the authority: publishes whose history was lost are in it too, and the
+        # metric follows it (a stale reply after a lost history adds what this run never saw)
+        counted = p.replayed
         p.replayed = result.total_moved if result.total_moved is not None else p.replayed + result.moved
+        if p.replayed > counted:
+            self._replayed_counter.add(p.replayed - counted)
         p.remaining = result.remaining
         if result.status in (PublishStatus.PUBLISHED, PublishStatus.COMPLETED, PublishStatus.THROTTLED):
             # the script measured the backlog before its move
             self._observe(result.pending, result.lag, result.capped, result.last_delivered_id, result.moved)
         if result.moved:
             p.throttles_in_a_row = 0
-            self._replayed_counter.add(result.moved)
             self._pacer.published(workflow.now())
         return await self._after_publish(result, seq)
 
