@@ -183,10 +183,18 @@ async def test_cancel_interrupts_the_wait_and_hands_back_a_paused_experiment(
     ],
 )
 async def test_bad_input_fails_at_once_naming_the_field(ts_env, redis, redis_url, task_queue, bad, field) -> None:
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await ts_env.client.start_workflow(
+    await fails_at_once_naming(ts_env, redis, redis_url, task_queue, bad, field)
+
+
+async def fails_at_once_naming(
+    env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, arg: object, field: str
+) -> None:
+    """Start the workflow with ``arg`` as its input: the run fails at once, naming ``field``, and
+    nothing was claimed, moved or changed in Redis."""
+    async with resumption_worker(env.client, task_queue, redis_url):
+        handle = await env.client.start_workflow(
             "ResumptionWorkflow",
-            bad,
+            arg,
             id=f"bad-{uuid.uuid4().hex[:6]}",
             task_queue=task_queue,
             result_type=ResumptionResult,
@@ -194,7 +202,7 @@ async def test_bad_input_fails_at_once_naming_the_field(ts_env, redis, redis_url
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), 10)
     assert field in str(failure.value.cause)
-    assert await redis.dbsize() == 0  # nothing was claimed, moved or changed
+    assert await redis.dbsize() == 0
 
 
 NUMERIC_FIELDS = [
@@ -228,18 +236,7 @@ async def test_bad_json_input_fails_at_once_naming_the_field(ts_env, redis, redi
     """The input exactly as JSON text (the Temporal CLI's ``--input``): each fails the run at once,
     non-retryable, naming the field, and nothing in Redis is touched."""
     payload = Payload(metadata={"encoding": b"json/plain"}, data=raw.encode())
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await ts_env.client.start_workflow(
-            "ResumptionWorkflow",
-            RawValue(payload),
-            id=f"bad-{uuid.uuid4().hex[:6]}",
-            task_queue=task_queue,
-            result_type=ResumptionResult,
-        )
-        with pytest.raises(WorkflowFailureError) as failure:
-            await asyncio.wait_for(handle.result(), 10)
-    assert field in str(failure.value.cause)
-    assert await redis.dbsize() == 0
+    await fails_at_once_naming(ts_env, redis, redis_url, task_queue, RawValue(payload), field)
 
 
 async def test_nothing_held_completes_at_once(ts_env, redis, redis_url, task_queue) -> None:
