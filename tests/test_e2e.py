@@ -134,6 +134,31 @@ async def test_bad_cli_input_fails_the_run_naming_the_field(dev_env, redis, task
     assert await redis.dbsize() == 0
 
 
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        ["--input", '{"experiment_id": "E"}', "--input", '{"experiment_id": "F"}'],  # two --input flags
+        [],  # none
+    ],
+    ids=["two-inputs", "no-input"],
+)
+async def test_the_wrong_number_of_cli_inputs_fails_the_run_at_once(
+    dev_env, redis, task_queue, worker_process, inputs
+) -> None:
+    """``temporal workflow start`` with two ``--input`` flags or none: the run fails at once, not a
+    workflow task retried for ever, and nothing in Redis is touched."""
+    wid = f"resumption-args-{uuid.uuid4().hex[:6]}"
+    started = temporal_workflow_cli(
+        dev_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue, "--workflow-id", wid, *inputs
+    )
+    assert started.returncode == 0, started.stderr
+    handle = dev_env.client.get_workflow_handle(wid, result_type=ResumptionResult)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), 30)
+    assert "positional argument" in str(failure.value.cause)  # e.g. "takes 2 positional arguments but 3 were given"
+    assert await redis.dbsize() == 0
+
+
 async def test_started_as_a_child_workflow(dev_env, redis, task_queue, worker_process) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 120)

@@ -111,14 +111,17 @@ def _permanent(err: BaseException) -> bool:
     return False
 
 
-@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError])
+@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError, TypeError])
 class ResumptionWorkflow:
     """Replays held tasks of one experiment; see the module docstring.
 
     Input ``ResumptionInput``, result ``ResumptionResult``; query ``progress`` -> ``Progress``.
     Cancelling the run interrupts a throttle wait, releases the claim, moves the experiment back
     to ``paused`` (held tasks untouched) and ends the run as cancelled. A bad input fails the run
-    at once with a pydantic ``ValidationError`` naming the field (``failure_exception_types``).
+    at once with a pydantic ``ValidationError`` naming the field, and the wrong number of inputs
+    (two ``--input`` flags from the Temporal CLI, or none) with a ``TypeError`` saying so: both
+    are ``failure_exception_types``, raised before ``run`` starts, so they fail the run instead of
+    retrying its first workflow task for ever.
     """
 
     @workflow.init
