@@ -92,3 +92,12 @@ class ReleaseRequest(BaseModel):
     token: int = Field(ge=0)
     owner: str = Field(min_length=1)
     back_to_paused: bool = False
+
+
+class SetAsideRequest(BaseModel):
+    """Set held entry ``entry_id`` aside into the dead-letter stream under ``token`` (see
+    ``redisclient.deadletter.set_aside``)."""
+
+    ref: ExperimentRef
+    token: int = Field(ge=1)
+    entry_id: str = Field(min_length=3, max_length=41, pattern=r"^\d+-\d+$")

@@ -36,12 +36,13 @@ from activities.requests import (
     ExperimentRef,
     PublishRequest,
     ReleaseRequest,
+    SetAsideRequest,
 )
-from redisclient import backlog, fencing, publish
+from redisclient import backlog, deadletter, fencing, publish
 from redisclient.connection import STALE_CONNECTION_ERRORS, drop_stale_connections
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
-from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult
+from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult, SetAside
 
 TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
@@ -116,6 +117,7 @@ class ResumptionActivities:
             self.measure_backlog,
             self.wait_for_drain,
             self.publish_batch,
+            self.set_aside,
             self.release_claim,
         ]
 
@@ -186,6 +188,18 @@ class ResumptionActivities:
                 missing_group=req.missing_group,
                 max_bytes=req.max_bytes,
             )
+
+    @activity.defn
+    async def set_aside(self, req: SetAsideRequest) -> SetAside:
+        """Move a held task the publish script cannot move into the dead-letter stream (fenced,
+        atomic; see ``redisclient.deadletter``)."""
+        async with _classified(self.redis):
+            result = await deadletter.set_aside(self.redis, _keys(req.ref), req.token, req.entry_id)
+        activity.logger.warning(
+            "held task set aside: too many fields for the publish script",
+            extra={"experiment_id": req.ref.experiment_id, "entry_id": req.entry_id, "status": result.status.value},
+        )
+        return result
 
     @activity.defn
     async def release_claim(self, req: ReleaseRequest) -> int:

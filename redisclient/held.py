@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
+from redisclient.deadletter import MAX_TASK_FIELDS
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ExperimentState
 from redisclient.scripts import run_script
@@ -32,11 +33,16 @@ async def enqueue_task(client: Redis, keys: ExperimentKeys, task: Task) -> tuple
         resuming); the entry ID as bytes (or str with ``decode_responses``).
 
     Raises:
-        ValueError: an empty task (XADD needs a field).
+        ValueError: an empty task (XADD needs a field), or one of more than ``MAX_TASK_FIELDS``.
         redis.exceptions.RedisError: on any Redis fault.
     """
     if not task:
         raise ValueError("a task needs at least one field")
+    if len(task) > MAX_TASK_FIELDS:
+        raise ValueError(
+            f"a task of {len(task)} fields has more than {MAX_TASK_FIELDS}: the scripts pass a task's fields "
+            "through Lua's unpack, which stops near 8,000 values"
+        )
     flat: list[str | bytes | int | float] = []
     for field, value in task.items():
         flat += [field, value]

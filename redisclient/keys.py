@@ -90,6 +90,13 @@ class ExperimentKeys:
         return f"{self._prefix}:acquired"
 
     @property
+    def dead(self) -> str:
+        """Stream key: the experiment's dead-letter stream: held tasks the publish script cannot
+        move (more fields than a script can pass to XADD), set aside in order with their field
+        maps byte for byte, for an operator to retry or drop (``xmc dead``)."""
+        return f"{self._prefix}:dead"
+
+    @property
     def fence(self) -> str:
         """Integer key: the last fencing token issued (``INCR``)."""
         return f"{self._prefix}:fence"
@@ -107,6 +114,7 @@ _TYPES = {
     "fence": "string",
     "publish": "hash",
     "acquired": "list",
+    "dead": "stream",
 }
 
 

@@ -129,6 +129,8 @@ class PublishResult(BaseModel):
         status: see ``PublishStatus``.
         moved: tasks moved from the held stream to the task stream (entries); moved_bytes: their
             bytes (IDs, fields and values as read).
+        poison_id: the held entry that stopped the move, '' when none: it has more fields than a
+            script can pass to XADD, and the caller sets it aside (``held.set_aside``).
         total_moved: tasks this token has moved in all, counted by the script in the publish
             record: the authority for a resumption's ``replayed`` (None in results recorded
             before it existed).
@@ -147,6 +149,7 @@ class PublishResult(BaseModel):
     status: PublishStatus
     moved: int
     moved_bytes: int = 0
+    poison_id: str = ""
     total_moved: int | None = None
     backlog: int
     remaining: int
@@ -179,6 +182,24 @@ class DrainWait(BaseModel):
     reached: bool
     seconds: float
     polls: int
+
+
+class SetAsideStatus(StrEnum):
+    """What ``held.set_aside`` did: ``set_aside`` (moved to the dead-letter stream), ``gone`` (no
+    such held entry: set aside already, by an earlier try), ``fenced`` (the token is not current)."""
+
+    SET_ASIDE = "set_aside"
+    GONE = "gone"
+    FENCED = "fenced"
+
+
+class SetAside(BaseModel):
+    """The result of setting a held entry aside: what happened, the dead-letter stream's key and
+    its length after it (entries)."""
+
+    status: SetAsideStatus
+    key: str
+    dead: int
 
 
 class MissingGroupPolicy(StrEnum):

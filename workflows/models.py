@@ -252,6 +252,7 @@ class ResumptionResult(BaseModel):
         turns: turns of the loop.
         runs: runs of the workflow (1 + continue-as-new count).
         token: the fencing token this resumption held.
+        set_aside: tasks in the experiment's dead-letter stream (too many fields to move).
     """
 
     experiment_id: str
@@ -262,6 +263,7 @@ class ResumptionResult(BaseModel):
     turns: int
     runs: int
     token: int
+    set_aside: int = 0
 
 
 class Phase(StrEnum):
@@ -301,6 +303,8 @@ class Progress(BaseModel):
         stalled_seconds: how long the backlog has not gone down (seconds, at the last reading).
         redis_waits: waits for an unavailable Redis (faults that outlasted the retries);
             last_error: the last such fault.
+        set_aside: held tasks the publish script could not move (too many fields), now in the
+            experiment's dead-letter stream ``dead_letter_key`` (its length: entries).
         turns, runs: loop turns and runs so far; outcome: set when done.
     """
 
@@ -327,6 +331,8 @@ class Progress(BaseModel):
     stall_reason: str | None = None
     redis_waits: int = 0
     last_error: str | None = None
+    set_aside: int = 0
+    dead_letter_key: str | None = None
     turns: int = 0
     runs: int = 1
     outcome: Outcome | None = None
@@ -351,6 +357,11 @@ class Progress(BaseModel):
             lines.append(f"- **stalled** for {self.stalled_seconds:,.0f} s: {self.stall_reason}")
         if self.redis_waits:
             lines.append(f"- Redis unavailable: {self.redis_waits} waits, last: {self.last_error}")
+        if self.set_aside:
+            lines.append(
+                f"- **set aside**: {self.set_aside} tasks too large to move (`{self.dead_letter_key}`; "
+                f"`xmc dead {self.experiment_id}` to retry or drop)"
+            )
         lines.append(f"- turns: {self.turns}, run {self.runs}, fencing token {self.token}")
         if self.phase in (Phase.THROTTLED, Phase.STALLED) and self.throttled_until:
             lines.append(f"- waiting until {self.throttled_until.isoformat(timespec='seconds')}")

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         ExperimentRef,
         PublishRequest,
         ReleaseRequest,
+        SetAsideRequest,
     )
     from activities.resumption import ResumptionActivities
     from redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
@@ -419,7 +420,24 @@ class ResumptionWorkflow:
         if result.moved:
             p.throttles_in_a_row = 0
             self._pacer.published(workflow.now())
+        if result.poison_id:
+            await self._set_aside(result.poison_id)
         return await self._after_publish(result, seq)
+
+    async def _set_aside(self, entry_id: str) -> None:
+        """A held task stopped the publish (more fields than a script can pass to XADD): move it to
+        the experiment's dead-letter stream, so the tasks behind it go on in order."""
+        p = self._progress
+        aside = await self._call(
+            ResumptionActivities.set_aside,
+            SetAsideRequest(ref=self._ref, token=self._token, entry_id=entry_id),
+            summary=f"set held task {entry_id} aside: too many fields to move by script",
+        )
+        p.set_aside, p.dead_letter_key = aside.dead, aside.key
+        workflow.logger.warning(
+            "held task set aside into the dead-letter stream",
+            extra={"experiment_id": p.experiment_id, "entry_id": entry_id, "status": aside.status.value},
+        )
 
     async def _after_publish(self, result: PublishResult, seq: int) -> ResumptionResult | None:
         """What a publish's status means for the loop: end, wait, publish again, or start over."""
@@ -544,6 +562,7 @@ class ResumptionWorkflow:
             turns=p.turns,
             runs=p.runs,
             token=self._token,
+            set_aside=p.set_aside,
         )
 
     def _set_phase(self, phase: Phase) -> None:

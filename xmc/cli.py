@@ -14,6 +14,7 @@ import asyncio
 import gc
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, NoReturn
@@ -21,7 +22,7 @@ from typing import Annotated, NoReturn
 from pydantic import TypeAdapter, ValidationError
 from temporalio.client import WorkflowFailureError
 
-from redisclient import held
+from redisclient import deadletter, held
 from redisclient.backlog import validate_threshold
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from redisclient.results import ExperimentState
@@ -97,6 +98,13 @@ def count_arg(value: str) -> int:
     return count
 
 
+def entry_id_arg(value: str) -> str:
+    """A stream entry ID (``<ms>-<seq>``) from the command line."""
+    if not re.fullmatch(r"\d+-\d+", value):
+        raise argparse.ArgumentTypeError(f"not a stream entry ID (<ms>-<seq>): {value[:40]!r}")
+    return value
+
+
 async def _pause(args: argparse.Namespace, settings: Settings) -> int:
     redis = settings.redis()
     await held.pause(redis, ExperimentKeys(args.stream, args.experiment_id))
@@ -122,6 +130,28 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     status = await experiment_status(redis, ExperimentKeys(args.stream, args.experiment_id), args.group, args.threshold)
     print(json.dumps(status, indent=2))
     await redis.aclose()
+    return 0
+
+
+async def _dead(args: argparse.Namespace, settings: Settings) -> int:
+    redis = settings.redis()
+    keys = ExperimentKeys(args.stream, args.experiment_id)
+    try:
+        if args.retry or args.drop:
+            entry_id = args.retry or args.drop
+            where = (
+                await deadletter.retry(redis, keys, entry_id)
+                if args.retry
+                else await deadletter.drop(redis, keys, entry_id)
+            )
+            if not where:
+                raise OperatorError(f"no set-aside task {entry_id} in {keys.dead}")
+            print(json.dumps({"entry_id": entry_id, "retried_to" if args.retry else "dropped": where}))
+        else:
+            rows = await deadletter.dead_letters(redis, keys)
+            print(json.dumps({"key": keys.dead, "tasks": [{"id": i, "fields": f, "bytes": b} for i, f, b in rows]}))
+    finally:
+        await redis.aclose()
     return 0
 
 
@@ -194,6 +224,17 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--threshold", type=threshold_arg, default=500, help="count the backlog up to this many entries"
     )
+    dead = experiment_cmd(
+        "dead", "list the tasks set aside (too many fields to move by script), or retry or drop one", _dead
+    )
+    action = dead.add_mutually_exclusive_group()
+    action.add_argument(
+        "--retry",
+        metavar="ID",
+        type=entry_id_arg,
+        help="put it back: held if the experiment holds tasks, else the stream",
+    )
+    action.add_argument("--drop", metavar="ID", type=entry_id_arg, help="delete it")
     resume = experiment_cmd("resume", "start ResumptionWorkflow for the experiment (ID resumption-<E>)", _resume)
     resume.add_argument("--group", default=DEFAULT_GROUP, help="the consumer group whose backlog throttles")
     resume.add_argument("--batch", type=int, default=100, help="most tasks one publish moves")

@@ -82,6 +82,7 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
         "held": held_tasks,
         "claim": claim,
         "fence": fence,
+        "set_aside": await _read_key(redis, keys.dead, "a stream (the set-aside tasks)", redis.xlen(keys.dead)),
         "backlog": {
             "group": group,
             "pending": reading.pending,

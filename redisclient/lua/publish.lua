@@ -16,13 +16,20 @@
 --   bound: moves at most min(batch, headroom) entries, headroom = threshold - backlog from the shared
 --          backlog rule ('throttled' when that is 0);
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream,
---         oldest first, stopping once the entries moved reach the byte budget (at least one moves);
+--         oldest first, stopping once the entries moved reach the byte budget (at least one moves),
+--         and before an entry too large to pass to XADD from a script (`poison_id`: the caller sets
+--         it aside into the experiment's dead-letter stream);
 --   done: when the held stream is empty the experiment is running again ('completed').
 -- Tokens are decimal strings compared exactly (tokens.lua).
--- Returns JSON {status, moved, moved_bytes, total_moved (this token's tasks moved in all), backlog, remaining, pending, lag, capped, bytes_capped,
+-- Returns JSON {status, moved, moved_bytes, poison_id ('' or the entry that stopped the move),
+-- total_moved (this token's tasks moved in all), backlog, remaining, pending, lag, capped, bytes_capped,
 -- headroom, last_delivered_id, group_status, last_seq}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale'.
 local token, seq = ARGV[1], tonumber(ARGV[2])
 local batch, threshold, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[9])
+-- field names and values of one entry that XADD can take from a script: Lua's unpack stops near
+-- 8,000 values (LUAI_MAXCSTACK), so a longer entry is never passed to it
+local XMC_MAX_VALUES = 7990
+local poison_id = nil
 
 -- tasks this token has moved so far: the publish record's count (the authority for `replayed`)
 local own = redis.call('HGET', KEYS[6], 'token') == token
@@ -30,6 +37,7 @@ local total = own and tonumber(redis.call('HGET', KEYS[6], 'moved') or '0') or 0
 
 local function reply(status, moved, b, remaining, last_seq, moved_bytes)
   return cjson.encode({status = status, moved = moved, moved_bytes = moved_bytes or 0,
+                       poison_id = poison_id or '',
                        total_moved = total + moved, backlog = b.pending + b.lag, remaining = remaining,
                        pending = b.pending, lag = b.lag, capped = b.capped, bytes_capped = b.bytes_capped or false,
                        headroom = b.headroom, last_delivered_id = b.last_delivered_id or '',
@@ -61,10 +69,20 @@ end
 local room = math.min(batch, b.headroom)
 local moved, moved_bytes = 0, 0
 if room > 0 then
-  moved, moved_bytes = xmc_read(KEYS[2], '-', room, budget, function(e)
+  -- read first, write after: an entry with more fields than a script can pass to XADD stops the
+  -- move before it (it is reported, and set aside by the caller), so no call fails half done
+  local entries = {}
+  xmc_read(KEYS[2], '-', room, budget, function(e) entries[#entries + 1] = e end)
+  for _, e in ipairs(entries) do
+    if #e[2] > XMC_MAX_VALUES then
+      poison_id = e[1]
+      break
+    end
     redis.call('XADD', KEYS[1], '*', unpack(e[2]))
     redis.call('XDEL', KEYS[2], e[1])
-  end)
+    moved = moved + 1
+    moved_bytes = moved_bytes + xmc_entry_bytes(e)
+  end
 end
 local remaining = redis.call('XLEN', KEYS[2])
 local status = 'published'
