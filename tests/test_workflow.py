@@ -448,3 +448,37 @@ async def test_an_exception_in_workflow_code_fails_the_run_and_hands_back(ts_env
     assert await held.get_state(redis, keys) is ExperimentState.PAUSED
     assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names
     assert not await redis.exists(keys.claim)
+
+
+@pytest.mark.parametrize("deleted", ["group", "stream"])
+async def test_the_group_or_the_stream_deleted_mid_run_under_the_zero_policy(
+    ts_env, redis, redis_url, task_queue, deleted
+) -> None:
+    """The seed's rule: a missing group (or stream, which takes its group with it) is a backlog of
+    0 with a warning, so the replay goes on and every held task lands once, in order."""
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+        if deleted == "group":
+            await redis.xgroup_destroy(STREAM, GROUP)
+        else:
+            await redis.delete(STREAM)
+        result = await asyncio.wait_for(run.handle.result(), 20)
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 10, 0)
+    assert (await stream_tasks(redis))[-10:] == run.names
+
+
+async def test_the_group_deleted_mid_run_under_the_error_policy_fails_and_hands_back(
+    ts_env, redis, redis_url, task_queue
+) -> None:
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, missing_group="error")
+        await wait_for(handle, throttled)
+        await redis.xgroup_destroy(STREAM, GROUP)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 20)
+    assert "MissingConsumerGroup" in str(failure.value.cause) or "does not exist" in str(failure.value.cause)
+    assert await held.get_state(redis, keys) is ExperimentState.PAUSED
+    assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names
