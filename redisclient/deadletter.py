@@ -4,7 +4,7 @@ A Lua script passes a task's fields to XADD through ``unpack``, which stops near
 a task with more than ``MAX_TASK_FIELDS`` fields (valid for a plain XADD) can never be moved by the
 publish script. The script stops its move before such a task and reports it (``poison_id``); the
 replay then sets it aside here, into ``{S}:experiment:E:dead``, with one client-side transaction
-fenced like the script (WATCH on the fence counter and the held stream, MULTI, XADD, XDEL, EXEC),
+fenced like the script (WATCH on the fence counter, MULTI, XADD, XDEL, EXEC),
 and goes on with the tasks behind it in order. An operator lists, retries or drops what was set
 aside (``xmc dead``).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import SetAside, SetAsideStatus
@@ -32,15 +33,19 @@ async def set_aside(client: Redis, keys: ExperimentKeys, token: int, entry_id: s
         it), or ``fenced``; and the dead-letter stream's length.
 
     Raises:
-        redis.exceptions.WatchError: the fence counter or the held stream changed meanwhile
+        redis.exceptions.WatchError: the fence counter or the dead-letter stream changed meanwhile
             (retry: the next try sees the change).
+        redis.exceptions.ResponseError: WRONGTYPE, the dead-letter key is not a stream (nothing moved).
         redis.exceptions.RedisError: on any Redis fault.
     """
     async with client.pipeline(transaction=True) as pipe:
-        await pipe.watch(keys.fence, keys.held)
+        # the fence decides who may move held tasks (only this token's publish removes them), and
+        # the dead-letter stream's type is checked: EXEC does not stop at a failed command
+        await pipe.watch(keys.fence, keys.dead)
         fence = await pipe.get(keys.fence)
         if fence is None or as_text(fence) != str(token):
             return SetAside(status=SetAsideStatus.FENCED, key=keys.dead, dead=await _dead_count(pipe, keys))
+        await _must_be_a_stream(pipe, keys.dead)
         entries: Any = await pipe.xrange(keys.held, entry_id, entry_id)
         if not entries:
             return SetAside(status=SetAsideStatus.GONE, key=keys.dead, dead=await _dead_count(pipe, keys))
@@ -55,6 +60,14 @@ async def set_aside(client: Redis, keys: ExperimentKeys, token: int, entry_id: s
 
 async def _dead_count(client: Redis, keys: ExperimentKeys) -> int:
     return int(await client.xlen(keys.dead))
+
+
+async def _must_be_a_stream(client: Redis, key: str) -> None:
+    """Raise a WRONGTYPE ``ResponseError`` naming ``key`` unless it is a stream or absent: checked
+    under WATCH before a MULTI, since Redis runs the rest of a transaction past a failed command."""
+    kind = as_text(await client.type(key))
+    if kind not in ("none", "stream"):
+        raise ResponseError(f"WRONGTYPE {key} is a {kind}, expected a stream")
 
 
 async def dead_letters(client: Redis, keys: ExperimentKeys, count: int = 100) -> list[tuple[str, int, int]]:
@@ -78,6 +91,7 @@ async def retry(client: Redis, keys: ExperimentKeys, entry_id: str) -> str | Non
     for the consumers. Returns where it went (``held`` or ``stream``), None when it was not there.
 
     Raises:
+        redis.exceptions.ResponseError: WRONGTYPE, the target is not a stream (nothing moved).
         redis.exceptions.RedisError: on any Redis fault (WatchError: a concurrent change; retry).
     """
     async with client.pipeline(transaction=True) as pipe:
@@ -87,6 +101,7 @@ async def retry(client: Redis, keys: ExperimentKeys, entry_id: str) -> str | Non
             return None
         holding = bool(await pipe.exists(keys.state)) or bool(await pipe.xlen(keys.held))
         target, where = (keys.held, "held") if holding else (keys.stream, "stream")
+        await _must_be_a_stream(pipe, target)
         pipe.multi()
         pipe.xadd(target, entries[0][1])
         pipe.xdel(keys.dead, entry_id)

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from redisclient import deadletter, fencing, held
 from redisclient.deadletter import MAX_TASK_FIELDS
@@ -123,3 +124,14 @@ async def test_a_producer_cannot_enqueue_a_task_the_scripts_could_not_move(redis
         await held.enqueue_task(redis, keys, POISON)
     assert not await redis.exists(keys.stream, keys.held)
     assert (await held.enqueue_task(redis, keys, {f"f{i}": "v" for i in range(MAX_TASK_FIELDS)}))[0] == "stream"
+
+
+async def test_a_dead_letter_key_of_the_wrong_type_moves_nothing(redis: Redis) -> None:
+    """EXEC runs the rest of a transaction past a failed command: the type is checked first, so
+    the task stays held rather than being deleted without landing anywhere."""
+    keys, _, poison_id = await hold_with_poison(redis, "E1", 2, at=0)
+    grant = await fencing.acquire_claim(redis, keys, "me", 60_000)
+    await redis.set(keys.dead, "text")
+    with pytest.raises(ResponseError, match=f"WRONGTYPE {keys.dead} is a string, expected a stream"):
+        await deadletter.set_aside(redis, keys, grant.token, poison_id)
+    assert (await redis.xrange(keys.held, count=1))[0][0].decode() == poison_id

@@ -140,3 +140,42 @@ async def test_the_count_is_the_publish_scripts_whatever_the_caller_lost(redis: 
     regrant = await fencing.acquire_claim(redis, KEYS, "other", 60_000)  # a new resumption counts afresh
     fresh = await publish(redis, regrant.token, 1)
     assert (fresh.moved, fresh.total_moved) == (2, 2)  # type: ignore[attr-defined]
+
+
+async def test_a_fenced_publish_reports_no_count_and_the_caller_keeps_its_own(redis: Redis) -> None:
+    await hold(redis, 5)
+    old = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    assert (await publish(redis, old.token, 1, batch=2)).total_moved == 2  # type: ignore[attr-defined]
+    await fencing.acquire_claim(redis, KEYS, "other", 60_000)  # takes over: the publish record is reset
+    fenced = await publish(redis, old.token, 2)
+    assert (fenced.status, fenced.total_moved) == (PublishStatus.FENCED, None)  # type: ignore[attr-defined]
+
+
+async def test_a_record_written_before_the_count_existed_keeps_no_count(redis: Redis) -> None:
+    """A resumption that spans the deploy: its record has no ``moved``; a count starting at 0 in
+    the middle would be wrong, so none is reported and the workflow keeps counting itself."""
+    await hold(redis, 5)
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    await redis.hset(KEYS.publish, mapping={"token": grant.token, "seq": 3, "result": "{}"})
+    result = await publish(redis, grant.token, 4, batch=2)
+    assert (result.status, result.moved, result.total_moved) == (PublishStatus.PUBLISHED, 2, None)  # type: ignore[attr-defined]
+    assert not await redis.hexists(KEYS.publish, "moved")
+
+
+async def test_every_claim_script_reads_before_it_writes(redis: Redis) -> None:
+    """A key of the wrong type fails the call before its first write: Redis keeps a failed
+    script's earlier writes."""
+    await hold(redis, 2)
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    await redis.delete(KEYS.held)
+    await redis.set(KEYS.held, "text")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await fencing.acquire_claim(redis, KEYS, "other", 60_000)
+    assert await fencing.current_token(redis, KEYS) == grant.token  # not fenced by a failed claim
+    assert (await fencing.claim_info(redis, KEYS))["owner"] == "me"
+    await redis.delete(KEYS.state)
+    await redis.hset(KEYS.state, "x", "y")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True)
+    assert await fencing.current_token(redis, KEYS) == grant.token  # not revoked half way
+    assert await redis.exists(KEYS.claim)

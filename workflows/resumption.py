@@ -194,6 +194,8 @@ class ResumptionWorkflow:
             # a fault retrying cannot mend: hand the experiment back as paused, then fail the run
             await self._release(back_to_paused=True)
             raise
+        except workflow.NondeterminismError:
+            raise  # (a sandbox violation too) the workflow task retries, so a fixed worker can go on
         except Exception as err:
             # a fault of the workflow code itself (or of a result it cannot read): fail the run and
             # hand the experiment back, instead of retrying the workflow task for ever. (A

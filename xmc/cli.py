@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, NoReturn
 
 from pydantic import TypeAdapter, ValidationError
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError, WatchError
 from temporalio.client import WorkflowFailureError
 
 from redisclient import deadletter, held
@@ -137,21 +139,28 @@ async def _dead(args: argparse.Namespace, settings: Settings) -> int:
     redis = settings.redis()
     keys = ExperimentKeys(args.stream, args.experiment_id)
     try:
-        if args.retry or args.drop:
-            entry_id = args.retry or args.drop
-            where = (
-                await deadletter.retry(redis, keys, entry_id)
-                if args.retry
-                else await deadletter.drop(redis, keys, entry_id)
-            )
-            if not where:
-                raise OperatorError(f"no set-aside task {entry_id} in {keys.dead}")
-            print(json.dumps({"entry_id": entry_id, "retried_to" if args.retry else "dropped": where}))
-        else:
-            rows = await deadletter.dead_letters(redis, keys)
-            print(json.dumps({"key": keys.dead, "tasks": [{"id": i, "fields": f, "bytes": b} for i, f, b in rows]}))
+        return await _dead_action(args, redis, keys)
+    except WatchError as err:
+        raise OperatorError(f"{keys.dead} or the experiment changed meanwhile; nothing moved: try again") from err
+    except ResponseError as err:
+        raise OperatorError(f"nothing moved: {err}") from err
     finally:
         await redis.aclose()
+
+
+async def _dead_action(args: argparse.Namespace, redis: Redis, keys: ExperimentKeys) -> int:
+    """List, retry or drop the experiment's set-aside tasks (``redisclient.deadletter``)."""
+    if not (args.retry or args.drop):
+        rows = await deadletter.dead_letters(redis, keys)
+        print(json.dumps({"key": keys.dead, "tasks": [{"id": i, "fields": f, "bytes": b} for i, f, b in rows]}))
+        return 0
+    entry_id = args.retry or args.drop
+    where = (
+        await deadletter.retry(redis, keys, entry_id) if args.retry else await deadletter.drop(redis, keys, entry_id)
+    )
+    if not where:
+        raise OperatorError(f"no set-aside task {entry_id} in {keys.dead}")
+    print(json.dumps({"entry_id": entry_id, "retried_to" if args.retry else "dropped": where}))
     return 0
 
 

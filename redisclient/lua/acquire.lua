@@ -16,6 +16,12 @@ for _, entry in ipairs(redis.call('LRANGE', KEYS[6], 0, -1)) do
                          held = redis.call('XLEN', KEYS[4]), repeated = true})
   end
 end
+-- every read that can fail (a key of the wrong type) comes before the first write
+local state = redis.call('GET', KEYS[3])
+local previous = xmc_known_state(state)
+local held = redis.call('XLEN', KEYS[4])
+redis.call('HGET', KEYS[2], 'token')
+redis.call('HGET', KEYS[5], 'token')
 if xmc_token_cmp(xmc_fence(KEYS[1]), '9223372036854775806') >= 0 then
   -- the release of the next token must still be able to revoke it with INCR (2^63 - 1 at most)
   return redis.error_reply('XMCEXHAUSTED ' .. KEYS[1] .. ' has no fencing token left (64-bit INCR limit)')
@@ -27,9 +33,6 @@ redis.call('LTRIM', KEYS[6], 0, 15)
 redis.call('DEL', KEYS[2], KEYS[5])
 redis.call('HSET', KEYS[2], 'token', token, 'owner', ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
-local state = redis.call('GET', KEYS[3])
-local previous = xmc_known_state(state)
-local held = redis.call('XLEN', KEYS[4])
 if (state and state ~= 'resuming') or (not state and held > 0) then
   -- paused, a value the contract does not know, or gone while tasks are held: resuming, so
   -- producers keep queueing behind the held tasks until the replay drains them

@@ -31,14 +31,19 @@ local batch, threshold, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(
 local XMC_MAX_VALUES = 7990
 local poison_id = nil
 
--- tasks this token has moved so far: the publish record's count (the authority for `replayed`)
+-- tasks this token has moved so far: the publish record's count (the authority for `replayed`).
+-- A record of this token written before the count existed has none: then no count is kept (the
+-- caller keeps its own) rather than one that starts at 0 in the middle of the resumption.
 local own = redis.call('HGET', KEYS[6], 'token') == token
-local total = own and tonumber(redis.call('HGET', KEYS[6], 'moved') or '0') or 0
+local recorded = own and redis.call('HGET', KEYS[6], 'moved')
+local counting = (not own) or (recorded ~= false)
+local total = tonumber(recorded or '0')
+local lease_token = redis.call('HGET', KEYS[5], 'token')  -- read before any write
 
 local function reply(status, moved, b, remaining, last_seq, moved_bytes)
   return cjson.encode({status = status, moved = moved, moved_bytes = moved_bytes or 0,
                        poison_id = poison_id or '',
-                       total_moved = total + moved, backlog = b.pending + b.lag, remaining = remaining,
+                       total_moved = counting and (total + moved) or nil, backlog = b.pending + b.lag, remaining = remaining,
                        pending = b.pending, lag = b.lag, capped = b.capped, bytes_capped = b.bytes_capped or false,
                        headroom = b.headroom, last_delivered_id = b.last_delivered_id or '',
                        group_status = b.status, last_seq = last_seq or 0})
@@ -47,7 +52,9 @@ local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
 
 local fence = xmc_token_cmp(xmc_fence(KEYS[4]), token)
 if fence ~= 0 then
-  -- a newer token took over, or the counter went back below ours: Redis lost data
+  -- a newer token took over, or the counter went back below ours: Redis lost data (the record,
+  -- if any, is another token's: no count to report)
+  counting = false
   return reply(fence > 0 and 'fenced' or 'fence_lost', 0, none, redis.call('XLEN', KEYS[2]))
 end
 if own then
@@ -94,8 +101,11 @@ elseif room <= 0 then
   status = 'throttled'
 end
 local result = reply(status, moved, b, remaining, 0, moved_bytes)
-redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result, 'moved', total + moved)
-if redis.call('HGET', KEYS[5], 'token') ~= token then
+redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
+if counting then
+  redis.call('HSET', KEYS[6], 'moved', total + moved)
+end
+if lease_token ~= token then
   redis.call('HSET', KEYS[5], 'token', token, 'owner', ARGV[8])  -- a lapsed lease, taken again
 end
 redis.call('PEXPIRE', KEYS[5], ARGV[7])

@@ -14,9 +14,10 @@ end
 if token == '0' or xmc_fence(KEYS[1]) ~= token then
   return '0'
 end
+local state = redis.call('GET', KEYS[3])  -- read before the first write (a key of the wrong type fails here)
 redis.call('INCR', KEYS[1])
 redis.call('DEL', KEYS[2], KEYS[4])
-if ARGV[3] == '1' and redis.call('GET', KEYS[3]) == 'resuming' then
+if ARGV[3] == '1' and state == 'resuming' then
   redis.call('SET', KEYS[3], 'paused')
 end
 return token
