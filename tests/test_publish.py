@@ -291,3 +291,20 @@ async def test_exactly_once_in_order_under_consumers_and_racing_replayers(redis:
     assert sum(r.moved for r in results) == total_held + 100
     assert all(r.backlog + r.moved <= threshold for r in results), [r for r in results if r.moved]
     assert max(r.backlog + r.moved for r in results) == threshold  # the bound was reached, never passed
+
+
+async def test_binary_values_a_1_mib_value_and_1000_fields_move_byte_for_byte(redis: Redis) -> None:
+    """Valid data of unusual shape is replayed exactly: every byte value 0-255 (NUL and invalid
+    UTF-8 included), one value of 1 MiB, and a task of 1,000 fields."""
+    tasks = [
+        {b"task": b"binary", b"\x00\xff": bytes(range(256)), b"utf8?": b"\xc3\x28"},
+        {b"task": b"big", b"body": b"\x01" * (1024 * 1024)},
+        {b"task": b"wide", **{f"f{i}".encode(): f"v{i}".encode() for i in range(1_000)}},
+    ]
+    await held.pause(redis, KEYS)
+    for task in tasks:
+        await held.enqueue_task(redis, KEYS, task)
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    result = await publish(redis, grant.token, 1)
+    assert (result.status, result.moved) == (PublishStatus.COMPLETED, 3)
+    assert [fields for _, fields in await redis.xrange(KEYS.stream)] == tasks
