@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET
+from redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, MAX_POLL_SECONDS
 from redisclient.results import MissingGroupPolicy
 
 
@@ -62,8 +62,8 @@ class DrainWaitRequest(BaseModel):
     ref: ExperimentRef
     threshold: int = Field(ge=1)
     low_watermark: int = Field(ge=0)
-    min_seconds: float = Field(ge=0, le=60, allow_inf_nan=False)
-    max_seconds: float = Field(gt=0, le=60, allow_inf_nan=False)
+    min_seconds: float = Field(ge=0, le=MAX_POLL_SECONDS, allow_inf_nan=False)
+    max_seconds: float = Field(gt=0, le=MAX_POLL_SECONDS, allow_inf_nan=False)
     poll_seconds: float = Field(gt=0, le=1, allow_inf_nan=False)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)

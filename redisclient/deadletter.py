@@ -16,7 +16,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from redisclient.keys import ExperimentKeys, as_text
+from redisclient.keys import ExperimentKeys, as_text, wrong_type
 from redisclient.results import SetAside, SetAsideStatus
 
 MAX_TASK_FIELDS = 3_995
@@ -65,9 +65,9 @@ async def _dead_count(client: Redis, keys: ExperimentKeys) -> int:
 async def _must_be_a_stream(client: Redis, key: str) -> None:
     """Raise a WRONGTYPE ``ResponseError`` naming ``key`` unless it is a stream or absent: checked
     under WATCH before a MULTI, since Redis runs the rest of a transaction past a failed command."""
-    kind = as_text(await client.type(key))
-    if kind not in ("none", "stream"):
-        raise ResponseError(f"WRONGTYPE {key} is a {kind}, expected a stream")
+    wrong = wrong_type(key, as_text(await client.type(key)))
+    if wrong:
+        raise ResponseError(f"WRONGTYPE {wrong}")
 
 
 async def dead_letters(client: Redis, keys: ExperimentKeys, count: int = 100) -> list[tuple[str, int, int]]:

@@ -118,6 +118,13 @@ _TYPES = {
 }
 
 
+def wrong_type(key: str, actual: str) -> str | None:
+    """``"<key> is a <actual>, expected a <type>"`` when ``actual`` (a ``TYPE`` reply) is neither
+    ``none`` nor the type ``key`` holds in the layout (``expected_type``); else None."""
+    expected = expected_type(key)
+    return None if actual in ("none", expected) else f"{key} is a {actual}, expected a {expected}"
+
+
 def expected_type(key: str) -> str:
     """The Redis type a key of the layout holds (``TYPE`` reply): an experiment's key by its last
     part (DESIGN.md section 3), any other key (the task stream) ``stream``."""

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from redisclient.keys import expected_type
+from redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
     "measure": ("backlog",),
@@ -75,14 +75,7 @@ async def run_script(client: Redis, name: str, keys: list[str], args: list[Any])
     except ResponseError as err:
         reply = _SCRIPT_SUFFIX.sub("", str(err))
         if reply.startswith("WRONGTYPE"):
-            wrong = [
-                f"{key} is a {actual}, expected a {expected_type(key)}"
-                for key in keys
-                if (actual := _text(await client.type(key))) not in ("none", expected_type(key))
-            ]
+            found = [wrong_type(key, as_text(await client.type(key))) for key in keys]
+            wrong = [text for text in found if text]
             reply = "WRONGTYPE " + ("; ".join(wrong) if wrong else reply.removeprefix("WRONGTYPE "))
         raise type(err)(reply) from err
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

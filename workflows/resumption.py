@@ -352,20 +352,20 @@ class ResumptionWorkflow:
             "throttled",
             extra={"experiment_id": inp.experiment_id, "reason": reason, "plan": p.wait_plan, "seconds": plan.seconds},
         )
-        if plan.kind is WaitKind.TIMER:
-            p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds)
-            self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
+        timer = plan.kind is WaitKind.TIMER
+        p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
+        self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
+        if timer:
             await workflow.sleep(plan.seconds, summary=f"throttled {plan.seconds:.3g}s: {reason}")
-            p.throttled_until = None
         else:
-            self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
             await self._poll(plan, reason)
+        p.throttled_until = None
         self._pacer.woke(workflow.now())
         return None
 
     async def _poll(self, plan: WaitPlan, reason: str) -> None:
         """A short wait: poll the backlog inside one local activity until it reaches the plan's low
-        watermark (or the plan's bound), and fold in the drain rate it measured."""
+        watermark (or the plan's bound); its last reading feeds the drain-rate estimate."""
         inp = self._input
         drain = await self._call(
             ResumptionActivities.wait_for_drain,

@@ -246,11 +246,20 @@ def parser() -> argparse.ArgumentParser:
     action.add_argument("--drop", metavar="ID", type=entry_id_arg, help="delete it")
     resume = experiment_cmd("resume", "start ResumptionWorkflow for the experiment (ID resumption-<E>)", _resume)
     resume.add_argument("--group", default=DEFAULT_GROUP, help="the consumer group whose backlog throttles")
-    resume.add_argument("--batch", type=int, default=100, help="most tasks one publish moves")
-    resume.add_argument("--threshold", type=int, default=500, help="max_backlog_threshold, entries")
-    resume.add_argument("--throttle-seconds", type=float, default=10.0, help="one throttle wait, seconds")
-    resume.add_argument("--policy", choices=[p.value for p in ThrottlePolicy], default=ThrottlePolicy.FIXED.value,
-                        help="throttle_policy: fixed waits, or adaptive to the measured drain rate")  # fmt: skip
+    defaults = {name: field.default for name, field in ResumptionInput.model_fields.items()}
+    resume.add_argument("--batch", type=int, default=defaults["batch_size"], help="most tasks one publish moves")
+    resume.add_argument(
+        "--threshold", type=int, default=defaults["max_backlog_threshold"], help="max_backlog_threshold, entries"
+    )
+    resume.add_argument(
+        "--throttle-seconds", type=float, default=defaults["throttle_seconds"], help="one throttle wait, seconds"
+    )
+    resume.add_argument(
+        "--policy",
+        choices=[p.value for p in ThrottlePolicy],
+        default=defaults["throttle_policy"].value,
+        help="throttle_policy: fixed waits, or adaptive to the measured drain rate",
+    )
     resume.add_argument("--wait", action="store_true", help="wait for the result and print it")
     resume.add_argument("--force", action="store_true", help="start even if the experiment holds nothing")
 
