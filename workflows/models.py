@@ -366,3 +366,78 @@ class Progress(BaseModel):
         if self.phase in (Phase.THROTTLED, Phase.STALLED) and self.throttled_until:
             lines.append(f"- waiting until {self.throttled_until.isoformat(timespec='seconds')}")
         return "\n".join(lines)
+
+
+class ControlChange(BaseModel):
+    """The argument of the ``configure`` Update: settings of a running replay to change; a field
+    left out (None) keeps its value. The change is checked by the whole of ``ResumptionInput``'s
+    validation (bounds, and ``claim_lease_seconds`` longer than every wait), so a running replay
+    accepts exactly what a start would. Unknown fields are errors.
+
+    Attributes:
+        max_backlog_threshold: the backlog bound (entries, 1..100,000).
+        batch_size: the most tasks one publish moves (entries, 1..10,000).
+        throttle_seconds: the fixed policy's wait and the adaptive one's default longest (seconds).
+        throttle_policy: ``fixed`` or ``adaptive``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_backlog_threshold: int | None = None
+    batch_size: int | None = None
+    throttle_seconds: float | None = Field(default=None, allow_inf_nan=False)
+    throttle_policy: ThrottlePolicy | None = None
+
+    def applied_to(self, inp: ResumptionInput) -> ResumptionInput:
+        """``inp`` with this change, validated as a start's input would be.
+
+        Raises:
+            pydantic.ValidationError: naming the field, when the result breaks a bound or a rule.
+        """
+        changes = self.model_dump(exclude_none=True)
+        return ResumptionInput.model_validate({**inp.model_dump(), **changes})
+
+
+class EffectiveSettings(BaseModel):
+    """What every control Update returns: the settings the replay runs with from now on.
+
+    Attributes:
+        max_backlog_threshold, batch_size, throttle_seconds, throttle_policy: as in ``ResumptionInput``.
+        stopping: True once ``pause`` was accepted: the run ends ``paused`` at its next turn.
+    """
+
+    max_backlog_threshold: int
+    batch_size: int
+    throttle_seconds: float
+    throttle_policy: ThrottlePolicy
+    stopping: bool = False
+
+    @classmethod
+    def of(cls, inp: ResumptionInput, *, stopping: bool) -> EffectiveSettings:
+        """The effective settings of input ``inp``."""
+        return cls(
+            max_backlog_threshold=inp.max_backlog_threshold,
+            batch_size=inp.batch_size,
+            throttle_seconds=inp.throttle_seconds,
+            throttle_policy=inp.throttle_policy,
+            stopping=stopping,
+        )
+
+
+class Control(StrEnum):
+    """Names of the workflow's Updates (``temporal workflow update execute --name <name>``).
+
+    ``configure`` takes a ``ControlChange``; ``set_threshold`` (int, entries), ``set_batch_size``
+    (int, entries), ``set_throttle_seconds`` (float, seconds) and ``set_throttle_policy``
+    (``fixed``/``adaptive``) take one value; ``pause`` takes none and ends the run ``paused`` at
+    the next turn (claim released, experiment paused, held tasks kept). Each returns
+    ``EffectiveSettings``; a bad value is rejected by the Update's validator, which leaves nothing
+    in the history.
+    """
+
+    CONFIGURE = "configure"
+    SET_THRESHOLD = "set_threshold"
+    SET_BATCH_SIZE = "set_batch_size"
+    SET_THROTTLE_SECONDS = "set_throttle_seconds"
+    SET_THROTTLE_POLICY = "set_throttle_policy"
+    PAUSE = "pause"
