@@ -358,6 +358,10 @@ class ResumptionWorkflow:
                     continue
                 turns_this_run += 1
                 p.turns += 1
+                # adding 0 shows the counters from the first live turn on (a worker that took the
+                # run over after a restart, too: the meter skips replayed code), not first at a move
+                self._replayed_counter.add(0)
+                self._throttle_counter.add(0, {"policy": p.policy.value})
                 result = await self._turn()
             except FAILED_CALL as err:
                 if _permanent(err):
