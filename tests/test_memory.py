@@ -34,6 +34,7 @@ from redisclient.publish import publish_batch
 from redisclient.results import ExperimentState, PublishStatus
 from redisclient.scripts import run_script
 from tests.helpers import GROUP, STREAM, hold_tasks, resumption_worker, start, stream_tasks, wait_for
+from tests.test_workflow import throttled_replay
 from worker import check_redis
 from workflows.models import Outcome
 from xmc.services import free_port
@@ -206,6 +207,23 @@ async def test_a_resumption_on_an_evicting_redis_fails_at_once_and_moves_nothing
     assert await held.get_state(memory, keys) is ExperimentState.PAUSED
     assert [f[b"task"] for _, f in await memory.xrange(keys.held)] == names
     assert not await memory.exists(keys.claim, keys.fence, STREAM)
+
+
+async def test_a_policy_changed_mid_run_fails_the_run_and_hands_back_a_paused_experiment(
+    ts_env, memory, redis_url, task_queue
+) -> None:
+    """The policy changes during a throttle wait: the next publish refuses before its first write,
+    and the run fails after releasing the claim (the release does not need the policy)."""
+    async with throttled_replay(ts_env, task_queue, memory, redis_url) as run:
+        await memory.config_set("maxmemory-policy", "allkeys-lru")
+        await memory.xgroup_setid(STREAM, GROUP, "$")  # the consumers caught up: the next turn publishes
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(run.handle.result(), 20)
+    assert "maxmemory-policy allkeys-lru: the replay needs noeviction" in str(failure.value.cause)
+    assert await held.get_state(memory, run.keys) is ExperimentState.PAUSED
+    assert [f[b"task"] for _, f in await memory.xrange(run.keys.held)] == run.names
+    assert await fencing.current_token(memory, run.keys) == 2 and not await memory.exists(run.keys.claim)
+    assert await memory.xlen(STREAM) == 5  # the backlog that was there; nothing replayed
 
 
 async def test_the_replay_waits_while_memory_is_high_then_goes_on(ts_env, memory, redis_url, task_queue) -> None:
