@@ -227,19 +227,26 @@ async def test_a_policy_changed_mid_run_fails_the_run_and_hands_back_a_paused_ex
 
 
 async def test_the_replay_waits_while_memory_is_high_then_goes_on(ts_env, memory, redis_url, task_queue) -> None:
-    """Used memory over the input's fraction (1 % of 100 MiB): the replay waits with the reason in its
-    progress, publishing nothing; once the limit is lifted it replays everything in order."""
+    """Used memory over the input's fraction (1 % of 100 MiB): the replay waits on a timer of
+    ``throttle_seconds`` with the reason in its progress, publishing nothing; once the limit is
+    lifted it replays everything in order."""
     e = f"M-{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(memory, e, 10)
     await memory.config_set("maxmemory", str(100 * MIB))
     async with resumption_worker(ts_env.client, task_queue, redis_url):
         with ts_env.auto_time_skipping_disabled():
             handle = await start(
-                ts_env.client, task_queue, experiment_id=e, max_memory_fraction=0.01, throttle_seconds=1
+                ts_env.client,
+                task_queue,
+                experiment_id=e,
+                max_memory_fraction=0.01,
+                throttle_seconds=1,
+                throttle_policy="adaptive",  # a memory wait is a timer whatever the policy, never a drain poll
             )
             waiting = await wait_for(handle, lambda p: (p.throttle_reason or "").startswith("Redis memory"))
             assert waiting.replayed == 0 and not await memory.exists(STREAM)
             assert waiting.throttle_reason.endswith(" of 100.0 MiB) >= 1%")  # type: ignore[union-attr]
+            assert (waiting.wait_plan, waiting.wait_seconds) == ("fixed 1s wait", 1)
             await memory.config_set("maxmemory", "0")
             result = await asyncio.wait_for(handle.result(), 20)
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 10) and result.throttles >= 1

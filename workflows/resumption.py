@@ -347,7 +347,8 @@ class ResumptionWorkflow:
         plan = self._pacer.plan(backlog) if seconds is None else WaitPlan(WaitKind.TIMER, seconds)
         p.throttles += 1
         p.throttles_in_a_row += 1
-        p.throttle_reason, p.wait_plan, p.wait_seconds = reason, self._pacer.describe(plan), plan.seconds
+        described = self._pacer.describe(plan) if seconds is None else f"fixed {seconds:g}s wait"
+        p.throttle_reason, p.wait_plan, p.wait_seconds = reason, described, plan.seconds
         self._throttle_counter.add(1)
         workflow.logger.info(
             "throttled",
