@@ -3,10 +3,10 @@
 Each takes a request envelope (``activities.requests``), returns a pydantic result and calls one
 function of ``redisclient``; the workflow calls them typed, by method
 (``workflow.execute_local_activity_method``). Errors are sorted for Temporal's retry policy: bad
-arguments, a missing consumer group under the ``error`` policy, a key of the wrong type and other
-error replies that repeat on every try raise a non-retryable ``ApplicationError`` whose ``type`` is
-an ``activities.errors.ErrorType``; connection faults, timeouts and transient error replies
-propagate and are retried.
+arguments, a missing consumer group under the ``error`` policy, a key of the wrong type, an eviction
+policy that could evict the replay's keys and other error replies that repeat on every try raise a
+non-retryable ``ApplicationError`` whose ``type`` is an ``activities.errors.ErrorType``; connection
+faults, timeouts and transient error replies propagate and are retried.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from redisclient import backlog, deadletter, fencing, publish
 from redisclient.connection import STALE_CONNECTION_ERRORS, drop_stale_connections
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
+from redisclient.memory import EVICTION_REPLY
 from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult, SetAside
 from workflows import metrics
 
@@ -86,6 +87,10 @@ async def _classified(redis: Redis) -> AsyncIterator[None]:
         reply = str(err)
         if isinstance(err, TRANSIENT_ERRORS) or reply.startswith(TRANSIENT_REPLIES):
             raise
+        if reply.startswith(EVICTION_REPLY):
+            raise ApplicationError(
+                reply.removeprefix(EVICTION_REPLY).strip(), type=ErrorType.REDIS_EVICTION_POLICY, non_retryable=True
+            ) from err
         if reply.startswith("WRONGTYPE"):
             raise ApplicationError(
                 f"a key of the wrong type is in the way: {reply}", type=ErrorType.REDIS_WRONG_TYPE, non_retryable=True
@@ -230,6 +235,7 @@ class ResumptionActivities:
                 lease_ms=req.lease_ms,
                 missing_group=req.missing_group,
                 max_bytes=req.max_bytes,
+                max_memory_fraction=req.max_memory_fraction,
             )
         self.held.report(req.ref, result.remaining, req.lease_ms)
         return result

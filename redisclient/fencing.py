@@ -47,7 +47,9 @@ async def acquire_claim(
 
     Raises:
         ValueError: lease_ms < 1.
-        redis.exceptions.RedisError: on any Redis fault.
+        redis.exceptions.RedisError: on any Redis fault; a ``ResponseError`` starting
+            ``XMCEVICTION`` when ``maxmemory-policy`` is not ``noeviction`` (nothing changed;
+            ``redisclient.memory``).
     """
     validate_lease(lease_ms)
     raw = await run_script(

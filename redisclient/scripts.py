@@ -21,13 +21,15 @@ from redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
     "measure": ("backlog",),
-    "publish": ("tokens", "backlog"),
-    "acquire": ("tokens",),
+    "publish": ("tokens", "backlog", "memory"),
+    "acquire": ("tokens", "memory"),
+    "memory_status": ("memory",),
     "check": ("tokens",),
     "release": ("tokens",),
 }
-"""The fragments each script gets prepended: ``backlog.lua`` (the backlog and throttle rule) and
-``tokens.lua`` (exact fencing tokens, the known states), so each rule is written once."""
+"""The fragments each script gets prepended: ``backlog.lua`` (the backlog and throttle rule),
+``tokens.lua`` (exact fencing tokens, the known states) and ``memory.lua`` (the eviction-policy
+and memory-fraction rule), so each rule is written once."""
 
 
 @cache

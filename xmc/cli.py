@@ -31,7 +31,7 @@ from redisclient.results import ExperimentState
 from workflows.models import ResumptionInput, ThrottlePolicy
 from xmc.demo import DemoOptions, run_demo
 from xmc.errors import EXIT_BROKEN_PIPE, EXIT_OPERATOR_ERROR, OperatorError, operator_message, workflow_failure_message
-from xmc.ops import experiment_status, start_resumption, state_and_held
+from xmc.ops import experiment_status, refuse_evicting_redis, start_resumption, state_and_held
 from xmc.settings import Settings, connect_temporal
 
 DESCRIPTION = (
@@ -177,6 +177,7 @@ async def _resume(args: argparse.Namespace, settings: Settings) -> int:
     redis = settings.redis()
     keys = ExperimentKeys(args.stream, args.experiment_id)
     state, waiting = await state_and_held(redis, keys)
+    await refuse_evicting_redis(redis, keys)
     await redis.aclose()
     if state is ExperimentState.RUNNING and not waiting and not args.force:
         print(

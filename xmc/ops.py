@@ -12,10 +12,11 @@ from temporalio.client import Client, WorkflowHandle
 from redisclient import fencing, held
 from redisclient.backlog import measure_backlog
 from redisclient.keys import ExperimentKeys, as_text
+from redisclient.memory import read_memory
 from redisclient.results import ExperimentState
 from workflows.models import ResumptionInput, ResumptionResult
 from workflows.resumption import ResumptionWorkflow
-from xmc.errors import KeyContentError
+from xmc.errors import KeyContentError, OperatorError
 
 T = TypeVar("T")
 
@@ -62,7 +63,9 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
 
     ``orphaned`` is True for an experiment that is resuming with no live claim: its replayer is
     gone (a failed or terminated run whose lease lapsed) and producers are still holding its tasks;
-    starting a resumption again continues the replay in order.
+    starting a resumption again continues the replay in order. ``redis_memory`` is Redis's
+    ``maxmemory-policy``, used memory and ``maxmemory`` (bytes, 0: no limit) and ``problem``, why a
+    resumption would refuse this Redis (None under ``noeviction``; ``redisclient.memory``).
 
     Raises:
         KeyContentError: a key holds the wrong type or a value the contract does not know.
@@ -91,7 +94,20 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
             "status": reading.status.value,
             "threshold": threshold,
         },
+        "redis_memory": (await read_memory(redis, keys.stream)).model_dump(),
     }
+
+
+async def refuse_evicting_redis(redis: Redis, keys: ExperimentKeys) -> None:
+    """Refuse, before anything starts, a Redis whose ``maxmemory-policy`` could evict the replay's
+    keys: the resumption would fail at its claim (``redisclient.memory``).
+
+    Raises:
+        OperatorError: the policy is not ``noeviction``; the message names it.
+    """
+    memory = await read_memory(redis, keys.stream)
+    if memory.problem:
+        raise OperatorError(memory.problem)
 
 
 async def start_resumption(
