@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import (
     ClusterDownError,
     MovedError,
@@ -39,7 +38,7 @@ from activities.requests import (
     SetAsideRequest,
 )
 from redisclient import backlog, deadletter, fencing, publish
-from redisclient.connection import STALE_CONNECTION_ERRORS, drop_stale_connections
+from redisclient.connection import STALE_CONNECTION_ERRORS, RedisClient, drop_stale_connections
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
 from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult, SetAside
@@ -59,7 +58,7 @@ Redis Cluster addressed without a cluster client repeats too: the run then waits
 
 
 @asynccontextmanager
-async def _classified(redis: Redis) -> AsyncIterator[None]:
+async def _classified(redis: RedisClient) -> AsyncIterator[None]:
     """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection
     faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``)
     propagate and are retried.
@@ -72,8 +71,8 @@ async def _classified(redis: Redis) -> AsyncIterator[None]:
     """
     try:
         yield
-    except STALE_CONNECTION_ERRORS:
-        await drop_stale_connections(redis)
+    except STALE_CONNECTION_ERRORS as err:
+        await drop_stale_connections(redis, err)
         raise
     except ValueError as err:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
@@ -106,7 +105,7 @@ class ResumptionActivities:
     Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``.
     """
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
     def all(self) -> list[Callable[..., Any]]:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterPipeline
 from redis.exceptions import ResponseError
 
+from redisclient.connection import RedisClient
 from redisclient.keys import ExperimentKeys, as_text, wrong_type
 from redisclient.results import SetAside, SetAsideStatus
 
@@ -24,7 +25,7 @@ MAX_TASK_FIELDS = 3_995
 Lua's ``unpack`` (about 8,000 values at most; ``XMC_MAX_VALUES`` = 7,990 in ``lua/publish.lua``)."""
 
 
-async def set_aside(client: Redis, keys: ExperimentKeys, token: int, entry_id: str) -> SetAside:
+async def set_aside(client: RedisClient, keys: ExperimentKeys, token: int, entry_id: str) -> SetAside:
     """Move held entry ``entry_id`` to the dead-letter stream, field map byte for byte, if
     ``token`` is still the current fencing token; atomic (MULTI/EXEC under WATCH).
 
@@ -58,11 +59,11 @@ async def set_aside(client: Redis, keys: ExperimentKeys, token: int, entry_id: s
     return SetAside(status=SetAsideStatus.SET_ASIDE, key=keys.dead, dead=int(dead))
 
 
-async def _dead_count(client: Redis, keys: ExperimentKeys) -> int:
+async def _dead_count(client: RedisClient | ClusterPipeline, keys: ExperimentKeys) -> int:
     return int(await client.xlen(keys.dead))
 
 
-async def _must_be_a_stream(client: Redis, key: str) -> None:
+async def _must_be_a_stream(client: RedisClient | ClusterPipeline, key: str) -> None:
     """Raise a WRONGTYPE ``ResponseError`` naming ``key`` unless it is a stream or absent: checked
     under WATCH before a MULTI, since Redis runs the rest of a transaction past a failed command."""
     wrong = wrong_type(key, as_text(await client.type(key)))
@@ -70,7 +71,7 @@ async def _must_be_a_stream(client: Redis, key: str) -> None:
         raise ResponseError(f"WRONGTYPE {wrong}")
 
 
-async def dead_letters(client: Redis, keys: ExperimentKeys, count: int = 100) -> list[tuple[str, int, int]]:
+async def dead_letters(client: RedisClient, keys: ExperimentKeys, count: int = 100) -> list[tuple[str, int, int]]:
     """The oldest ``count`` set-aside tasks: (entry ID, fields, bytes of names and values)."""
     entries: Any = await client.xrange(keys.dead, count=count)
     return [
@@ -79,12 +80,12 @@ async def dead_letters(client: Redis, keys: ExperimentKeys, count: int = 100) ->
     ]
 
 
-async def drop(client: Redis, keys: ExperimentKeys, entry_id: str) -> bool:
+async def drop(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> bool:
     """Delete set-aside task ``entry_id``; True when it was there."""
     return bool(await client.xdel(keys.dead, entry_id))
 
 
-async def retry(client: Redis, keys: ExperimentKeys, entry_id: str) -> str | None:
+async def retry(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> str | None:
     """Put set-aside task ``entry_id`` back, byte for byte, in one transaction: at the end of the
     held stream when the experiment holds tasks (a state key or held tasks; the next resume
     replays it, and sets it aside again if it still cannot be moved), else into the task stream
@@ -99,7 +100,8 @@ async def retry(client: Redis, keys: ExperimentKeys, entry_id: str) -> str | Non
         entries: Any = await pipe.xrange(keys.dead, entry_id, entry_id)
         if not entries:
             return None
-        holding = bool(await pipe.exists(keys.state)) or bool(await pipe.xlen(keys.held))
+        # TYPE, not EXISTS: a cluster pipeline splits EXISTS by slot and returns itself, not the count
+        holding = as_text(await pipe.type(keys.state)) != "none" or bool(await pipe.xlen(keys.held))
         target, where = (keys.held, "held") if holding else (keys.stream, "stream")
         await _must_be_a_stream(pipe, target)
         pipe.multi()
