@@ -27,12 +27,46 @@ import logging
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError, MovedError, ReadOnlyError, TimeoutError
+from redis.exceptions import (
+    ConnectionError,
+    MovedError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TimeoutError,
+)
 
 logger = logging.getLogger(__name__)
 
 RedisClient = Redis | RedisCluster
 """An asyncio client of a single Redis or of a Redis Cluster (``xmc.settings.Settings.redis``)."""
+
+
+class ClusterClient(RedisCluster):
+    """redis-py's asyncio cluster client, failing like a single Redis client when it cannot learn
+    the slot map: with the last seed node's own error (``ConnectionError``, ``TimeoutError``,
+    ``AuthenticationError``: a ``RedisError``, so the activities retry it and the CLI and the worker
+    report it in one line), or a ``ResponseError`` when a seed answers but is no cluster node.
+    (redis-py raises ``RedisClusterException``, which is no ``RedisError``, for both.)
+    """
+
+    async def initialize(
+        self,
+        additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+        last_failed_node_name: str | None = None,
+    ) -> RedisCluster:
+        """Learn the slot map (``CLUSTER SLOTS``) if not known yet; see the class for the errors."""
+        try:
+            return await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+        except RedisClusterException as err:
+            cause = err.__cause__
+            if isinstance(cause, RedisError):
+                raise cause from err
+            if isinstance(cause, RedisClusterException):  # "Cluster mode is not enabled on this node"
+                raise ResponseError(f"{cause}: a Redis Cluster was expected (XMC_REDIS_CLUSTER)") from err
+            raise
+
 
 STALE_CONNECTION_ERRORS: tuple[type[Exception], ...] = (ReadOnlyError, MovedError, ConnectionError, TimeoutError)
 """Errors after which a pooled connection may point at the wrong server: ``READONLY`` (the old

@@ -10,6 +10,9 @@ Temporal whose streams live on different primaries, one of them moved to another
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
@@ -18,7 +21,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import MovedError, WatchError
+from redis.exceptions import ConnectionError, MovedError, ResponseError, WatchError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -95,6 +98,7 @@ from tests.test_redis_contents import (  # noqa: F401
 from workflows.models import Outcome, ResumptionInput, ResumptionResult, ThrottlePolicy
 from workflows.resumption import ResumptionWorkflow
 from xmc.consumer import run_consumer
+from xmc.services import free_port
 from xmc.settings import Settings
 
 OTHER_STREAM = "clicks"
@@ -130,6 +134,36 @@ def test_the_settings_choose_the_client_and_refuse_what_a_cluster_cannot_be() ->
         with pytest.raises(ValueError, match=why) as caught:
             Settings(redis_url=url, redis_cluster=True)
         assert caught.value.errors()[0]["loc"] == ("redis_cluster",)  # type: ignore[attr-defined]
+
+
+async def test_a_cluster_that_cannot_be_read_fails_like_a_single_redis(redis_url: str) -> None:
+    """No node answers: the seed's own ConnectionError (a RedisError: retried by the activities,
+    one line from the CLI and the worker). A seed that is no cluster node: an error reply naming
+    the setting (not retried)."""
+    down = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_cluster=True).redis()
+    with pytest.raises(ConnectionError, match="Error 111"):
+        await down.ping()
+    single = Settings(redis_url=redis_url, redis_cluster=True).redis()
+    with pytest.raises(ResponseError, match=r"Cluster mode is not enabled.*XMC_REDIS_CLUSTER"):
+        await single.ping()
+    await single.aclose()
+
+
+async def test_the_cli_reads_an_experiment_on_the_cluster(cluster: LocalCluster, redis: RedisCluster) -> None:
+    keys = ExperimentKeys(OTHER_STREAM, "E1")
+    await hold(redis, keys, 3)
+    env = {"PATH": "/usr/bin:/bin", "XMC_REDIS_URL": cluster.url, "XMC_REDIS_CLUSTER": "true"}
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "xmc", "status", "E1", "--stream", OTHER_STREAM],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert (status["state"], status["held"], status["backlog"]["status"]) == ("paused", 3, "no_stream")
 
 
 async def test_keys_of_two_slots_are_refused_before_redis_sees_them(redis: RedisCluster) -> None:

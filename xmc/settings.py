@@ -22,7 +22,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from redisclient.connection import RedisClient
+from redisclient.connection import ClusterClient, RedisClient
 from workflows.models import TASK_QUEUE
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
@@ -147,16 +147,18 @@ class Settings(BaseSettings):
         )
 
     def redis_cluster_client(self) -> RedisCluster:
-        """A new asyncio Redis Cluster client seeded by ``XMC_REDIS_URL``; bytes in, bytes out.
+        """A new asyncio Redis Cluster client (a ``ClusterClient``) seeded by ``XMC_REDIS_URL``;
+        bytes in, bytes out.
 
         It learns the slot map from the seed on its first command and follows the cluster itself:
         MOVED updates its map, ASK and TRYAGAIN (a slot being migrated) are retried (16 tries at
         most), and a refused or reset connection, a timeout or CLUSTERDOWN re-reads the map and
         retries, ``CLUSTER_RETRIES`` times; what it cannot mend reaches the activities, which hand
         it to Temporal's retry (``activities.resumption._classified``). Every script of the product
-        touches one slot (``redisclient.scripts.run_script`` checks it before a call).
+        touches one slot (``redisclient.scripts.run_script`` checks it before a call). A cluster
+        that cannot be reached fails like a single Redis (``redisclient.connection.ClusterClient``).
         """
-        return RedisCluster.from_url(
+        return ClusterClient.from_url(
             self.redis_url,
             decode_responses=False,
             socket_timeout=self.redis_timeout_seconds,
