@@ -7,6 +7,11 @@ replay then sets it aside here, into ``{S}:experiment:E:dead``, with one client-
 fenced like the script (WATCH on the fence counter, MULTI, XADD, XDEL, EXEC),
 and goes on with the tasks behind it in order. An operator lists, retries or drops what was set
 aside (``xmc dead``).
+
+A script cannot do this step: the task's fields are what Lua cannot pass. On a Redis Cluster the
+transaction goes through redis-py's cluster pipeline (redis-py >= 6.2): all its keys share the
+stream's slot, the WATCH, the reads and MULTI/EXEC use one connection to that slot's primary, and a
+slot moved while watched aborts it with a ``WatchError`` (retried; the next try sees the new owner).
 """
 
 from __future__ import annotations
