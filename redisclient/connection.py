@@ -93,11 +93,11 @@ async def drop_stale_connections(redis: RedisClient, error: BaseException | None
     """
     try:
         if isinstance(redis, RedisCluster):
+            if isinstance(error, WRONG_NODE_ERRORS):
+                await redis.nodes_manager.initialize()
             for node in redis.get_nodes():
                 node.update_active_connections_for_reconnect()
                 await node.disconnect_free_connections()
-            if isinstance(error, WRONG_NODE_ERRORS):
-                await redis.nodes_manager.initialize()
             return
         pool = redis.connection_pool
         await pool.disconnect(inuse_connections=False)

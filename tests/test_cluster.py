@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import ConnectionError, MovedError, ResponseError, WatchError
+from redis.exceptions import ConnectionError, MovedError, ResponseError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -191,36 +191,37 @@ async def test_an_experiments_keys_share_the_streams_slot_on_the_server(redis: R
         validate_name("stream", braced)
 
 
-async def test_the_dead_letter_transaction_is_fenced_by_watch_on_the_slots_primary(redis: RedisCluster) -> None:
-    """redis-py >= 6.2 runs WATCH / MULTI / EXEC on one connection to the slot's primary: a fence
-    bumped between the WATCH and the EXEC aborts the move (WatchError), and nothing moves."""
+async def test_the_dead_letter_transaction_runs_on_the_slots_primary_and_fails_if_it_moved(
+    cluster: LocalCluster, redis: RedisCluster
+) -> None:
+    """The dead-letter transaction runs on one connection to the primary the client's map names.
+    Slot moved behind the client's back: it fails with MOVED and moves nothing; once the map is
+    re-read (what the activity does on a MOVED before its retry) it moves the task, and the
+    operator's retry puts it back where the experiment's state says."""
     keys = ExperimentKeys(OTHER_STREAM, "E1")
-    await held.pause(redis, keys)
-    await held.enqueue_task(redis, keys, {"task": "t0"})
+    await hold(redis, keys, 1)
     grant = await fencing.acquire_claim(redis, keys, "me", 60_000)
     [(entry_id, _)] = await redis.xrange(keys.held)
-    async with redis.pipeline(transaction=True) as pipe:
-        await pipe.watch(keys.fence, keys.dead)
-        await redis.incr(keys.fence)  # another client, between the WATCH and the EXEC
-        pipe.multi()
-        pipe.xadd(keys.dead, {"task": "t0"})
-        with pytest.raises(WatchError):
-            await pipe.execute()
-    assert await redis.xlen(keys.dead) == 0
-    assert (await deadletter.set_aside(redis, keys, grant.token, entry_id.decode())).status is SetAsideStatus.FENCED
-    current = await fencing.current_token(redis, keys)
-    moved = await deadletter.set_aside(redis, keys, current, entry_id.decode())
-    assert (moved.status, moved.dead, await redis.xlen(keys.held)) == (SetAsideStatus.SET_ASIDE, 1, 0)
-    [(dead_id, fields)] = await redis.xrange(keys.dead)
-    assert fields == {b"task": b"t0"}
-    assert await deadletter.retry(redis, keys, dead_id.decode()) == "held"  # resuming: back to the held stream
-    assert (await redis.xlen(keys.dead), await redis.xlen(keys.held)) == (0, 1)
-    [(entry_id, _)] = await redis.xrange(keys.held)  # a new entry ID, at the end
-    await deadletter.set_aside(redis, keys, current, entry_id.decode())
-    [(dead_id, _)] = await redis.xrange(keys.dead)
-    await redis.delete(keys.state)  # the experiment runs again: a retried task goes to the consumers
-    assert await deadletter.retry(redis, keys, dead_id.decode()) == "stream"
-    assert [fields for _, fields in await redis.xrange(keys.stream)] == [{b"task": b"t0"}]
+    slot = key_slot(OTHER_STREAM.encode())
+    before = cluster.owner(slot)
+    await asyncio.to_thread(cluster.move_slot, slot, next(port for port in cluster.ports if port != before))
+    try:
+        with pytest.raises(MovedError) as moved:
+            await deadletter.set_aside(redis, keys, grant.token, entry_id.decode())
+        await drop_stale_connections(redis, moved.value)
+        result = await deadletter.set_aside(redis, keys, grant.token, entry_id.decode())
+        assert (result.status, result.dead, await redis.xlen(keys.held)) == (SetAsideStatus.SET_ASIDE, 1, 0)
+        [(dead_id, fields)] = await redis.xrange(keys.dead)
+        assert await deadletter.retry(redis, keys, dead_id.decode()) == "held"  # resuming: back to the held stream
+        assert (await redis.xlen(keys.dead), [f for _, f in await redis.xrange(keys.held)]) == (0, [fields])
+        [(entry_id, _)] = await redis.xrange(keys.held)
+        await deadletter.set_aside(redis, keys, grant.token, entry_id.decode())
+        [(dead_id, _)] = await redis.xrange(keys.dead)
+        await redis.delete(keys.state)  # the experiment runs again: a retried task goes to the consumers
+        assert await deadletter.retry(redis, keys, dead_id.decode()) == "stream"
+        assert [f for _, f in await redis.xrange(keys.stream)] == [fields]
+    finally:
+        await asyncio.to_thread(cluster.move_slot, slot, before)  # the other tests rely on the slot ranges
 
 
 async def test_a_wrong_node_reply_rereads_the_slot_map(cluster: LocalCluster, redis: RedisCluster) -> None:
