@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import NoBackoff
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
@@ -35,8 +35,8 @@ CLUSTER_RETRIES = 3
 """How often the cluster client re-reads the slot map and retries a call after a refused or reset
 connection, a timeout or CLUSTERDOWN (redis-py's default is 10). Each try may wait a socket timeout
 for a silent node, and the activity's call has 10 s (``REDIS_CALL_TIMEOUT``): longer outages are
-Temporal's retry (``REDIS_RETRY``), bounded and visible. The backoff (50 ms doubling, at most 1 s)
-applies to the dead-letter transaction; redis-py retries plain commands at once."""
+Temporal's retry (``REDIS_RETRY``), bounded and visible. redis-py retries at once (it uses the
+retry object for its count only), so no backoff is set."""
 
 SECRET_QUERY_ARGS = frozenset({"password", "username"})
 """Query arguments of a Redis URL that ``redacted_url`` masks (redis-py passes unknown ones on)."""
@@ -164,7 +164,7 @@ class Settings(BaseSettings):
             socket_timeout=self.redis_timeout_seconds,
             socket_connect_timeout=self.redis_timeout_seconds,
             health_check_interval=30,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=CLUSTER_RETRIES),
+            retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES),
         )
 
 
