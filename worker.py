@@ -20,13 +20,13 @@ import signal
 import sys
 from datetime import timedelta
 
-from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
 from temporalio.exceptions import ApplicationError
 from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.resumption import ResumptionActivities
+from redisclient.connection import RedisClient
 from redisclient.keys import DEFAULT_STREAM
 from redisclient.memory import read_memory
 from workflows.resumption import ResumptionWorkflow
@@ -105,7 +105,7 @@ async def check_redis(settings: Settings) -> None:
         await redis.aclose()
 
 
-async def _warn_about_eviction(redis: Redis) -> None:
+async def _warn_about_eviction(redis: RedisClient) -> None:
     """Log a warning when Redis's eviction policy would make every resumption fail, or when it
     cannot be read (an ACL user without ``+info``: the scripts need INFO too)."""
     try:

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import (
     ClusterDownError,
     MovedError,
@@ -41,7 +40,7 @@ from activities.requests import (
     SetAsideRequest,
 )
 from redisclient import backlog, deadletter, fencing, publish
-from redisclient.connection import STALE_CONNECTION_ERRORS, drop_stale_connections
+from redisclient.connection import STALE_CONNECTION_ERRORS, RedisClient, drop_stale_connections
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
 from redisclient.memory import EVICTION_REPLY
@@ -63,7 +62,7 @@ Redis Cluster addressed without a cluster client repeats too: the run then waits
 
 
 @asynccontextmanager
-async def _classified(redis: Redis) -> AsyncIterator[None]:
+async def _classified(redis: RedisClient) -> AsyncIterator[None]:
     """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection
     faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``)
     propagate and are retried.
@@ -76,8 +75,8 @@ async def _classified(redis: Redis) -> AsyncIterator[None]:
     """
     try:
         yield
-    except STALE_CONNECTION_ERRORS:
-        await drop_stale_connections(redis)
+    except STALE_CONNECTION_ERRORS as err:
+        await drop_stale_connections(redis, err)
         raise
     except ValueError as err:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
@@ -151,7 +150,7 @@ class ResumptionActivities:
     ``meter`` (the worker runtime's metric meter) feeds the ``HeldRemaining`` gauge.
     """
 
-    def __init__(self, redis: Redis, meter: MetricMeter | None = None) -> None:
+    def __init__(self, redis: RedisClient, meter: MetricMeter | None = None) -> None:
         self.redis = redis
         self.held = HeldRemaining(meter)
 

@@ -17,8 +17,7 @@ check is off.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
+from redisclient.connection import RedisClient
 from redisclient.results import RedisMemory
 from redisclient.scripts import run_script
 
@@ -44,7 +43,7 @@ def fraction_arg(fraction: float | None) -> str:
     return "" if fraction is None else repr(float(fraction))
 
 
-async def read_memory(client: Redis, key: str) -> RedisMemory:
+async def read_memory(client: RedisClient, key: str) -> RedisMemory:
     """Redis's memory settings (``INFO memory`` read by ``lua/memory_status.lua``).
 
     Args:

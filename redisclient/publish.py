@@ -10,9 +10,8 @@ script atomically, so a retried or zombie call can never duplicate, lose or over
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
 from redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byte_budget, validate_threshold
+from redisclient.connection import RedisClient
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.fencing import validate_lease
 from redisclient.keys import ExperimentKeys
@@ -22,7 +21,7 @@ from redisclient.scripts import run_script
 
 
 async def publish_batch(
-    client: Redis,
+    client: RedisClient,
     keys: ExperimentKeys,
     group: str,
     *,

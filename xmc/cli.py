@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, NoReturn
 
 from pydantic import TypeAdapter, ValidationError
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError, WatchError
 from temporalio.client import WorkflowFailureError
 
 from redisclient import deadletter, held
 from redisclient.backlog import validate_threshold
+from redisclient.connection import RedisClient
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from redisclient.results import ExperimentState
 from workflows.models import ResumptionInput, ThrottlePolicy
@@ -148,7 +148,7 @@ async def _dead(args: argparse.Namespace, settings: Settings) -> int:
         await redis.aclose()
 
 
-async def _dead_action(args: argparse.Namespace, redis: Redis, keys: ExperimentKeys) -> int:
+async def _dead_action(args: argparse.Namespace, redis: RedisClient, keys: ExperimentKeys) -> int:
     """List, retry or drop the experiment's set-aside tasks (``redisclient.deadletter``)."""
     if not (args.retry or args.drop):
         rows = await deadletter.dead_letters(redis, keys)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from temporalio.client import Client, WorkflowHandle
 
 from redisclient import fencing, held
 from redisclient.backlog import measure_backlog
+from redisclient.connection import RedisClient
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.memory import read_memory
 from redisclient.results import ExperimentState
@@ -24,7 +24,7 @@ MAX_SHOWN_VALUE_CHARS = 40
 """Longest part of a garbage key's value an error message quotes."""
 
 
-async def _read_key(redis: Redis, key: str, expected: str, read: Awaitable[T], *, parses: bool = False) -> T:
+async def _read_key(redis: RedisClient, key: str, expected: str, read: Awaitable[T], *, parses: bool = False) -> T:
     """Await ``read`` of ``key``; a key of the wrong type (WRONGTYPE), or for a read that
     ``parses`` the value a ``ValueError``, becomes ``KeyContentError`` naming the key, what it
     holds and what the contract expects (``expected``)."""
@@ -43,7 +43,7 @@ async def _read_key(redis: Redis, key: str, expected: str, read: Awaitable[T], *
         raise KeyContentError(f"key {key} holds {shown}, expected {expected}") from err
 
 
-async def state_and_held(redis: Redis, keys: ExperimentKeys) -> tuple[ExperimentState, int]:
+async def state_and_held(redis: RedisClient, keys: ExperimentKeys) -> tuple[ExperimentState, int]:
     """The experiment's state and its held tasks (entries).
 
     A state value the contract does not know is ``unknown``, not an error: producers hold their
@@ -58,7 +58,7 @@ async def state_and_held(redis: Redis, keys: ExperimentKeys) -> tuple[Experiment
     return state, await _read_key(redis, keys.held, "a stream (the held tasks)", held.held_count(redis, keys))
 
 
-async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
+async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
     """State, held tasks (entries), claim, last fencing token and the group's backlog, as a dict.
 
     ``orphaned`` is True for an experiment that is resuming with no live claim: its replayer is
@@ -98,7 +98,7 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
     }
 
 
-async def refuse_evicting_redis(redis: Redis, keys: ExperimentKeys) -> None:
+async def refuse_evicting_redis(redis: RedisClient, keys: ExperimentKeys) -> None:
     """Refuse, before anything starts, a Redis whose ``maxmemory-policy`` could evict the replay's
     keys: the resumption would fail at its claim (``redisclient.memory``).
 
