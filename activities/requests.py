@@ -82,6 +82,7 @@ class PublishRequest(BaseModel):
     lease_ms: int = Field(ge=1)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
+    fair_share: bool = False
 
 
 class ReleaseRequest(BaseModel):

@@ -187,6 +187,7 @@ class ResumptionActivities:
                 lease_ms=req.lease_ms,
                 missing_group=req.missing_group,
                 max_bytes=req.max_bytes,
+                fair_share=req.fair_share,
             )
 
     @activity.defn

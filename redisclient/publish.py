@@ -18,6 +18,7 @@ from redisclient.fencing import validate_lease
 from redisclient.keys import ExperimentKeys
 from redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
 from redisclient.scripts import run_script
+from redisclient.weights import replayers_key, weights_key
 
 
 async def publish_batch(
@@ -33,6 +34,7 @@ async def publish_batch(
     lease_ms: int,
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
     max_bytes: int = DEFAULT_BYTE_BUDGET,
+    fair_share: bool = False,
 ) -> PublishResult:
     """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
 
@@ -52,6 +54,9 @@ async def publish_batch(
             move stops once the tasks moved reach it (at least one task moves), so a batch of
             large tasks takes several calls instead of blocking Redis (``status`` stays
             ``published``, with headroom left).
+        fair_share: move at most this experiment's share of the headroom among the active
+            fair-share replayers of the stream, weighted (``redisclient.weights``, ``lua/fair.lua``);
+            the result's ``headroom`` is then that share.
 
     Returns:
         What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
@@ -72,9 +77,11 @@ async def publish_batch(
     raw = await run_script(
         client,
         "publish",
-        [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish],
-        [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes],
-    )
+        [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish,
+         weights_key(keys.stream), replayers_key(keys.stream)],
+        [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
+         "1" if fair_share else "0", keys.experiment_id],
+    )  # fmt: skip
     result = PublishResult.model_validate_json(raw)
     if result.status is PublishStatus.NO_GROUP:
         raise MissingConsumerGroupError(keys.stream, group)

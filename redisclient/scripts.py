@@ -21,13 +21,14 @@ from redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
     "measure": ("backlog",),
-    "publish": ("tokens", "backlog"),
+    "publish": ("tokens", "backlog", "fair"),
     "acquire": ("tokens",),
     "check": ("tokens",),
     "release": ("tokens",),
 }
 """The fragments each script gets prepended: ``backlog.lua`` (the backlog and throttle rule) and
-``tokens.lua`` (exact fencing tokens, the known states), so each rule is written once."""
+``tokens.lua`` (exact fencing tokens, the known states), ``fair.lua`` (the fair share of a shared
+threshold), so each rule is written once."""
 
 
 @cache

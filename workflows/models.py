@@ -127,6 +127,10 @@ class ResumptionInput(BaseModel):
         turns_per_run: continue-as-new after this many turns (or earlier when Temporal suggests it)
             to keep each run's history small.
         carry: set by the workflow itself when it continues as new.
+        fair_share: take at most this experiment's weighted share of the headroom among the
+            replays of the stream that set it too (weights in ``{S}:weights``, default 1; see
+            ``redisclient.weights``), so one replay cannot take the shared threshold's headroom
+            from the others; off: a publish takes up to ``batch_size`` of it.
 
     Every number is finite and bounded (the bounds are in the field definitions below); a bad
     value fails the run at once with a ``ValidationError`` naming the field.
@@ -151,6 +155,7 @@ class ResumptionInput(BaseModel):
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
     turns_per_run: int = Field(default=500, ge=1, le=10_000)
     carry: Carry | None = None
+    fair_share: bool = False
 
     @field_validator("experiment_id", "stream")
     @classmethod

@@ -405,6 +405,7 @@ class ResumptionWorkflow:
                 lease_ms=inp.lease_ms,
                 missing_group=inp.missing_group,
                 max_bytes=inp.max_bytes_per_call,
+                fair_share=inp.fair_share,
             ),
             summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
         )

@@ -6,6 +6,8 @@
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group,
 -- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
 -- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most
+-- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua); ARGV[10] fair share
+--         ('1' on, '0' off), ARGV[11] experiment ID
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
 --   fencing: a token other than the fence counter's moves nothing ('fenced'; 'fence_lost' when the
@@ -14,7 +16,8 @@
 --   pause: a paused experiment moves nothing ('paused');
 --   group: under the 'error' policy a missing group, or a missing stream (so no group), moves nothing;
 --   bound: moves at most min(batch, headroom) entries, headroom = threshold - backlog from the shared
---          backlog rule ('throttled' when that is 0);
+--          backlog rule ('throttled' when that is 0); with the fair share on, headroom is the
+--          caller's share of it (fair.lua), and the caller's lease among the replayers is renewed;
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream,
 --         oldest first, stopping once the entries moved reach the byte budget (at least one moves),
 --         and before an entry too large to pass to XADD from a script (`poison_id`: the caller sets
@@ -73,6 +76,10 @@ local b = xmc_backlog(KEYS[1], ARGV[5], threshold, budget)
 if b.status ~= 'ok' and ARGV[6] == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
+-- fair share (fair.lua): the headroom this caller may take; reads only, validated before any write
+local fair = ARGV[10] == '1' and xmc_fair_read(KEYS[7], KEYS[8], ARGV[11]) or nil
+if fair then b.headroom = xmc_fair_share(fair, b.headroom) end
+-- fair share: end
 local room = math.min(batch, b.headroom)
 local moved, moved_bytes = 0, 0
 if room > 0 then
@@ -100,6 +107,13 @@ if remaining == 0 then
 elseif room <= 0 then
   status = 'throttled'
 end
+-- fair share (fair.lua): renew the caller's lease among the replayers, or leave once drained
+if fair and status == 'completed' then
+  xmc_fair_leave(KEYS[8], ARGV[11])
+elseif fair then
+  xmc_fair_register(KEYS[8], ARGV[11], fair, ARGV[7])
+end
+-- fair share: end
 local result = reply(status, moved, b, remaining, 0, moved_bytes)
 redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
 if counting then
