@@ -116,7 +116,7 @@ def _lines_f(rows: list[dict[str, Any]]) -> list[str]:
     ]
     out.append(f"{'case':>6} {'policy':>8} {'fair':>4} {'exps':>4} {'tasks':>6} {'R meas':>6} {'wall s':>7} "
                f"{'wall/ideal':>10} {'max bl':>6} {'thr':>4} {'gap ms':>6} {'finish first/median/last':>24} "
-               f"{'last/first':>10} {'once':>4}")  # fmt: skip
+               f"{'last/first':>10} {'wk cpu s':>8} {'redis cpu s':>11} {'once':>4}")  # fmt: skip
     for r in rows:
         f = r["finish"]
         out.append(
@@ -124,7 +124,7 @@ def _lines_f(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['tasks']:>6} {r['rate_measured']:>6.0f} {r['wall_s']:>7.2f} {r['wall_over_ideal']:>10.2f} "
             f"{r['max_backlog']:>6} {r['threshold']:>4} {r['max_sample_gap_ms']:>6.1f} "
             f"{f['first_s']:>7.2f} /{f['median_s']:>7.2f} /{f['last_s']:>7.2f} {f['last_over_first']:>10.2f} "
-            f"{'yes' if r['exactly_once'] else 'NO':>4}"
+            f"{r['worker_cpu_s']:>8.1f} {r['redis_cpu_s']:>11.2f} {'yes' if r['exactly_once'] else 'NO':>4}"
         )
         if len(r["finish_by_group"]) > 1:
             for name, g in r["finish_by_group"].items():

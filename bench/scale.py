@@ -13,6 +13,8 @@ milliseconds. Reported per row:
   the stream), nothing held, every experiment running, every run ``completed``, no fair-share
   replayer left registered; the consumers read as many tasks as were held, and each task number
   as often as experiments hold it;
+- CPU: the two workers' and the redis-server's CPU seconds during the row (Redis's per 1,000 tasks:
+  what bounds one stream, which lives on one Redis node and one core);
 - fairness: the spread of the experiments' completion times (first / median / last result, last
   over first), per group of experiments when a row mixes them.
 
@@ -25,15 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import statistics
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.consumers import PacedConsumer, calibrate, run_paced_consumer
-from bench.env import BenchEnv, worker_process
+from bench.env import BenchEnv, WorkerProcess, worker_process
 from bench.replay import build_input
 from bench.sampler import sampler_process
 from bench.tasks import READ_CHUNK, hold_tasks
@@ -171,14 +176,29 @@ def spread(finish: list[float]) -> dict[str, float]:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far, in seconds (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def redis_cpu_seconds(env: BenchEnv) -> float:
+    """CPU time (user + system) the redis-server has used so far (``INFO cpu``), in seconds."""
+    info = await env.redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 async def _timed_result(handle: Any, started: float) -> tuple[float, Any]:
     """A workflow's result and when it came (seconds after ``started``)."""
     result = await handle.result()
     return time.monotonic() - started, result
 
 
-async def scale_run(env: BenchEnv, case: ScaleCase, size: ScaleSize) -> dict[str, Any]:
-    """One row of figure f, under the workers already polling ``env.task_queue``."""
+async def scale_run(
+    env: BenchEnv, case: ScaleCase, size: ScaleSize, workers: tuple[WorkerProcess, ...] = ()
+) -> dict[str, Any]:
+    """One row of figure f, under the workers already polling ``env.task_queue`` (``workers``:
+    those whose CPU time the row reports)."""
     run_id = uuid.uuid4().hex[:8]
     stream = f"bench-scale-{run_id}"
     members: list[tuple[ExperimentKeys, Group]] = [
@@ -199,10 +219,13 @@ async def scale_run(env: BenchEnv, case: ScaleCase, size: ScaleSize) -> dict[str
     ]
     try:
         async with sampler_process(env.redis_url, members[0][0], DEFAULT_GROUP) as sampler:
+            cpu_before = [cpu_seconds(w.pid) for w in workers], await redis_cpu_seconds(env)
             started = time.monotonic()
             handles = await asyncio.gather(*(start_resumption(env.client, inp, env.task_queue) for inp in inputs))
             timed = await asyncio.gather(*(_timed_result(h, started) for h in handles))
             wall = time.monotonic() - started
+            worker_cpu = sum(cpu_seconds(w.pid) for w in workers) - sum(cpu_before[0])
+            redis_cpu = await redis_cpu_seconds(env) - cpu_before[1]
             deadline = time.monotonic() + DRAIN_TIMEOUT_S
             while sum(len(r.consumed) for r in records) < case.tasks and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
@@ -237,6 +260,9 @@ async def scale_run(env: BenchEnv, case: ScaleCase, size: ScaleSize) -> dict[str
         "ideal_s": case.tasks / rate,
         "wall_over_ideal": wall * rate / case.tasks,
         "drained_s": drained,
+        "worker_cpu_s": worker_cpu,
+        "redis_cpu_s": redis_cpu,
+        "redis_cpu_ms_per_1000_tasks": redis_cpu / case.tasks * 1e6,
         "max_backlog": samples.max_backlog,
         "samples": samples.samples,
         "max_sample_gap_ms": samples.max_gap_s * 1000,
@@ -260,7 +286,7 @@ async def scale_run(env: BenchEnv, case: ScaleCase, size: ScaleSize) -> dict[str
 
 
 @contextlib.asynccontextmanager
-async def two_workers(env: BenchEnv) -> Any:
+async def two_workers(env: BenchEnv) -> AsyncIterator[tuple[WorkerProcess, WorkerProcess]]:
     """Two ``python -m worker`` processes polling ``env.task_queue`` for the block; yields both."""
     async with worker_process(env, "scale-worker-1") as first, worker_process(env, "scale-worker-2") as second:
         yield first, second
@@ -268,5 +294,5 @@ async def two_workers(env: BenchEnv) -> Any:
 
 async def scale(env: BenchEnv, size: ScaleSize, policies: tuple[str, ...]) -> list[dict[str, Any]]:
     """Figure f: every row of ``size.cases(policies)`` under two fresh workers, in that order."""
-    async with two_workers(env):
-        return [await scale_run(env, case, size) for case in size.cases(policies)]
+    async with two_workers(env) as workers:
+        return [await scale_run(env, case, size, workers) for case in size.cases(policies)]

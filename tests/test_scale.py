@@ -194,7 +194,7 @@ async def test_ten_replayers_two_workers_one_threshold(bench_env: BenchEnv) -> N
         ScaleCase("greedy", (Group(9, 200, batch), Group(1, 200, SIZE.threshold)), "adaptive", fair_share=True),
     ]
     async with two_workers(bench_env) as workers:
-        rows = [await scale_run(bench_env, case, SIZE) for case in cases]
+        rows = [await scale_run(bench_env, case, SIZE, workers) for case in cases]
         assert all(w.proc.poll() is None for w in workers)
     for row in rows:
         assert row["outcomes"] == {"completed": 10}
@@ -203,6 +203,7 @@ async def test_ten_replayers_two_workers_one_threshold(bench_env: BenchEnv) -> N
         # sampled all along (a shared machine can stretch a gap; the script bounds every publish)
         assert 0 < row["max_backlog"] <= row["threshold"] == 100
         assert row["samples"] > 100
+        assert row["worker_cpu_s"] > 0 and row["redis_cpu_s"] > 0
         finish = row["finish"]
         assert 0 < finish["first_s"] <= finish["median_s"] <= finish["last_s"] <= row["wall_s"]
     # the workers finished the replays at about the consumers' rate, not at a fixed wait's
