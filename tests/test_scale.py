@@ -26,6 +26,7 @@ from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
 from redisclient.publish import publish_batch
 from redisclient.results import PublishResult, PublishStatus
+from redisclient.scripts import run_script
 from redisclient.weights import (
     MAX_WEIGHT,
     active_replayers,
@@ -127,6 +128,34 @@ async def test_at_least_one_moves_and_a_lapsed_lease_stops_counting(group: Redis
     alone = await fair_publish(redis, "A", tokens["A"], 2, threshold=5)
     assert (alone.moved, alone.headroom) == (4, 4)
     assert await redis.zrange(replayers_key(STREAM), 0, -1) == [b"A"]
+
+
+async def test_many_replayers_are_summed_in_chunks(group: Redis) -> None:
+    redis = group
+    token = await claimed(redis, "A", 200)
+    seconds, _ = await redis.time()
+    lease_end = (seconds + 60) * 1000
+    await redis.zadd(replayers_key(STREAM), {f"other-{i}": lease_end for i in range(1_500)})
+    await redis.zadd(replayers_key(STREAM), {f"gone-{i}": lease_end - 120_000 for i in range(10)})
+    await set_weight(redis, STREAM, "A", MAX_WEIGHT)
+    # 1,500 others of weight 1 (past one HMGET of 1,000 fields) and A of 1,000: 100 * 1,000 / 2,500
+    result = await fair_publish(redis, "A", token, 1)
+    assert (result.moved, result.headroom) == (40, 40)
+    # the lapsed ones were dropped with the caller's registration
+    assert await redis.zcard(replayers_key(STREAM)) == 1_501
+
+
+async def test_a_bad_lease_fails_before_any_write(group: Redis) -> None:
+    redis = group
+    token = await claimed(redis, "A", 5)
+    k = keys("A")
+    script_keys = [k.stream, k.held, k.state, k.fence, k.claim, k.publish, weights_key(STREAM), replayers_key(STREAM)]
+    for lease in ("abc", "0", "1.5"):
+        args = [token, 1, 10, 100, GROUP, "zero", lease, "me", 4 * 1024 * 1024, "1", "A"]
+        with pytest.raises(ResponseError, match="fair share: lease .* is not a whole number of milliseconds"):
+            await run_script(redis, "publish", script_keys, args)
+    assert await held.held_count(redis, k) == 5
+    assert await redis.xlen(STREAM) == 0 and await redis.exists(replayers_key(STREAM)) == 0
 
 
 async def test_a_completed_replay_leaves_and_an_unfair_one_never_registers(group: Redis) -> None:

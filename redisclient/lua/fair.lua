@@ -31,8 +31,13 @@ local function xmc_weight(key, field, v)
 end
 
 -- Read the fair share's inputs: Redis's clock (ms), the caller's weight and the sum of the weights
--- of the active replayers (the caller included). Returns {now, own, total, active}.
-local function xmc_fair_read(weights_key, replayers_key, experiment)
+-- of the active replayers (the caller included), and check the lease it registers with
+-- (`lease_ms`, an integer of milliseconds >= 1). Returns {now, own, total, active, lease}.
+local function xmc_fair_read(weights_key, replayers_key, experiment, lease_ms)
+  local lease = tonumber(lease_ms)
+  if not lease or lease < 1 or lease ~= math.floor(lease) or lease > 2 ^ 53 then
+    error({err = 'ERR fair share: lease ' .. tostring(lease_ms) .. ' is not a whole number of milliseconds >= 1'})
+  end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local members = {experiment}
@@ -50,7 +55,7 @@ local function xmc_fair_read(weights_key, replayers_key, experiment)
       if m == experiment then own = w end
     end
   end
-  return {now = now, own = own, total = total, active = #members}
+  return {now = now, own = own, total = total, active = #members, lease = lease}
 end
 
 -- The caller's share of `headroom` (entries): 0 when there is none, else at least 1.
@@ -59,10 +64,10 @@ local function xmc_fair_share(f, headroom)
   return math.max(1, math.floor(headroom * f.own / f.total))
 end
 
--- Drop the replayers whose lease ended and renew the caller's for `lease_ms` milliseconds.
-local function xmc_fair_register(replayers_key, experiment, f, lease_ms)
+-- Drop the replayers whose lease ended and renew the caller's lease (checked by xmc_fair_read).
+local function xmc_fair_register(replayers_key, experiment, f)
   redis.call('ZREMRANGEBYSCORE', replayers_key, '-inf', f.now)
-  redis.call('ZADD', replayers_key, f.now + tonumber(lease_ms), experiment)
+  redis.call('ZADD', replayers_key, f.now + f.lease, experiment)
 end
 
 -- The caller's replay completed: it no longer takes a share.

@@ -77,7 +77,7 @@ if b.status ~= 'ok' and ARGV[6] == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
 -- fair share (fair.lua): the headroom this caller may take; reads only, validated before any write
-local fair = ARGV[10] == '1' and xmc_fair_read(KEYS[7], KEYS[8], ARGV[11]) or nil
+local fair = ARGV[10] == '1' and xmc_fair_read(KEYS[7], KEYS[8], ARGV[11], ARGV[7]) or nil
 if fair then b.headroom = xmc_fair_share(fair, b.headroom) end
 -- fair share: end
 local room = math.min(batch, b.headroom)
@@ -111,7 +111,7 @@ end
 if fair and status == 'completed' then
   xmc_fair_leave(KEYS[8], ARGV[11])
 elseif fair then
-  xmc_fair_register(KEYS[8], ARGV[11], fair, ARGV[7])
+  xmc_fair_register(KEYS[8], ARGV[11], fair)
 end
 -- fair share: end
 local result = reply(status, moved, b, remaining, 0, moved_bytes)
