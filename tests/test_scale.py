@@ -152,7 +152,7 @@ async def test_a_bad_lease_fails_before_any_write(group: Redis) -> None:
     script_keys = [k.stream, k.held, k.state, k.fence, k.claim, k.publish, weights_key(STREAM), replayers_key(STREAM)]
     for lease in ("abc", "0", "1.5"):
         args = [token, 1, 10, 100, GROUP, "zero", lease, "me", 4 * 1024 * 1024, "1", "A"]
-        with pytest.raises(ResponseError, match="fair share: lease .* is not a whole number of milliseconds"):
+        with pytest.raises(ResponseError, match=r"fair share: lease .* is not a whole number of milliseconds"):
             await run_script(redis, "publish", script_keys, args)
     assert await held.held_count(redis, k) == 5
     assert await redis.xlen(STREAM) == 0 and await redis.exists(replayers_key(STREAM)) == 0
