@@ -84,6 +84,7 @@ class PublishRequest(BaseModel):
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
     max_memory_fraction: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    fair_share: bool = False
 
 
 class ReleaseRequest(BaseModel):

@@ -235,6 +235,7 @@ class ResumptionActivities:
                 missing_group=req.missing_group,
                 max_bytes=req.max_bytes,
                 max_memory_fraction=req.max_memory_fraction,
+                fair_share=req.fair_share,
             )
         self.held.report(req.ref, result.remaining, req.lease_ms)
         return result

@@ -111,6 +111,29 @@ def _lines_e(e: dict[str, Any]) -> list[str]:
     return out
 
 
+def _lines_g(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "f. many replayers, one threshold, two workers (wall/ideal = (starts -> last result) / (tasks / R measured); "
+        "finish = completion times in s after the starts: first / median / last, and last/first)"
+    ]
+    out.append(f"{'case':>6} {'policy':>8} {'fair':>4} {'exps':>4} {'tasks':>6} {'R meas':>6} {'wall s':>7} "
+               f"{'wall/ideal':>10} {'max bl':>6} {'thr':>4} {'gap ms':>6} {'finish first/median/last':>24} "
+               f"{'last/first':>10} {'wk cpu s':>8} {'redis cpu s':>11} {'once':>4}")  # fmt: skip
+    for r in rows:
+        f = r["finish"]
+        out.append(
+            f"{r['case']:>6} {r['policy']:>8} {'yes' if r['fair_share'] else 'no':>4} {r['experiments']:>4} "
+            f"{r['tasks']:>6} {r['rate_measured']:>6.0f} {r['wall_s']:>7.2f} {r['wall_over_ideal']:>10.2f} "
+            f"{r['max_backlog']:>6} {r['threshold']:>4} {r['max_sample_gap_ms']:>6.1f} "
+            f"{f['first_s']:>7.2f} /{f['median_s']:>7.2f} /{f['last_s']:>7.2f} {f['last_over_first']:>10.2f} "
+            f"{r['worker_cpu_s']:>8.1f} {r['redis_cpu_s']:>11.2f} {'yes' if r['exactly_once'] else 'NO':>4}"
+        )
+        if len(r["finish_by_group"]) > 1:
+            for name, g in r["finish_by_group"].items():
+                out.append(f"{'':>20} {name}: finish {g['first_s']:.2f} / {g['median_s']:.2f} / {g['last_s']:.2f}")
+    return out
+
+
 def table(results: dict[str, Any]) -> str:
     """The printed table of every figure in ``results``."""
     printers: dict[str, Callable[[Any], list[str]]] = {
@@ -120,6 +143,7 @@ def table(results: dict[str, Any]) -> str:
         "d": _lines_d,
         "e": _lines_e,
         "f": blocking.lines,
+        "g": _lines_g,
     }
     blocks = [printers[key](results[key]) for key in printers if key in results]
     checks = results["checks"]

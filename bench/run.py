@@ -7,6 +7,8 @@ Figures (every one a ratio measured side by side in the same run; absolute times
   d  the worker's peak RSS replaying 1e4 against 1e6 tasks
   e  history events per 1,000 tasks and per throttle wait (from b), the largest single run
   f  Redis blocking during a replay of 1 KiB and 1 MiB tasks: another client's PING, each script's longest call
+  g  many replayers on one threshold under two workers: wall / (tasks / R), max backlog, exactly
+     once, the spread of completion times, without and with the fair share (``bench.scale``)
 Prints a table and writes ``bench/results/bench-<timestamp>.json`` and ``bench/results/latest.json``.
 Exits 0 when every replay was exactly once and in order, no sampled backlog passed the threshold and
 every run's history stayed under its budget; 1 otherwise.
@@ -25,11 +27,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench import backlog_cost, blocking, memory, pacing, throughput
+from bench import backlog_cost, blocking, memory, pacing, scale, throughput
 from bench.env import BenchEnv, bench_services, worker_process
 from bench.report import HISTORY_BUDGET, table, write_results
 
-FIGURES = ("a", "b", "c", "d", "e", "f")
+FIGURES = ("a", "b", "c", "d", "e", "f", "g")
 RESULTS_DIR = Path(__file__).parent / "results"
 A_BATCHES = (100, 1_000, 5_000)
 A_TASKS_FULL, A_TASKS_SMOKE = 50_000, 2_000
@@ -128,11 +130,11 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
     once += [r["exactly_once"] for r in results.get("b", []) if "skipped" not in r]
     once += [r["exactly_once"] for r in results.get("d", {}).get("rows", [])]
     once += [r["exactly_once"] for r in results.get("f", {}).get("rows", [])]
+    once += [r["exactly_once"] for r in results.get("g", [])]
     checks = {"exactly_once": all(once)}
-    if "b" in results:
-        checks["max_backlog_within_threshold"] = all(
-            r["max_backlog"] <= r["threshold"] for r in results["b"] if "skipped" not in r
-        )
+    bounded = [r for r in results.get("b", []) if "skipped" not in r] + results.get("g", [])
+    if bounded:
+        checks["max_backlog_within_threshold"] = all(r["max_backlog"] <= r["threshold"] for r in bounded)
     if "e" in results:
         checks["history_under_budget"] = results["e"]["under_budget"]
     if "f" in results:
@@ -156,6 +158,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             results["d"] = await memory.worker_memory(env, sizes)
         if "f" in args.only:
             results["f"] = await blocking.blocking(env, blocking.SMOKE_CASES if args.smoke else blocking.FULL_CASES)
+        if "g" in args.only:
+            size = scale.SMOKE_SIZE if args.smoke else scale.FULL_SIZE
+            print(f"g: {size.experiments} experiments x {size.tasks} tasks, two workers, R {size.rate:g}/s", flush=True)
+            results["g"] = await scale.scale(env, size, args.policies)
     if "e" in args.only:
         elsewhere = [r["largest_run_events"] for row in results.get("a", []) for r in row["workflow_runs"]]
         elsewhere += [r["largest_run_events"] for r in results.get("d", {}).get("rows", [])]

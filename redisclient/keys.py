@@ -130,4 +130,6 @@ def expected_type(key: str) -> str:
     part (DESIGN.md section 3), any other key (the task stream) ``stream``."""
     if key.startswith("{") and ":experiment:" in key:
         return _TYPES.get(key.rsplit(":", 1)[1], "stream")
+    if key.startswith("{") and key.endswith(("}:weights", "}:replayers")):
+        return "hash" if key.endswith(":weights") else "zset"  # the fair share's (redisclient/weights.py)
     return "stream"

@@ -18,6 +18,7 @@ from redisclient.keys import ExperimentKeys
 from redisclient.memory import fraction_arg
 from redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
 from redisclient.scripts import run_script
+from redisclient.weights import replayers_key, weights_key
 
 
 async def publish_batch(
@@ -34,6 +35,7 @@ async def publish_batch(
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
     max_bytes: int = DEFAULT_BYTE_BUDGET,
     max_memory_fraction: float | None = None,
+    fair_share: bool = False,
 ) -> PublishResult:
     """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
 
@@ -56,6 +58,9 @@ async def publish_batch(
         max_memory_fraction: with headroom left, nothing moves while Redis's used memory is at or
             above this fraction of ``maxmemory`` (status ``memory``); None, or no ``maxmemory``
             set, never (0 < f <= 1; ``redisclient.memory``).
+        fair_share: move at most this experiment's share of the headroom among the active
+            fair-share replayers of the stream, weighted (``redisclient.weights``, ``lua/fair.lua``);
+            the result's ``headroom`` is then that share.
 
     Returns:
         What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
@@ -79,12 +84,11 @@ async def publish_batch(
     raw = await run_script(
         client,
         "publish",
-        [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish],
-        [
-            *(token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes),
-            fraction_arg(max_memory_fraction),
-        ],
-    )
+        [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish,
+         weights_key(keys.stream), replayers_key(keys.stream)],
+        [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
+         fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id],
+    )  # fmt: skip
     result = PublishResult.model_validate_json(raw)
     if result.status is PublishStatus.NO_GROUP:
         raise MissingConsumerGroupError(keys.stream, group)

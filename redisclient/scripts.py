@@ -26,15 +26,16 @@ from redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
     "measure": ("backlog",),
-    "publish": ("tokens", "backlog", "memory"),
+    "publish": ("tokens", "backlog", "memory", "fair"),
     "acquire": ("tokens", "memory"),
     "memory_status": ("memory",),
     "check": ("tokens",),
     "release": ("tokens",),
 }
 """The fragments each script gets prepended: ``backlog.lua`` (the backlog and throttle rule),
-``tokens.lua`` (exact fencing tokens, the known states) and ``memory.lua`` (the eviction-policy
-and memory-fraction rule), so each rule is written once."""
+``tokens.lua`` (exact fencing tokens, the known states), ``memory.lua`` (the eviction-policy and
+memory-fraction rule) and ``fair.lua`` (the fair share of a shared threshold), so each rule is
+written once."""
 
 
 @cache

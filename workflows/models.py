@@ -132,6 +132,10 @@ class ResumptionInput(BaseModel):
             ``throttle_seconds``, whatever the policy) while Redis's used memory is at or above this
             share of ``maxmemory`` (0 < f <= 1, default 0.9, read inside the publish script); None,
             or a Redis without ``maxmemory``, never (``redisclient.memory``).
+        fair_share: take at most this experiment's weighted share of the headroom among the
+            replays of the stream that set it too (weights in ``{S}:weights``, default 1; see
+            ``redisclient.weights``), so one replay cannot take the shared threshold's headroom
+            from the others; off: a publish takes up to ``batch_size`` of it.
 
     Every number is finite and bounded (the bounds are in the field definitions below); a bad
     value fails the run at once with a ``ValidationError`` naming the field.
@@ -157,6 +161,7 @@ class ResumptionInput(BaseModel):
     turns_per_run: int = Field(default=500, ge=1, le=10_000)
     carry: Carry | None = None
     max_memory_fraction: float | None = Field(default=DEFAULT_MEMORY_FRACTION, gt=0, le=1, allow_inf_nan=False)
+    fair_share: bool = False
 
     @field_validator("experiment_id", "stream")
     @classmethod

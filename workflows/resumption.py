@@ -565,6 +565,7 @@ class ResumptionWorkflow:
                 missing_group=inp.missing_group,
                 max_bytes=inp.max_bytes_per_call,
                 max_memory_fraction=inp.max_memory_fraction,
+                fair_share=inp.fair_share,
             ),
             summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
         )

@@ -7,6 +7,8 @@
 -- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
 -- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most,
 -- ARGV[10] memory fraction: '' (off) or 0 < f <= 1: nothing moves while used_memory >= f x maxmemory
+-- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua); ARGV[11] fair share
+--         ('1' on, '0' off), ARGV[12] experiment ID
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
 --   fencing: a token other than the fence counter's moves nothing ('fenced'; 'fence_lost' when the
@@ -15,7 +17,8 @@
 --   pause: a paused experiment moves nothing ('paused');
 --   group: under the 'error' policy a missing group, or a missing stream (so no group), moves nothing;
 --   bound: moves at most min(batch, headroom) entries, headroom = threshold - backlog from the shared
---          backlog rule ('throttled' when that is 0);
+--          backlog rule ('throttled' when that is 0); with the fair share on, headroom is the
+--          caller's share of it (fair.lua), and the caller's lease among the replayers is renewed;
 --   memory: a maxmemory-policy other than noeviction fails the call (XMCEVICTION, memory.lua); with
 --           headroom left, Redis's used memory at or above the fraction of maxmemory moves nothing
 --           ('memory'; no limit set: never);
@@ -80,6 +83,10 @@ local b = xmc_backlog(KEYS[1], ARGV[5], threshold, budget)
 if b.status ~= 'ok' and ARGV[6] == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
+-- fair share (fair.lua): the headroom this caller may take; reads only, validated before any write
+local fair = ARGV[11] == '1' and xmc_fair_read(KEYS[7], KEYS[8], ARGV[12], ARGV[7]) or nil
+if fair then b.headroom = xmc_fair_share(fair, b.headroom) end
+-- fair share: end
 local room = math.min(batch, b.headroom)
 -- memory guard (memory.lua): reads only, before the first write -----------------------------------
 memory = xmc_memory()
@@ -118,6 +125,13 @@ elseif memory_full then
 elseif room <= 0 then
   status = 'throttled'
 end
+-- fair share (fair.lua): renew the caller's lease among the replayers, or leave once drained
+if fair and status == 'completed' then
+  xmc_fair_leave(KEYS[8], ARGV[12])
+elseif fair then
+  xmc_fair_register(KEYS[8], ARGV[12], fair)
+end
+-- fair share: end
 local result = reply(status, moved, b, remaining, 0, moved_bytes)
 redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
 if counting then

@@ -1,0 +1,78 @@
+"""Weights and active replayers of a task stream, for the fair share of its threshold (``lua/fair.lua``).
+
+Replays whose input sets ``fair_share`` split the headroom of their shared threshold: one publish
+moves at most ``max(1, headroom * w_e / sum of w over the active replayers)``. Two keys per stream,
+under its hash tag so they live in its cluster slot:
+
+- ``{S}:weights``: hash, field experiment ID, value its weight (an integer 1..``MAX_WEIGHT``; a
+  missing field weighs ``DEFAULT_WEIGHT``), set by an operator (``set_weight``);
+- ``{S}:replayers``: sorted set, member experiment ID, score the end of its lease (milliseconds on
+  Redis's clock), written by the publish script only.
+
+The model is Temporal's task-queue fairness keys and weights.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from redis.asyncio import Redis
+
+from redisclient.keys import as_text, validate_name
+
+DEFAULT_WEIGHT = 1
+"""The weight of an experiment without a field in ``{S}:weights``."""
+
+MAX_WEIGHT = 1000
+"""The largest weight (``XMC_MAX_WEIGHT`` in ``fair.lua``): a ratio of 1,000 between two replays."""
+
+
+def weights_key(stream: str) -> str:
+    """``{S}:weights``: the weights hash of task stream ``stream``."""
+    return f"{{{validate_name('stream', stream)}}}:weights"
+
+
+def replayers_key(stream: str) -> str:
+    """``{S}:replayers``: the sorted set of the active fair-share replayers of ``stream``."""
+    return f"{{{validate_name('stream', stream)}}}:replayers"
+
+
+def validate_weight(weight: int) -> int:
+    """Return ``weight`` when it is an integer 1..``MAX_WEIGHT``.
+
+    Raises:
+        ValueError: any other value (a bool is refused too).
+    """
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
+        raise ValueError(f"weight must be an integer 1..{MAX_WEIGHT}, got {weight!r}")
+    return weight
+
+
+async def set_weight(client: Redis, stream: str, experiment_id: str, weight: int) -> None:
+    """Give ``experiment_id`` the weight ``weight`` among the fair-share replays of ``stream``;
+    it applies from its replay's next publish.
+
+    Raises:
+        ValueError: a bad name or weight.
+        redis.exceptions.RedisError: on any Redis fault (WRONGTYPE when the key is not a hash).
+    """
+    await client.hset(weights_key(stream), validate_name("experiment_id", experiment_id), validate_weight(weight))
+
+
+async def clear_weight(client: Redis, stream: str, experiment_id: str) -> None:
+    """Give ``experiment_id`` the default weight again (deletes its field)."""
+    await client.hdel(weights_key(stream), validate_name("experiment_id", experiment_id))
+
+
+async def active_replayers(client: Redis, stream: str) -> dict[str, float]:
+    """The fair-share replayers of ``stream`` whose lease has not ended, with the end of each lease
+    (milliseconds on Redis's clock).
+
+    Raises:
+        redis.exceptions.RedisError: on any Redis fault.
+    """
+    seconds, micros = await client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    reply = await client.zrangebyscore(replayers_key(stream), f"({now_ms}", "+inf", withscores=True)
+    members = cast(list[tuple[bytes | str, float]], reply)  # WITHSCORES: (member, score) pairs
+    return {as_text(member): float(score) for member, score in members}
