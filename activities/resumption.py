@@ -39,6 +39,7 @@ from activities.requests import (
     SetAsideRequest,
 )
 from redisclient import backlog, deadletter, fencing, publish
+from redisclient.acl import acl_user, denial_message
 from redisclient.connection import STALE_CONNECTION_ERRORS, drop_stale_connections
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
@@ -83,6 +84,9 @@ async def _classified(redis: Redis) -> AsyncIterator[None]:
         reply = str(err)
         if isinstance(err, TRANSIENT_ERRORS) or reply.startswith(TRANSIENT_REPLIES):
             raise
+        denied = denial_message(err, acl_user(redis), f"in {activity.info().activity_type}")
+        if denied:
+            raise ApplicationError(denied, type=ErrorType.REDIS_PERMISSION_DENIED, non_retryable=True) from err
         if reply.startswith("WRONGTYPE"):
             raise ApplicationError(
                 f"a key of the wrong type is in the way: {reply}", type=ErrorType.REDIS_WRONG_TYPE, non_retryable=True
