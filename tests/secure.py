@@ -148,9 +148,10 @@ def make_certificates(folder: Path) -> Certificates:
 
 
 @contextmanager
-def tls_redis(certs: Certificates) -> Iterator[int]:
+def tls_redis(certs: Certificates, *args: str) -> Iterator[int]:
     """A redis-server that speaks only TLS (``--port 0``) on a free loopback port and requires a
-    client certificate signed by ``certs.ca`` (``tls-auth-clients yes``); yields the TLS port."""
+    client certificate signed by ``certs.ca`` (``tls-auth-clients yes``), with extra ``args``;
+    yields the TLS port."""
     tls_port = free_port()
     with redis_server(
         "--tls-port", str(tls_port),
@@ -158,6 +159,7 @@ def tls_redis(certs: Certificates) -> Iterator[int]:
         "--tls-key-file", str(certs.server_key),
         "--tls-ca-cert-file", str(certs.ca),
         "--tls-auth-clients", "yes",
+        *args,
         port=0,
         listen_port=tls_port,
     ) as port:  # fmt: skip
