@@ -166,14 +166,16 @@ def tls_redis(certs: Certificates, *args: str) -> Iterator[int]:
         yield port
 
 
-def run_module(module: str, *args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` as an operator runs it, with only ``env`` (plus PATH) in its
-    environment; output captured as text."""
+def run_module(
+    module: str, *args: str, timeout: float = 30, cwd: Path = ROOT, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` in ``cwd`` as an operator runs it, with only ``env`` (plus PATH)
+    in its environment; output captured as text."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=ROOT,
+        cwd=cwd,
         env={"PATH": "/usr/bin:/bin", **env},
     )
