@@ -100,7 +100,8 @@ class ResumptionInput(BaseModel):
         experiment_id: the experiment ``E`` to resume; stream: the task stream's key. Both become
             parts of keys: 1 to 200 letters, digits and ``. _ : / @ + = -``
             (``redisclient.keys.validate_name``, the one rule every entry point applies).
-        consumer_group: the consumer group whose backlog throttles the replay.
+        consumer_group: the consumer group whose backlog throttles the replay; a name by the same rule
+            (it reaches XINFO, logs and the UI).
         batch_size: the most tasks one publish moves (entries, 1..10,000).
         max_backlog_threshold: at or above this backlog (entries) the replay waits; at most
             100,000, since counting the lag reads up to this many entries inside a Lua script,
@@ -152,7 +153,7 @@ class ResumptionInput(BaseModel):
     turns_per_run: int = Field(default=500, ge=1, le=10_000)
     carry: Carry | None = None
 
-    @field_validator("experiment_id", "stream")
+    @field_validator("experiment_id", "stream", "consumer_group")
     @classmethod
     def _key_name(cls, value: str, info: ValidationInfo) -> str:
         return validate_name(str(info.field_name), value)
