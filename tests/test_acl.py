@@ -217,11 +217,13 @@ async def test_a_command_refused_inside_a_script_names_the_script(admin: Redis, 
     ), str(err.value)
 
 
-async def test_the_cli_names_the_user_and_the_command(admin: Redis, narrow_url: str) -> None:
-    proc = run_module("xmc", "status", "A4", XMC_REDIS_URL=narrow_url)
+@pytest.mark.parametrize("args", [["status", "A4"], ["dead", "A4", "--retry", "1-1"]])
+async def test_the_cli_names_the_user_and_the_command(admin: Redis, narrow_url: str, args: list[str]) -> None:
+    await admin.xadd(ExperimentKeys(STREAM, "A4").dead, {"task": "t"}, id="1-1")  # for --retry to move
+    proc = run_module("xmc", *args, XMC_REDIS_URL=narrow_url)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     line = proc.stderr.strip()
-    assert line.startswith(f"xmc status: Redis ACL user '{NARROW_USER}' may not run "), line
+    assert line.startswith(f"xmc {args[0]}: Redis ACL user '{NARROW_USER}' may not run "), line
     assert f", at XMC_REDIS_URL=redis://{NARROW_USER}:***@127.0.0.1:" in line and SECRET not in line
 
 

@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError, WatchError
 from temporalio.client import WorkflowFailureError
 
 from redisclient import deadletter, held
+from redisclient.acl import is_denial
 from redisclient.backlog import validate_threshold
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, validate_name
 from redisclient.results import ExperimentState
@@ -151,6 +152,8 @@ async def _dead(args: argparse.Namespace, settings: Settings) -> int:
     except WatchError as err:
         raise OperatorError(f"{keys.dead} or the experiment changed meanwhile; nothing moved: try again") from err
     except ResponseError as err:
+        if is_denial(err):
+            raise  # an ACL refusal: operator_message names the user and the command
         raise OperatorError(f"nothing moved: {err}") from err
     finally:
         await redis.aclose()
