@@ -31,6 +31,7 @@ from redisclient.scripts import source
 _SCRIPT_DENIALS = ("The user executing the script can't", "ACL failure in script")
 _QUOTED_COMMAND = re.compile(r"'([a-z0-9_|-]+)'", re.IGNORECASE)
 _SCRIPT_SHA = re.compile(r"script: ([0-9a-f]{40})")
+_SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]{40}(, on @user_script:\d+)?\.?")
 
 
 def is_denial(err: BaseException) -> bool:
@@ -81,7 +82,7 @@ def denial_message(err: BaseException, user: str, doing: str) -> str | None:
         what = "access a key" + (f" of the {script} script" if script else "") + " outside its key patterns"
     else:
         what = f"run a command of the {script} script (EVALSHA)" if script else "run a command"
-    reply = _SCRIPT_SHA.sub("", reply).rstrip(" ,.")
+    reply = _SCRIPT_SUFFIX.sub("", reply).rstrip(" ,.")
     if isinstance(err, NoPermissionError) and not reply.startswith("NOPERM"):
         reply = f"NOPERM {reply}"
     return f"Redis ACL user {user!r} may not {what}, {doing}: {reply} (see deploy/redis-acl.conf)"

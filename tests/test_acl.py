@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
-from redis.exceptions import NoPermissionError
+from redis.exceptions import NoPermissionError, ResponseError
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -31,7 +32,9 @@ from activities.requests import (
 )
 from activities.resumption import ResumptionActivities
 from redisclient import deadletter, held
+from redisclient.acl import denial_message
 from redisclient.keys import ExperimentKeys, as_text
+from redisclient.scripts import source
 from tests.helpers import resumption_worker, start
 from tests.secure import ACL_FILE, ACL_USER, ROOT, SECRET, acl_redis, run_module
 from xmc.ops import experiment_status
@@ -283,3 +286,25 @@ def test_acl_file_has_no_password() -> None:
     """The shipped file carries no secret: the user starts off, without a password."""
     text = ACL_FILE.read_text()
     assert " off " in text and ">" not in text and "#" not in text and "nopass" not in text
+
+
+@pytest.mark.parametrize(
+    ("reply", "error", "expected"),
+    [
+        # Redis 7.2 and later word refusals differently; this server (7.0) cannot produce them
+        ("User u has no permissions to run the 'flushall' command", NoPermissionError, "may not run FLUSHALL, in x"),
+        ("No permissions to access a key", NoPermissionError, "may not access a key outside its key patterns, in x"),
+        (
+            "ERR ACL failure in script: User u has no permissions to run the 'del' command script: {sha}, "
+            "on @user_script:57.",
+            ResponseError,
+            "may not run DEL (from the publish script), in x: ERR ACL failure in script: User u has no permissions "
+            "to run the 'del' command (see",
+        ),
+        ("WRONGTYPE Operation against a key holding the wrong kind of value", ResponseError, None),
+    ],
+)
+def test_the_refusal_forms_of_later_redis_versions(reply: str, error: type[Exception], expected: str | None) -> None:
+    sha = hashlib.sha1(source("publish").encode(), usedforsecurity=False).hexdigest()
+    message = denial_message(error(reply.format(sha=sha)), "u", "in x")
+    assert message is None if expected is None else (message and expected in message), message
