@@ -55,9 +55,9 @@ def _script_names() -> dict[str, str]:
 
 
 def acl_user(client: Redis) -> str:
-    """The ACL user ``client`` authenticates as: the URL's username, ``default`` when it names none."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
-    return str(kwargs.get("username") or "default")
+    """The ACL user ``client`` authenticates as: the URL's username, ``default`` when it names none
+    (``get_connection_kwargs``, which redis-py's cluster client has too)."""
+    return str(client.get_connection_kwargs().get("username") or "default")
 
 
 def denial_message(err: BaseException, user: str, doing: str) -> str | None:
