@@ -107,6 +107,14 @@ def test_a_wrong_ca_is_one_line_naming_the_setting(certs: Certificates, tls_port
     assert SECRET not in line and "BEGIN" not in line
 
 
+def test_the_worker_refuses_to_start_with_a_wrong_ca(certs: Certificates, tls_port: int) -> None:
+    """A certificate that does not verify is a setting to mend, not an outage to wait out."""
+    proc = run_module("worker", **tls_env(certs, tls_port, ca=certs.other_ca))
+    assert proc.returncode == 2, proc.stderr
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("worker: ")]
+    assert "presented a certificate that XMC_REDIS_TLS_CA_FILE" in line and SECRET not in proc.stderr
+
+
 def test_without_a_client_certificate_the_server_refuses(certs: Certificates, tls_port: int) -> None:
     env = tls_env(certs, tls_port)
     del env["XMC_REDIS_TLS_CERT_FILE"], env["XMC_REDIS_TLS_KEY_FILE"]

@@ -67,6 +67,12 @@ def validation_message(err: ValidationError) -> str:
     return one_line(f"invalid {what}: " + "; ".join(parts))
 
 
+def is_certificate_refused(err: BaseException) -> bool:
+    """True when a TLS connection to Redis failed because the server's certificate did not verify
+    against ``XMC_REDIS_TLS_CA_FILE`` (or the system's CAs): a setting to mend, not an outage."""
+    return isinstance(err, RedisConnectionError) and "CERTIFICATE_VERIFY_FAILED" in str(err)
+
+
 def redis_message(err: Exception, redis_url: str, timeout: float) -> str:
     """A Redis client error as one line naming the Redis (password masked) and the setting."""
     where = redacted_url(redis_url)
@@ -82,7 +88,7 @@ def redis_message(err: Exception, redis_url: str, timeout: float) -> str:
         return f"the Redis at {where} did not answer within XMC_REDIS_TIMEOUT_SECONDS={timeout:g}: {detail}"
     if isinstance(err, InvalidResponse):
         return f"the endpoint at {where} (XMC_REDIS_URL) does not speak the Redis protocol: {detail}"
-    if isinstance(err, RedisConnectionError) and "CERTIFICATE_VERIFY_FAILED" in detail:
+    if is_certificate_refused(err):
         return (
             f"the Redis at {where} presented a certificate that XMC_REDIS_TLS_CA_FILE (the system's CAs when "
             f"unset) does not verify: {detail}"
