@@ -31,7 +31,7 @@ from redisclient.keys import DEFAULT_STREAM
 from redisclient.memory import read_memory
 from workflows.resumption import ResumptionWorkflow
 from xmc import search_attributes
-from xmc.errors import EXIT_OPERATOR_ERROR, one_line, operator_message, redis_message
+from xmc.errors import EXIT_OPERATOR_ERROR, is_certificate_refused, one_line, operator_message, redis_message
 from xmc.settings import Settings, connect_temporal
 
 log = logging.getLogger("xmc.worker")
@@ -86,10 +86,11 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 async def check_redis(settings: Settings) -> None:
     """Ping Redis once at start: a configuration it refuses (``ResponseError`` such as ``DB index
-    is out of range``, bad credentials, an endpoint that is not Redis) is raised; a Redis that is
-    down only logs a warning, since the replay waits out outages by itself. A ``maxmemory-policy``
-    that could evict the replay's keys (anything but ``noeviction``, ``redisclient.memory``) logs a
-    warning too: the worker starts, and every resumption on that Redis fails at its claim."""
+    is out of range``, bad credentials, an endpoint that is not Redis, a server certificate that
+    ``XMC_REDIS_TLS_CA_FILE`` does not verify) is raised; a Redis that is down only logs a warning,
+    since the replay waits out outages by itself. A ``maxmemory-policy`` that could evict the
+    replay's keys (anything but ``noeviction``, ``redisclient.memory``) logs a warning too: the
+    worker starts, and every resumption on that Redis fails at its claim."""
     redis = settings.redis()
     try:
         await redis.ping()
@@ -97,6 +98,8 @@ async def check_redis(settings: Settings) -> None:
     except (ResponseError, AuthenticationError, InvalidResponse):
         raise
     except RedisError as err:
+        if is_certificate_refused(err):
+            raise  # a wrong XMC_REDIS_TLS_CA_FILE: no retry mends it
         log.warning(
             "%s; the worker starts anyway and waits for it",
             redis_message(err, settings.redis_url, settings.redis_timeout_seconds),

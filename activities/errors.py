@@ -16,10 +16,13 @@ class ErrorType(StrEnum):
     ``MISSING_CONSUMER_GROUP``: the group (or its stream) is missing under ``missing_group: error``.
     ``REDIS_WRONG_TYPE``: a key of the wrong type is in the way (a WRONGTYPE reply).
     ``REDIS_COMMAND_ERROR``: any other error reply that repeats on every try (e.g. a fence key that
-    is not an integer, NOPERM).
+    is not an integer).
     ``REDIS_EVICTION_POLICY``: Redis's ``maxmemory-policy`` could evict the replay's keys (anything
     but ``noeviction``; ``redisclient.memory``): the acquire or publish script refused before its
     first write.
+    ``REDIS_PERMISSION_DENIED``: the Redis ACL user may not run a command or touch a key (NOPERM,
+    or its form from inside a script); the message names the user and the command
+    (``redisclient.acl``).
     """
 
     INVALID_ARGUMENT = "InvalidArgument"
@@ -27,6 +30,7 @@ class ErrorType(StrEnum):
     REDIS_WRONG_TYPE = "RedisWrongType"
     REDIS_COMMAND_ERROR = "RedisCommandError"
     REDIS_EVICTION_POLICY = "RedisEvictionPolicy"
+    REDIS_PERMISSION_DENIED = "RedisPermissionDenied"
 
 
 NON_RETRYABLE_ERROR_TYPES: tuple[str, ...] = tuple(t.value for t in ErrorType)

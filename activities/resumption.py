@@ -40,9 +40,10 @@ from activities.requests import (
     SetAsideRequest,
 )
 from redisclient import backlog, deadletter, fencing, publish
+from redisclient.acl import acl_user, denial_message
 from redisclient.connection import STALE_CONNECTION_ERRORS, RedisClient, drop_stale_connections
 from redisclient.errors import MissingConsumerGroupError
-from redisclient.keys import ExperimentKeys
+from redisclient.keys import ExperimentKeys, validate_name
 from redisclient.memory import EVICTION_REPLY
 from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult, SetAside
 from workflows import metrics
@@ -90,6 +91,9 @@ async def _classified(redis: RedisClient) -> AsyncIterator[None]:
             raise ApplicationError(
                 reply.removeprefix(EVICTION_REPLY).strip(), type=ErrorType.REDIS_EVICTION_POLICY, non_retryable=True
             ) from err
+        denied = denial_message(err, acl_user(redis), f"in {activity.info().activity_type}")
+        if denied:
+            raise ApplicationError(denied, type=ErrorType.REDIS_PERMISSION_DENIED, non_retryable=True) from err
         if reply.startswith("WRONGTYPE"):
             raise ApplicationError(
                 f"a key of the wrong type is in the way: {reply}", type=ErrorType.REDIS_WRONG_TYPE, non_retryable=True
@@ -100,7 +104,10 @@ async def _classified(redis: RedisClient) -> AsyncIterator[None]:
 
 
 def _keys(ref: ExperimentRef) -> ExperimentKeys:
+    """The experiment's keys; the stream, the experiment ID and the group checked by the one rule
+    (``redisclient.keys.validate_name``: a group is no key, but it reaches XINFO, logs and the UI)."""
     try:
+        validate_name("consumer_group", ref.consumer_group)
         return ExperimentKeys(ref.stream, ref.experiment_id)
     except ValueError as err:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
@@ -194,6 +201,7 @@ class ResumptionActivities:
     @activity.defn
     async def measure_backlog(self, req: BacklogRequest) -> BacklogReading:
         """Measure the consumer group's backlog (pending + lag, capped near the threshold)."""
+        _keys(req.ref)
         async with _classified(self.redis):
             reading = await backlog.measure_backlog(
                 self.redis, req.ref.stream, req.ref.consumer_group, req.threshold, req.missing_group, req.max_bytes
@@ -204,6 +212,7 @@ class ResumptionActivities:
     async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
         """Poll the backlog until it falls to the low watermark, within the request's bounds (a
         short throttle wait of the adaptive policy; see ``redisclient.backlog.wait_for_drain``)."""
+        _keys(req.ref)
         async with _classified(self.redis):
             return await backlog.wait_for_drain(
                 self.redis,

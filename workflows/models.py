@@ -101,7 +101,8 @@ class ResumptionInput(BaseModel):
         experiment_id: the experiment ``E`` to resume; stream: the task stream's key. Both become
             parts of keys: 1 to 200 letters, digits and ``. _ : / @ + = -``
             (``redisclient.keys.validate_name``, the one rule every entry point applies).
-        consumer_group: the consumer group whose backlog throttles the replay.
+        consumer_group: the consumer group whose backlog throttles the replay; a name by the same rule
+            (it reaches XINFO, logs and the UI).
         batch_size: the most tasks one publish moves (entries, 1..10,000).
         max_backlog_threshold: at or above this backlog (entries) the replay waits; at most
             100,000, since counting the lag reads up to this many entries inside a Lua script,
@@ -163,7 +164,7 @@ class ResumptionInput(BaseModel):
     max_memory_fraction: float | None = Field(default=DEFAULT_MEMORY_FRACTION, gt=0, le=1, allow_inf_nan=False)
     fair_share: bool = False
 
-    @field_validator("experiment_id", "stream")
+    @field_validator("experiment_id", "stream", "consumer_group")
     @classmethod
     def _key_name(cls, value: str, info: ValidationInfo) -> str:
         return validate_name(str(info.field_name), value)

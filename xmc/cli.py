@@ -24,9 +24,10 @@ from redis.exceptions import ResponseError, WatchError
 from temporalio.client import WorkflowFailureError
 
 from redisclient import deadletter, held
+from redisclient.acl import is_denial
 from redisclient.backlog import validate_threshold
 from redisclient.connection import RedisClient
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, validate_name
 from redisclient.results import ExperimentState
 from workflows.models import ResumptionInput, ThrottlePolicy
 from xmc.demo import DemoOptions, run_demo
@@ -75,6 +76,14 @@ def stream_arg(value: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return value
+
+
+def group_arg(value: str) -> str:
+    """A consumer group name, by the rule of stream names (``redisclient.keys.validate_name``)."""
+    try:
+        return validate_name("consumer_group", value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def threshold_arg(value: str) -> int:
@@ -143,6 +152,8 @@ async def _dead(args: argparse.Namespace, settings: Settings) -> int:
     except WatchError as err:
         raise OperatorError(f"{keys.dead} or the experiment changed meanwhile; nothing moved: try again") from err
     except ResponseError as err:
+        if is_denial(err):
+            raise  # an ACL refusal: operator_message names the user and the command
         raise OperatorError(f"nothing moved: {err}") from err
     finally:
         await redis.aclose()
@@ -230,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
     enqueue = experiment_cmd("enqueue", "enqueue synthetic tasks through the pause-aware script", _enqueue)
     enqueue.add_argument("--count", type=count_arg, default=100, help="tasks to enqueue")
     status = experiment_cmd("status", "print state, held tasks, claim, fencing token and backlog as JSON", _status)
-    status.add_argument("--group", default=DEFAULT_GROUP, help="the consumer group")
+    status.add_argument("--group", type=group_arg, default=DEFAULT_GROUP, help="the consumer group")
     status.add_argument(
         "--threshold", type=threshold_arg, default=500, help="count the backlog up to this many entries"
     )
@@ -246,7 +257,9 @@ def parser() -> argparse.ArgumentParser:
     )
     action.add_argument("--drop", metavar="ID", type=entry_id_arg, help="delete it")
     resume = experiment_cmd("resume", "start ResumptionWorkflow for the experiment (ID resumption-<E>)", _resume)
-    resume.add_argument("--group", default=DEFAULT_GROUP, help="the consumer group whose backlog throttles")
+    resume.add_argument(
+        "--group", type=group_arg, default=DEFAULT_GROUP, help="the consumer group whose backlog throttles"
+    )
     defaults = {name: field.default for name, field in ResumptionInput.model_fields.items()}
     resume.add_argument("--batch", type=int, default=defaults["batch_size"], help="most tasks one publish moves")
     resume.add_argument(

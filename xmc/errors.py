@@ -8,6 +8,7 @@ and exit code 2; any other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 from pydantic import ValidationError
+from redis.asyncio.connection import parse_url
 from redis.exceptions import (
     AuthenticationError,
     InvalidResponse,
@@ -23,6 +24,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from redisclient.acl import denial_message
 from xmc.search_attributes import SearchAttributesMissingError
 from xmc.settings import Settings, TemporalUnreachableError, redacted_url, redis_db_of, temporal_target
 
@@ -61,15 +63,24 @@ def validation_message(err: ValidationError) -> str:
         loc = ".".join(str(x) for x in e["loc"]) or err.title
         name = f"{prefix}{loc}".upper() if prefix else loc
         msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{name}: {msg}")
+        parts.append(msg if prefix and not e["loc"] else f"{name}: {msg}")  # a rule across settings names them
     what = "setting" if prefix else err.title
     return one_line(f"invalid {what}: " + "; ".join(parts))
+
+
+def is_certificate_refused(err: BaseException) -> bool:
+    """True when a TLS connection to Redis failed because the server's certificate did not verify
+    against ``XMC_REDIS_TLS_CA_FILE`` (or the system's CAs): a setting to mend, not an outage."""
+    return isinstance(err, RedisConnectionError) and "CERTIFICATE_VERIFY_FAILED" in str(err)
 
 
 def redis_message(err: Exception, redis_url: str, timeout: float) -> str:
     """A Redis client error as one line naming the Redis (password masked) and the setting."""
     where = redacted_url(redis_url)
     detail = one_line(str(err))
+    denied = denial_message(err, parse_url(redis_url).get("username") or "default", f"at XMC_REDIS_URL={where}")
+    if denied:
+        return one_line(denied, limit=2 * MAX_DETAIL_CHARS)
     if isinstance(err, ResponseError) and "DB index is out of range" in str(err):
         return f"XMC_REDIS_URL: database {redis_db_of(redis_url)} does not exist on the Redis at {where} ({detail})"
     if isinstance(err, AuthenticationError):
@@ -78,6 +89,11 @@ def redis_message(err: Exception, redis_url: str, timeout: float) -> str:
         return f"the Redis at {where} did not answer within XMC_REDIS_TIMEOUT_SECONDS={timeout:g}: {detail}"
     if isinstance(err, InvalidResponse):
         return f"the endpoint at {where} (XMC_REDIS_URL) does not speak the Redis protocol: {detail}"
+    if is_certificate_refused(err):
+        return (
+            f"the Redis at {where} presented a certificate that XMC_REDIS_TLS_CA_FILE (the system's CAs when "
+            f"unset) does not verify: {detail}"
+        )
     if isinstance(err, RedisConnectionError):
         return f"cannot reach Redis at {where} (XMC_REDIS_URL): {detail}"
     return f"the Redis at {where} replied: {detail}"

@@ -8,9 +8,12 @@ worker and the CLI connect exactly like the ``temporal`` CLI does.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -19,7 +22,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.envconfig import ClientConfig
+from temporalio.envconfig import ClientConfig, ClientConnectConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from redisclient.connection import ClusterClient, RedisClient
@@ -74,7 +77,9 @@ class Settings(BaseSettings):
     """``XMC_REDIS_URL`` (redis://, rediss:// or unix:// URL), ``XMC_TASK_QUEUE``,
     ``XMC_METRICS_BIND`` (host:port for a Prometheus ``/metrics`` endpoint, off when unset),
     ``XMC_REDIS_TIMEOUT_SECONDS`` (0 < s <= 300), ``XMC_REDIS_CLUSTER`` (``true``: the URL is a
-    seed node of a Redis Cluster, reached with redis-py's cluster client; default ``false``).
+    seed node of a Redis Cluster, reached with redis-py's cluster client; default ``false``); TLS
+    to Redis (``rediss://`` only): ``XMC_REDIS_TLS_CA_FILE``, ``XMC_REDIS_TLS_CERT_FILE``,
+    ``XMC_REDIS_TLS_KEY_FILE`` (PEM files, see ``redis_tls_kwargs``).
 
     Every field is checked when the settings are read, so a bad value fails before any
     connection, with a message naming the variable and never its secret (see ``xmc.errors``).
@@ -87,6 +92,48 @@ class Settings(BaseSettings):
     metrics_bind: str | None = None
     redis_timeout_seconds: float = Field(default=5.0, gt=0, le=MAX_REDIS_TIMEOUT_SECONDS, allow_inf_nan=False)
     redis_cluster: bool = False
+    redis_tls_ca_file: Path | None = None
+    redis_tls_cert_file: Path | None = None
+    redis_tls_key_file: Path | None = None
+
+    @field_validator("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
+    @classmethod
+    def _readable_file(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        """A PEM file that exists and this process may read (empty means unset), with a
+        ``rediss://`` URL only: redis-py ignores TLS files on ``redis://``, and the operator would
+        believe the connection encrypted. Only the path is ever shown: the file may hold a key."""
+        if path is None or str(path) in ("", "."):
+            return None
+        if urlsplit(str(info.data.get("redis_url", ""))).scheme != "rediss":
+            raise ValueError("needs a rediss:// XMC_REDIS_URL (TLS)")
+        if not path.is_file():
+            raise ValueError(f"no such file: {str(path)[:200]}")
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"not readable by this process: {str(path)[:200]}")
+        return path
+
+    @model_validator(mode="after")
+    def _client_certificate_with_its_key(self) -> Settings:
+        """A client certificate needs its private key, and a key its certificate."""
+        if (self.redis_tls_cert_file is None) != (self.redis_tls_key_file is None):
+            raise ValueError("XMC_REDIS_TLS_CERT_FILE and XMC_REDIS_TLS_KEY_FILE go together (a client certificate)")
+        return self
+
+    def redis_tls_kwargs(self) -> dict[str, Any]:
+        """The redis-py TLS keywords of these settings (empty for ``redis://`` and ``unix://``):
+        the CA that verifies the server's certificate (``ssl_ca_certs``; the system's CAs when
+        unset), the client certificate and key (``ssl_certfile``, ``ssl_keyfile``) for a server
+        that requires one (``tls-auth-clients``). The server's certificate is always verified,
+        its host name too (redis-py's defaults for ``rediss://``)."""
+        if urlsplit(self.redis_url).scheme != "rediss":
+            return {}
+        kwargs: dict[str, Any] = {"ssl_cert_reqs": "required"}
+        if self.redis_tls_ca_file:
+            kwargs["ssl_ca_certs"] = str(self.redis_tls_ca_file)
+        if self.redis_tls_cert_file and self.redis_tls_key_file:
+            kwargs["ssl_certfile"] = str(self.redis_tls_cert_file)
+            kwargs["ssl_keyfile"] = str(self.redis_tls_key_file)
+        return kwargs
 
     @field_validator("redis_url")
     @classmethod
@@ -145,6 +192,7 @@ class Settings(BaseSettings):
             socket_timeout=self.redis_timeout_seconds,
             socket_connect_timeout=self.redis_timeout_seconds,
             health_check_interval=30,
+            **self.redis_tls_kwargs(),
         )
 
     def redis_cluster_client(self) -> RedisCluster:
@@ -166,6 +214,7 @@ class Settings(BaseSettings):
             socket_connect_timeout=self.redis_timeout_seconds,
             health_check_interval=30,
             retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES),
+            **self.redis_tls_kwargs(),
         )
 
 
@@ -181,6 +230,22 @@ def temporal_target() -> tuple[str, str]:
     return str(config.get("target_host") or DEFAULT_TEMPORAL_ADDRESS), str(config.get("namespace") or "default")
 
 
+def temporal_connect_config() -> ClientConnectConfig:
+    """The keywords ``connect_temporal`` passes to ``Client.connect``, as envconfig reads them:
+    address, namespace, API key (``TEMPORAL_API_KEY``; it turns TLS on), TLS
+    (``TEMPORAL_TLS``, ``TEMPORAL_TLS_SERVER_CA_CERT_PATH``, ``TEMPORAL_TLS_CLIENT_CERT_PATH``,
+    ``TEMPORAL_TLS_CLIENT_KEY_PATH``, ``TEMPORAL_TLS_SERVER_NAME`` or a profile's ``[profile.X.tls]``
+    in ``TEMPORAL_CONFIG_FILE``, chosen by ``TEMPORAL_PROFILE``); the address defaults to
+    ``localhost:7233``. The result holds secrets (the API key, the client key's bytes): never print it.
+
+    Raises:
+        RuntimeError, ValueError, OSError: a malformed profile file, or a TLS file that cannot be read.
+    """
+    config = ClientConfig.load_client_connect_config()
+    config.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
+    return config
+
+
 async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
     """Connect to Temporal as configured by envconfig, with the pydantic data converter.
 
@@ -191,8 +256,7 @@ async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
     Raises:
         TemporalUnreachableError: the server cannot be reached, or the address is malformed.
     """
-    config = ClientConfig.load_client_connect_config()
-    config.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
+    config = temporal_connect_config()
     runtime = None
     if metrics_bind:
         runtime = Runtime(

@@ -1,0 +1,99 @@
+"""Redis ACL refusals: tell one from other error replies and say, on one line, who may not do what.
+
+The project runs as an ACL user limited to its keys and commands (``deploy/redis-acl.conf``). A
+call outside that rule is refused, and the refusal repeats on every try, so the activities fail it
+at once (``activities.resumption._classified``) and the CLI prints it (``xmc.errors``). Redis words
+a refusal in several ways, none naming the user (which the client knows) and not always the
+command:
+
+- a command outside the rule: ``NOPERM this user has no permissions to run the 'flushall' command``
+  (Redis 7.0), ``NOPERM User u has no permissions to run the 'flushall' command`` (7.2 and later);
+- a key outside the patterns: ``NOPERM this user has no permissions to access one of the keys used
+  as arguments`` (7.0), ``NOPERM No permissions to access a key`` (7.2);
+- either from inside a Lua script: ``ERR The user executing the script can't run this command or
+  subcommand`` / ``... can't access at least one of the keys ...`` (7.0; no command named),
+  ``ERR ACL failure in script: ...`` (7.2). The script's SHA1 in the original reply names the
+  script (``script: <sha>``), so the message names the script the command came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import cache
+from importlib import resources
+
+from redis.exceptions import NoPermissionError
+
+from redisclient.connection import RedisClient
+from redisclient.scripts import source
+
+_SCRIPT_DENIALS = ("The user executing the script can't", "ACL failure in script")
+_QUOTED_COMMAND = re.compile(r"'([a-z0-9_|-]+)'", re.IGNORECASE)
+_SCRIPT_SHA = re.compile(r"script: ([0-9a-f]{40})")
+_SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]{40}(, on @user_script:\d+)?\.?")
+
+
+def is_denial(err: BaseException) -> bool:
+    """True when ``err`` is an ACL refusal (a command or a key outside the user's rule), whether
+    sent directly (``NOPERM``: redis-py raises ``NoPermissionError`` and drops the prefix) or from
+    a Lua script (a plain ``ResponseError``)."""
+    reply = str(err)
+    return (
+        isinstance(err, NoPermissionError)
+        or reply.startswith("NOPERM")
+        or any(text in reply for text in _SCRIPT_DENIALS)
+    )
+
+
+@cache
+def _script_names() -> dict[str, str]:
+    """SHA1 of each of the project's scripts (as ``redisclient.scripts.source`` builds it) -> name."""
+    lua = resources.files("redisclient") / "lua"
+    names = [p.name.removesuffix(".lua") for p in lua.iterdir() if p.name.endswith(".lua")]
+    return {hashlib.sha1(source(name).encode(), usedforsecurity=False).hexdigest(): name for name in names}
+
+
+def acl_user(client: RedisClient) -> str:
+    """The ACL user ``client`` authenticates as: the URL's username, ``default`` when it names none
+    (``get_connection_kwargs``, which redis-py's cluster client has too)."""
+    return str(client.get_connection_kwargs().get("username") or "default")
+
+
+def denial_message(err: BaseException, user: str, doing: str) -> str | None:
+    """One line for an ACL refusal, naming the ACL ``user``, the refused command (or, when Redis
+    does not name it, the script or the step ``doing`` it came from) and the reply; None when
+    ``err`` is not an ACL refusal. Never a password: neither the reply nor the user carries one.
+
+    Args:
+        err: the error raised by redis-py (``NoPermissionError`` or a ``ResponseError``); its
+            ``__cause__`` chain is searched for the script's SHA1 (``run_script`` drops it).
+        user: the ACL user (``acl_user``).
+        doing: where it happened, e.g. ``in publish_batch`` (an activity) or ``at XMC_REDIS_URL=...``.
+    """
+    if not is_denial(err):
+        return None
+    reply = str(err)
+    named = _QUOTED_COMMAND.search(reply)
+    script = _script_of(err)
+    if named:
+        what = f"run {named.group(1).upper()}" + (f" (from the {script} script)" if script else "")
+    elif "key" in reply:
+        what = "access a key" + (f" of the {script} script" if script else "") + " outside its key patterns"
+    else:
+        what = f"run a command of the {script} script (EVALSHA)" if script else "run a command"
+    reply = _SCRIPT_SUFFIX.sub("", reply).rstrip(" ,.")
+    if isinstance(err, NoPermissionError) and not reply.startswith("NOPERM"):
+        reply = f"NOPERM {reply}"
+    return f"Redis ACL user {user!r} may not {what}, {doing}: {reply} (see deploy/redis-acl.conf)"
+
+
+def _script_of(err: BaseException) -> str | None:
+    """The project script an error reply came from, by the SHA1 in it or in its causes."""
+    seen: BaseException | None = err
+    while seen is not None:
+        found = _SCRIPT_SHA.search(str(seen))
+        if found:
+            return _script_names().get(found.group(1), "unknown")
+        seen = seen.__cause__
+    return None
