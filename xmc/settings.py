@@ -8,6 +8,7 @@ worker and the CLI connect exactly like the ``temporal`` CLI does.
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
@@ -61,7 +62,8 @@ def redis_db_of(url: str) -> int:
 class Settings(BaseSettings):
     """``XMC_REDIS_URL`` (redis://, rediss:// or unix:// URL), ``XMC_TASK_QUEUE``,
     ``XMC_METRICS_BIND`` (host:port for a Prometheus ``/metrics`` endpoint, off when unset),
-    ``XMC_REDIS_TIMEOUT_SECONDS`` (0 < s <= 300).
+    ``XMC_REDIS_TIMEOUT_SECONDS`` (0 < s <= 300), ``XMC_LOG_FORMAT`` (the worker's log lines:
+    ``json``, one JSON object a line with every ``extra`` field, or ``text``).
 
     Every field is checked when the settings are read, so a bad value fails before any
     connection, with a message naming the variable and never its secret (see ``xmc.errors``).
@@ -73,6 +75,7 @@ class Settings(BaseSettings):
     task_queue: str = Field(default=TASK_QUEUE, min_length=1, max_length=1000)
     metrics_bind: str | None = None
     redis_timeout_seconds: float = Field(default=5.0, gt=0, le=MAX_REDIS_TIMEOUT_SECONDS, allow_inf_nan=False)
+    log_format: Literal["json", "text"] = "json"
 
     @field_validator("redis_url")
     @classmethod
