@@ -8,7 +8,9 @@ exits and that none of those processes outlives it.
 The three ways an operator stops it: ``kill <make's PID>`` (SIGTERM to make, which passes SIGTERM
 on to its recipe and waits for it), Ctrl-C (SIGINT to the whole foreground group: make, the demo
 and its children each get it), and ``kill -INT <demo's PID>`` (SIGINT to the demo alone; make
-would not pass SIGINT on, so this case runs ``python -m xmc demo`` without make).
+would not pass SIGINT on, so this case runs ``python -m xmc demo`` without make). A fourth case
+sends SIGTERM while the demo still enqueues its tasks, before the workflow starts: redis-py's
+commands are where Python 3.11 can drop a cancel (``xmc.demo.CANCEL_RETRY_SECONDS``).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(sys.executable).parent.parent  # the venv running the tests, as `make VENV=...` names it
-DEMO_ARGS = ["--tasks", "400", "--rate", "20", "--threshold", "50", "--batch", "50", "--throttle-seconds", "1"]
-"""A replay that runs for about 20 s: long enough to be stopped in the middle."""
+DEMO_ARGS = ["--rate", "20", "--threshold", "50", "--batch", "50", "--throttle-seconds", "1"]
+TASKS = {"replaying": "400", "holding": "20000"}
+"""400 tasks replay for about 20 s, 20,000 take seconds to enqueue: long enough to be stopped in
+the middle of either."""
 
 STOP_SECONDS = 45.0
 """The bound for the demo to stop everything and exit (seconds): the worker's own shutdown takes
@@ -62,13 +66,28 @@ def _kind(p: psutil.Process) -> str:
     return "other"
 
 
+def _worker_started(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(_kind(p) == "worker" for p in psutil.Process(proc.pid).children(recursive=True)):
+        assert proc.poll() is None and time.monotonic() < deadline, "the demo never started its worker"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize(
-    ("via", "sig", "target"),
-    [("make", signal.SIGTERM, "leader"), ("make", signal.SIGINT, "group"), ("python", signal.SIGINT, "leader")],
-    ids=["kill-make", "ctrl-c-make", "kill-int-xmc-demo"],
+    ("via", "sig", "target", "when"),
+    [
+        ("make", signal.SIGTERM, "leader", "replaying"),
+        ("make", signal.SIGINT, "group", "replaying"),
+        ("python", signal.SIGINT, "leader", "replaying"),
+        ("python", signal.SIGTERM, "leader", "holding"),
+    ],
+    ids=["kill-make", "ctrl-c-make", "kill-int-xmc-demo", "kill-xmc-demo-while-holding"],
 )
-def test_a_stop_signal_stops_everything_the_demo_started(tmp_path, via: str, sig: signal.Signals, target: str) -> None:
+def test_a_stop_signal_stops_everything_the_demo_started(
+    tmp_path, via: str, sig: signal.Signals, target: str, when: str
+) -> None:
     out = tmp_path / "demo.out"
+    demo_args = ["--tasks", TASKS[when], *DEMO_ARGS]
     if via == "make":  # -o: the venv counts as installed (pyproject.toml may be newer than its stamp)
         args = [
             "make",
@@ -78,15 +97,18 @@ def test_a_stop_signal_stops_everything_the_demo_started(tmp_path, via: str, sig
             f"{VENV}/.installed",
             f"VENV={VENV}",
             "demo",
-            f"ARGS={' '.join(DEMO_ARGS)}",
+            f"ARGS={' '.join(demo_args)}",
         ]
     else:
-        args = [sys.executable, "-m", "xmc", "demo", *DEMO_ARGS]
+        args = [sys.executable, "-m", "xmc", "demo", *demo_args]
     with open(out, "wb") as sink:
         proc = subprocess.Popen(args, cwd=tmp_path, env=_env(), stdout=sink, stderr=subprocess.STDOUT, process_group=0)
     started: list[psutil.Process] = []
     try:
-        _wait_for_line(out, proc, "replayed | backlog", timeout=120)  # the replay runs: progress is drawn
+        if when == "replaying":
+            _wait_for_line(out, proc, "replayed | backlog", timeout=120)  # progress is drawn
+        else:
+            _worker_started(proc, timeout=120)  # the next step enqueues the tasks
         root = psutil.Process(proc.pid)
         started += [root, *root.children(recursive=True)]
         kinds = sorted(_kind(p) for p in started)
@@ -107,6 +129,8 @@ def test_a_stop_signal_stops_everything_the_demo_started(tmp_path, via: str, sig
         else:
             assert rc == 128 + sig
         assert f"{sig.name}: stopped the demo and everything it started" in out.read_text()
+        if when == "holding":
+            assert "started workflow" not in out.read_text()  # stopped before the replay began
     finally:  # whatever failed, leave nothing running (psutil checks that a PID was not reused)
         for p in started:
             with contextlib.suppress(psutil.NoSuchProcess):
