@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   venv + install + local redis-server and Temporal dev server + the 5,000-task demo
-#   make test   venv + install + the whole test suite (what CI runs through .ci/run)
+#   make test   venv + install + the whole test suite (what CI runs through .ci/run); installs Debian's
+#               redis-server and chromium (for the web UI test) when missing
 #   make bench  the benchmarks of issue 5 (fresh redis-server and dev server; ARGS=--smoke for a quick run)
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,6 +23,7 @@ demo: install
 
 test: install
 	scripts/ensure-redis-server
+	scripts/ensure-chromium
 	$(PY) -m pytest $(ARGS)
 
 lint: install

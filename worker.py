@@ -2,7 +2,8 @@
 
 Registers ``ResumptionWorkflow`` and its activities on the task queue ``XMC_TASK_QUEUE`` (default
 ``xmc-resumption``). Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), Redis from
-``XMC_REDIS_URL``, Prometheus metrics on ``XMC_METRICS_BIND`` when set. SIGINT or SIGTERM stops
+``XMC_REDIS_URL``, Prometheus metrics on ``XMC_METRICS_BIND`` when set, log lines on stderr as JSON
+or text (``XMC_LOG_FORMAT``, default ``json``; ``setup_logging``). SIGINT or SIGTERM stops
 polling, lets running activities finish (up to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS``
 at most); running workflows continue on any other worker, their durable timers intact.
 
@@ -20,7 +21,9 @@ import signal
 import sys
 from datetime import timedelta
 
+from pythonjsonlogger.json import JsonFormatter
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
+from temporalio import activity, workflow
 from temporalio.exceptions import ApplicationError
 from temporalio.runtime import Runtime
 from temporalio.worker import Worker
@@ -49,6 +52,13 @@ idempotent, and another worker takes the workflow over once its workflow task ti
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+"""The ``text`` format: one line a record; ``extra`` fields are not shown."""
+
+JSON_FIELDS = ("levelname", "name", "message")
+"""The record attributes every JSON line starts with (after ``time``), renamed by ``JSON_RENAMES``;
+every ``extra`` field of the call follows them, under its own name."""
+
+JSON_RENAMES = {"levelname": "level", "name": "logger"}
 
 EXPECTED_FAULTS = (RedisError, ApplicationError)
 """Exceptions whose message says all: a Redis fault (connection, timeout, error reply) and the
@@ -76,12 +86,28 @@ class ExpectedFaultFilter(logging.Filter):
         return True
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    """Log to stderr, one line per record; expected activity faults without traceback."""
+def setup_logging(log_format: str = "json", level: int = logging.INFO) -> None:
+    """Log to stderr, one line per record; expected activity faults without traceback.
+
+    Args:
+        log_format: ``json`` (``XMC_LOG_FORMAT``'s default): one JSON object a line (python-json-logger)
+            with ``time`` (ISO 8601, UTC), ``level``, ``logger``, ``message`` and every ``extra``
+            field of the call, e.g. a throttle wait's ``experiment_id``, ``reason`` and ``seconds``,
+            and the SDK's ``temporal_workflow`` / ``temporal_activity`` context (workflow ID, run
+            ID, attempt) as objects. The SDK loggers then stop appending that context to the
+            message as text. ``text``: ``LOG_FORMAT``, without the ``extra`` fields.
+        level: the root logger's level.
+    """
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter(JSON_FIELDS, rename_fields=JSON_RENAMES, timestamp="time"))
+        workflow.logger.workflow_info_on_message = False
+        activity.logger.activity_info_on_message = False
+    else:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
     handler.addFilter(ExpectedFaultFilter())
-    logging.basicConfig(level=level, handlers=[handler])
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.captureWarnings(True)  # warnings too, in the same format (logger ``py.warnings``)
 
 
 async def check_redis(settings: Settings) -> None:
@@ -167,10 +193,10 @@ async def main(settings: Settings) -> None:
 def cli() -> int:
     """Entry point of ``python -m worker``: settings from the environment; an operator error
     (``xmc.errors.operator_message``) is one line on stderr and exit 2, a bug keeps its traceback."""
-    setup_logging()
     settings: Settings | None = None
     try:
         settings = Settings()
+        setup_logging(settings.log_format)
         asyncio.run(main(settings))
         return 0
     except Exception as err:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -79,7 +79,8 @@ class Settings(BaseSettings):
     ``XMC_REDIS_TIMEOUT_SECONDS`` (0 < s <= 300), ``XMC_REDIS_CLUSTER`` (``true``: the URL is a
     seed node of a Redis Cluster, reached with redis-py's cluster client; default ``false``); TLS
     to Redis (``rediss://`` only): ``XMC_REDIS_TLS_CA_FILE``, ``XMC_REDIS_TLS_CERT_FILE``,
-    ``XMC_REDIS_TLS_KEY_FILE`` (PEM files, see ``redis_tls_kwargs``).
+    ``XMC_REDIS_TLS_KEY_FILE`` (PEM files, see ``redis_tls_kwargs``); ``XMC_LOG_FORMAT`` (the
+    worker's log lines: ``json``, one JSON object a line with every ``extra`` field, or ``text``).
 
     Every field is checked when the settings are read, so a bad value fails before any
     connection, with a message naming the variable and never its secret (see ``xmc.errors``).
@@ -91,6 +92,7 @@ class Settings(BaseSettings):
     task_queue: str = Field(default=TASK_QUEUE, min_length=1, max_length=1000)
     metrics_bind: str | None = None
     redis_timeout_seconds: float = Field(default=5.0, gt=0, le=MAX_REDIS_TIMEOUT_SECONDS, allow_inf_nan=False)
+    log_format: Literal["json", "text"] = "json"
     redis_cluster: bool = False
     redis_tls_ca_file: Path | None = None
     redis_tls_cert_file: Path | None = None

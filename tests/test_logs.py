@@ -1,0 +1,118 @@
+"""The worker's structured logs: a real ``python -m worker`` process on the dev server replays a few
+held tasks through a throttle wait, and its stderr is read back line by line as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import (
+    GROUP,
+    STREAM,
+    consume,
+    fill_backlog,
+    hold_tasks,
+    start,
+    throttled,
+    wait_for,
+    worker_polling,
+)
+from workflows.models import Outcome
+
+
+def _worker_env(address: str, redis_url: str, task_queue: str, log_format: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "XMC_"))}
+    return env | {
+        "TEMPORAL_ADDRESS": address,
+        "XMC_REDIS_URL": redis_url,
+        "XMC_TASK_QUEUE": task_queue,
+        "XMC_LOG_FORMAT": log_format,
+    }
+
+
+def _records(log: Path) -> list[dict[str, Any]]:
+    """Every non-empty line of ``log`` parsed as one JSON object (a line that is not JSON fails)."""
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert lines, "the worker logged nothing"
+    return [json.loads(line) for line in lines]
+
+
+async def test_worker_logs_one_json_object_a_line_with_the_extra_fields(
+    dev_env, redis, redis_url, task_queue, tmp_path
+) -> None:
+    address = dev_env.client.service_client.config.target_host
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "worker"],
+            env=_worker_env(address, redis_url, task_queue, "json"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            await worker_polling(dev_env.client, task_queue)
+            e = f"E{uuid.uuid4().hex[:6]}"
+            names = await hold_tasks(redis, e, 30)
+            await fill_backlog(redis, 10)  # at the threshold: the first turn waits
+            handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=10,
+                                 batch_size=10, throttle_seconds=0.5)  # fmt: skip
+            await wait_for(handle, throttled)  # then the consumer drains what holds it back
+            stop, seen = asyncio.Event(), []
+            drain = asyncio.create_task(consume(redis, "c1", stop, seen))
+            result = await asyncio.wait_for(handle.result(), 60)
+            stop.set()
+            await drain
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            rc = worker.wait(timeout=30)
+    assert rc == 0
+    assert result.outcome is Outcome.COMPLETED and result.replayed == len(names)
+    records = _records(log)
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records), records[0]
+
+    waits = [r for r in records if r["message"] == "throttled"]
+    assert len(waits) == result.throttles >= 1
+    first = waits[0]
+    assert first["experiment_id"] == e
+    assert first["seconds"] == 0.5  # the pause duration, as a number
+    assert first["reason"].startswith("backlog 10 >= 10"), first["reason"]
+    assert first["temporal_workflow"]["workflow_id"] == handle.id  # the SDK's context, as an object
+    assert first["level"] == "INFO" and first["logger"] == "temporalio.workflow"
+
+    (began,) = [r for r in records if r["message"] == "resumption started"]
+    assert (began["experiment_id"], began["token"], began["held"]) == (e, result.token, len(names))
+    (claimed,) = [r for r in records if r["message"] == "claim taken"]  # an activity's record
+    assert (claimed["token"], claimed["temporal_activity"]["activity_type"]) == (result.token, "acquire_claim")
+
+    (end,) = [r for r in records if r["message"] == "resumption ended"]
+    assert (end["experiment_id"], end["outcome"], end["replayed"]) == (e, "completed", len(names))
+    assert len(await redis.xrange(STREAM)) == 10 + len(names)
+    assert (await redis.xpending(STREAM, GROUP))["pending"] == 0
+
+
+async def test_text_format_keeps_one_plain_line_a_record(dev_env, redis_url, task_queue, tmp_path) -> None:
+    address = dev_env.client.service_client.config.target_host
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "worker"],
+            env=_worker_env(address, redis_url, task_queue, "text"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            await worker_polling(dev_env.client, task_queue)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            rc = worker.wait(timeout=30)
+    assert rc == 0
+    lines = log.read_text().splitlines()
+    assert any(line.endswith(f"INFO xmc.worker worker polling task queue {task_queue}") for line in lines), lines
+    assert not any(line.startswith("{") for line in lines), lines
