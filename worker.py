@@ -22,10 +22,12 @@ from datetime import timedelta
 
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
 from temporalio.exceptions import ApplicationError
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.resumption import ResumptionActivities
 from workflows.resumption import ResumptionWorkflow
+from xmc import search_attributes
 from xmc.errors import EXIT_OPERATOR_ERROR, one_line, operator_message, redis_message
 from xmc.settings import Settings, connect_temporal
 
@@ -100,13 +102,15 @@ async def check_redis(settings: Settings) -> None:
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     """Run a worker until ``stop`` is set; raises what connecting to Temporal raises."""
     client = await connect_temporal(metrics_bind=settings.metrics_bind)
+    await search_attributes.require(client)
     redis = settings.redis()
+    meter = (client.service_client.config.runtime or Runtime.default()).metric_meter
     try:
         worker = Worker(
             client,
             task_queue=settings.task_queue,
             workflows=[ResumptionWorkflow],
-            activities=ResumptionActivities(redis).all(),
+            activities=ResumptionActivities(redis, meter).all(),
             graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         )
         running = asyncio.create_task(worker.run())

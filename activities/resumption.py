@@ -11,6 +11,7 @@ propagate and are retried.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +26,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 from temporalio import activity
+from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import ErrorType
@@ -43,6 +45,7 @@ from redisclient.connection import STALE_CONNECTION_ERRORS, drop_stale_connectio
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
 from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult, SetAside
+from workflows import metrics
 
 TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
@@ -99,15 +102,53 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
 
 
+class HeldRemaining:
+    """The worker's ``xmc_resumption_held_remaining`` gauge (``workflows/metrics.py``): held tasks
+    left, per task stream and consumer group, summed over the experiments whose claims this worker
+    process extended within their lease (entries).
+
+    The label set stays bounded (stream, consumer group: never the experiment), so the sum is
+    kept here: a gauge set from each workflow would show only the last experiment's count. An
+    experiment drops out when its claim is released, or once its lease has passed without news
+    (its workflow moved to another worker, or the worker lost it), so a sum over workers counts
+    each experiment about once.
+
+    Args:
+        meter: the worker runtime's metric meter, or None for no gauge.
+    """
+
+    def __init__(self, meter: MetricMeter | None) -> None:
+        self._gauge = meter.create_gauge(metrics.HELD_REMAINING, "held tasks left", "tasks") if meter else None
+        self._seen: dict[tuple[str, str], dict[str, tuple[int, float]]] = {}
+
+    def report(self, ref: ExperimentRef, remaining: int | None, lease_ms: int) -> None:
+        """Record ``remaining`` held tasks of ``ref``'s experiment, valid for ``lease_ms`` ms; None forgets it."""
+        group = self._seen.setdefault((ref.stream, ref.consumer_group), {})
+        now = time.monotonic()
+        if remaining is None:
+            group.pop(ref.experiment_id, None)
+        else:
+            group[ref.experiment_id] = (remaining, now + lease_ms / 1000)
+        for experiment, (_, until) in list(group.items()):
+            if until < now:
+                del group[experiment]
+        if self._gauge is not None:
+            self._gauge.set(
+                sum(count for count, _ in group.values()), {"stream": ref.stream, "consumer_group": ref.consumer_group}
+            )
+
+
 class ResumptionActivities:
     """The activities, bound to one asyncio Redis client (``decode_responses=False``: task field
     maps are moved byte for byte).
 
     Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``.
+    ``meter`` (the worker runtime's metric meter) feeds the ``HeldRemaining`` gauge.
     """
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, meter: MetricMeter | None = None) -> None:
         self.redis = redis
+        self.held = HeldRemaining(meter)
 
     def all(self) -> list[Callable[..., Any]]:
         """The bound activity methods, for ``Worker(activities=...)``."""
@@ -126,6 +167,7 @@ class ResumptionActivities:
         """Take the claim (a new fencing token); moves the experiment paused -> resuming."""
         async with _classified(self.redis):
             grant = await fencing.acquire_claim(self.redis, _keys(req.ref), req.owner, req.lease_ms, req.request_id)
+        self.held.report(req.ref, grant.held, req.lease_ms)
         activity.logger.info(
             "claim taken",
             extra={"experiment_id": req.ref.experiment_id, "token": grant.token, "held": grant.held},
@@ -137,6 +179,7 @@ class ResumptionActivities:
         """Check pause state and fencing token; extend the claim's lease."""
         async with _classified(self.redis):
             check = await fencing.check_claim(self.redis, _keys(req.ref), req.token, req.owner, req.lease_ms)
+        self.held.report(req.ref, check.held, req.lease_ms)
         if check.reestablished:
             activity.logger.warning(
                 "claim lease had lapsed; re-established for the current token",
@@ -175,7 +218,7 @@ class ResumptionActivities:
     async def publish_batch(self, req: PublishRequest) -> PublishResult:
         """Atomically move the next batch of held tasks into the task stream."""
         async with _classified(self.redis):
-            return await publish.publish_batch(
+            result = await publish.publish_batch(
                 self.redis,
                 _keys(req.ref),
                 req.ref.consumer_group,
@@ -188,6 +231,8 @@ class ResumptionActivities:
                 missing_group=req.missing_group,
                 max_bytes=req.max_bytes,
             )
+        self.held.report(req.ref, result.remaining, req.lease_ms)
+        return result
 
     @activity.defn
     async def set_aside(self, req: SetAsideRequest) -> SetAside:
@@ -208,6 +253,7 @@ class ResumptionActivities:
             released = await fencing.release_claim(
                 self.redis, _keys(req.ref), req.token, owner=req.owner, back_to_paused=req.back_to_paused
             )
+        self.held.report(req.ref, None, 0)
         activity.logger.info(
             "claim released" if released else "no claim to release: none held, or a newer token owns it",
             extra={"experiment_id": req.ref.experiment_id, "token": released or req.token},

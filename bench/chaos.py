@@ -46,6 +46,7 @@ from temporalio.service import RPCError
 
 from redisclient import held
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from workflows import fleet
 from workflows.models import ResumptionInput, ResumptionResult
 from workflows.resumption import ResumptionWorkflow
 from xmc.consumer import entries_of
@@ -238,7 +239,8 @@ class TemporalServer:
         """Start it; returns once ``temporal operator cluster health`` says SERVING."""
         args = [installed_binary("temporal"), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
                 "--port", str(self.port), "--db-filename", str(self.db_file), "--log-level", "warn",
-                "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"']  # fmt: skip
+                "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"',
+                *fleet.dev_server_args()]  # fmt: skip
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, 60, self.proc)

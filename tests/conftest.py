@@ -13,6 +13,8 @@ from redis.asyncio import Redis
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from workflows import fleet
+from xmc import search_attributes
 from xmc.services import installed_binary, local_redis
 
 
@@ -39,6 +41,7 @@ async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
         test_server_existing_path=installed_binary("temporal-test-server"),
         data_converter=pydantic_data_converter,
     )
+    await search_attributes.register(env.client)  # the fleet view's (no start flag for this server)
     yield env
     await env.shutdown()
 
@@ -52,6 +55,7 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
         ip="127.0.0.1",
         dev_server_log_level="error",
         dev_server_extra_args=["--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'],
+        search_attributes=fleet.ALL,
     )
     yield env
     await env.shutdown()

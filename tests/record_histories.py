@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from redis.asyncio import Redis
-from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -32,7 +32,8 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
-from workflows.models import Phase, ResumptionInput
+from workflows import fleet
+from workflows.models import ControlChange, Phase, ResumptionInput
 from workflows.resumption import ResumptionWorkflow
 from xmc.services import installed_binary, local_redis
 
@@ -70,6 +71,23 @@ async def waited_for_redis(redis: Redis, handle: WorkflowHandle, e: str) -> None
     await completed(redis, handle, e)
 
 
+async def controlled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """Raise the threshold by Update during the throttle wait (it wakes the timer), then a
+    rejected one, then let the consumers drain."""
+    await wait_for(handle, throttled)
+    await handle.execute_update(ResumptionWorkflow.configure, ControlChange(max_backlog_threshold=8, batch_size=4))
+    with contextlib.suppress(WorkflowUpdateFailedError):
+        await handle.execute_update(ResumptionWorkflow.set_threshold, 0)
+    await completed(redis, handle, e)
+
+
+async def stopped(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """The pause Update during the throttle wait."""
+    await wait_for(handle, throttled)
+    await handle.execute_update(ResumptionWorkflow.pause)
+    await handle.result()
+
+
 async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await wait_for(handle, throttled)
     await handle.cancel()
@@ -87,6 +105,8 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_seconds": 0.3, "turns_per_run": 3},
     ),
+    "controlled_by_update": (controlled, {"max_backlog_threshold": 5, "throttle_seconds": 5}),
+    "stopped_by_update": (stopped, {"max_backlog_threshold": 5, "throttle_seconds": 5}),
     "adaptive_completed": (
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 3},
@@ -97,7 +117,9 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
 async def record() -> None:
     OUT.mkdir(exist_ok=True)
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=installed_binary("temporal"), data_converter=pydantic_data_converter
+        dev_server_existing_path=installed_binary("temporal"),
+        data_converter=pydantic_data_converter,
+        search_attributes=fleet.ALL,
     )
     try:
         with local_redis() as url:

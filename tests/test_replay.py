@@ -35,11 +35,13 @@ ENDINGS: dict[str, tuple[EventType.ValueType, str | None, list[str]]] = {
     "fenced_during_wait": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "fenced", ["check_claim"]),
     "cancelled_during_wait": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED, None, ["release_claim"]),
     "continued_as_new": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW, None, []),
+    "controlled_by_update": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
+    "stopped_by_update": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "paused", ["release_claim"]),
 }
 
 
 def scenario(path: Path) -> str:
-    """The scenario a recording is of: its name without the ``v0_``, ``v1_`` prefix of older code."""
+    """The scenario a recording is of: its name without the ``v0_``, ``v1_``, ``v2_`` prefix of older code."""
     return re.sub(r"^v\d+_", "", path.stem)
 
 
@@ -75,8 +77,25 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
         last_timer = len(kinds) - 1 - kinds[::-1].index("timer")
         assert kinds[last_timer + 1 :] == after_last_timer
         assert "publish_batch" not in kinds  # nothing was published before the wait ended the run
-    if name == "cancelled_during_wait":
+    if name in ("cancelled_during_wait", "controlled_by_update", "stopped_by_update"):
+        # the cancel, or the accepted Update, ended the timer
         assert any(e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED for e in history.events)
+    updates = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
+    assert len(updates) == (1 if name in ("controlled_by_update", "stopped_by_update") else 0)
+    # the fleet view's upserts (the SDK upserts TemporalChangeVersion for each patch too): claiming,
+    # replaying, the end, and around each durable wait at most two; none by older code
+    upserts = [
+        e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    ]
+    phases = [json.loads(fields["XmcPhase"].data) for fields in upserts if "XmcPhase" in fields]
+    if path.stem == name:
+        assert phases[:3] == ["claiming", "replaying", "throttled"]
+        assert phases[-1] == (outcome or ("cancelled" if name == "cancelled_during_wait" else "replaying"))
+        assert len(phases) <= 3 + 2 * kinds.count("timer"), phases
+    else:
+        assert phases == []
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

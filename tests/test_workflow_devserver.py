@@ -36,6 +36,7 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
+from workflows import fleet
 from workflows.models import Outcome, Phase
 from workflows.resumption import ResumptionWorkflow
 from xmc.services import installed_binary
@@ -209,6 +210,7 @@ async def test_continue_as_new_when_temporal_suggests_it(redis, redis_url, task_
         dev_server_existing_path=installed_binary("temporal"),
         data_converter=pydantic_data_converter,
         dev_server_log_level="error",
+        search_attributes=fleet.ALL,
         dev_server_extra_args=[
             "--dynamic-config-value",
             "limit.historyCount.suggestContinueAsNew=40",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from temporalio.common import SearchAttributeKey, SearchAttributeValueType
+from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
 
 EXPERIMENT_ID = SearchAttributeKey.for_keyword("XmcExperimentId")
 """The experiment being resumed (Keyword)."""
@@ -31,8 +31,8 @@ REMAINING = SearchAttributeKey.for_int("XmcRemaining")
 ALL: tuple[SearchAttributeKey, ...] = (EXPERIMENT_ID, STREAM, PHASE, OUTCOME, REPLAYED, REMAINING)
 
 _CLI_TYPE = {
-    SearchAttributeValueType.KEYWORD: "Keyword",
-    SearchAttributeValueType.INT: "Int",
+    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
+    SearchAttributeIndexedValueType.INT: "Int",
 }
 
 
@@ -53,7 +53,7 @@ def dev_server_args() -> list[str]:
     """``temporal server start-dev`` flags that register ``ALL``: ``--search-attribute NAME=TYPE``."""
     args: list[str] = []
     for key in ALL:
-        args += ["--search-attribute", f"{key.name}={_CLI_TYPE[key.value_type]}"]
+        args += ["--search-attribute", f"{key.name}={_CLI_TYPE[key.indexed_value_type]}"]
     return args
 
 
@@ -63,12 +63,12 @@ def register_commands(namespace: str = "default") -> list[str]:
     search-attributes add`` with the same names and types)."""
     return [
         f"temporal operator search-attribute create --namespace {namespace} "
-        f"--name {key.name} --type {_CLI_TYPE[key.value_type]}"
+        f"--name {key.name} --type {_CLI_TYPE[key.indexed_value_type]}"
         for key in ALL
     ]
 
 
-def missing(registered: dict[str, SearchAttributeValueType | int]) -> list[SearchAttributeKey]:
+def missing(registered: dict[str, SearchAttributeIndexedValueType | int]) -> list[SearchAttributeKey]:
     """The keys of ``ALL`` that ``registered`` (name -> type, as the operator service lists a
     namespace's custom search attributes) lacks, or holds with another type."""
-    return [key for key in ALL if int(registered.get(key.name, -1)) != int(key.value_type)]
+    return [key for key in ALL if int(registered.get(key.name, -1)) != int(key.indexed_value_type)]

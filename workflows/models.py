@@ -306,6 +306,8 @@ class Progress(BaseModel):
         set_aside: held tasks the publish script could not move (too many fields), now in the
             experiment's dead-letter stream ``dead_letter_key`` (its length: entries).
         turns, runs: loop turns and runs so far; outcome: set when done.
+        settings_changes: control Updates accepted (``configure``, ``set_*``); stopping: the
+            ``pause`` Update was accepted and the run ends ``paused`` at its next turn.
     """
 
     experiment_id: str
@@ -336,6 +338,8 @@ class Progress(BaseModel):
     turns: int = 0
     runs: int = 1
     outcome: Outcome | None = None
+    settings_changes: int = 0
+    stopping: bool = False
 
     def details_markdown(self) -> str:
         """The UI's current details (markdown; ``workflow.set_current_details``): phase, counters,
@@ -362,6 +366,8 @@ class Progress(BaseModel):
                 f"- **set aside**: {self.set_aside} tasks too large to move (`{self.dead_letter_key}`; "
                 f"`xmc dead {self.experiment_id}` to retry or drop)"
             )
+        if self.stopping:
+            lines.append("- **stopping**: paused by the pause Update at the next turn")
         lines.append(f"- turns: {self.turns}, run {self.runs}, fencing token {self.token}")
         if self.phase in (Phase.THROTTLED, Phase.STALLED) and self.throttled_until:
             lines.append(f"- waiting until {self.throttled_until.isoformat(timespec='seconds')}")

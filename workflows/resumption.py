@@ -21,16 +21,17 @@ Temporal suggests it, carrying the token, the counters and what the pacing measu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import typing
-from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
@@ -47,9 +48,13 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.resumption import ResumptionActivities
     from redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
+    from workflows import fleet, metrics
     from workflows.models import (
         WORKFLOW_TYPE,
         Carry,
+        Control,
+        ControlChange,
+        EffectiveSettings,
         Outcome,
         Phase,
         Progress,
@@ -65,6 +70,14 @@ _Res = TypeVar("_Res")
 REDIS_CALL_TIMEOUT = timedelta(seconds=10)
 """start-to-close of one Redis local activity: every script is O(batch + threshold). A bounded
 poll (``wait_for_drain``) gets its bound on top."""
+
+FLEET_SEARCH_ATTRIBUTES = "fleet-search-attributes"
+"""``workflow.patched`` ID of the fleet view's search attribute upserts (``workflows/fleet.py``):
+runs recorded before them replay without."""
+
+FLEET_REFRESH = timedelta(seconds=30)
+"""While the fleet phase stays the same, ``XmcReplayed`` and ``XmcRemaining`` are refreshed at most
+this often (workflow time): each upsert is one history event."""
 
 CHAINED_PUBLISH = "chained-publish"
 """``workflow.patched`` ID of the cheap turn: a publish that left headroom is followed by the next
@@ -160,6 +173,115 @@ class ResumptionWorkflow:
         """The last publish left headroom: the next turn publishes without a check and a measurement."""
         self._nothing_held = False
         """The claim found the experiment running and holding nothing: the run ends ``nothing_held``."""
+        self._stopping = False
+        """The ``pause`` Update was accepted: the run ends ``paused`` at its next turn."""
+        self._wake = False
+        """An accepted Update ends the durable throttle wait in progress, if any."""
+        self._fleet_shown: tuple[str, datetime] | None = None
+        """The fleet phase last upserted and when (workflow time); None before the first upsert."""
+        self._fleet_counts: tuple[int, int | None] = (0, None)
+        """The (replayed, remaining) last upserted."""
+
+    # -- control: validated Updates (workflows/models.py Control); a rejected one leaves no event
+
+    @workflow.update(name=Control.CONFIGURE)
+    def configure(self, change: ControlChange) -> EffectiveSettings:
+        """Change settings of the running replay; returns the effective settings. An accepted
+        change wakes a durable throttle wait, so the next turn (check, measure, publish) runs
+        under it at once; it is carried across continue-as-new (it is part of the input)."""
+        return self._apply(change)
+
+    @configure.validator
+    def _check_configure(self, change: ControlChange) -> None:
+        self._validate(change)
+
+    @workflow.update(name=Control.SET_THRESHOLD)
+    def set_threshold(self, value: int) -> EffectiveSettings:
+        """``configure`` with ``max_backlog_threshold`` only (entries)."""
+        return self._apply(ControlChange(max_backlog_threshold=value))
+
+    @set_threshold.validator
+    def _check_threshold(self, value: int) -> None:
+        self._validate(ControlChange(max_backlog_threshold=value))
+
+    @workflow.update(name=Control.SET_BATCH_SIZE)
+    def set_batch_size(self, value: int) -> EffectiveSettings:
+        """``configure`` with ``batch_size`` only (entries)."""
+        return self._apply(ControlChange(batch_size=value))
+
+    @set_batch_size.validator
+    def _check_batch_size(self, value: int) -> None:
+        self._validate(ControlChange(batch_size=value))
+
+    @workflow.update(name=Control.SET_THROTTLE_SECONDS)
+    def set_throttle_seconds(self, value: float) -> EffectiveSettings:
+        """``configure`` with ``throttle_seconds`` only (seconds)."""
+        return self._apply(ControlChange(throttle_seconds=value))
+
+    @set_throttle_seconds.validator
+    def _check_throttle_seconds(self, value: float) -> None:
+        self._validate(ControlChange(throttle_seconds=value))
+
+    @workflow.update(name=Control.SET_THROTTLE_POLICY)
+    def set_throttle_policy(self, value: ThrottlePolicy) -> EffectiveSettings:
+        """``configure`` with ``throttle_policy`` only (``fixed`` or ``adaptive``)."""
+        return self._apply(ControlChange(throttle_policy=value))
+
+    @set_throttle_policy.validator
+    def _check_throttle_policy(self, value: ThrottlePolicy) -> None:
+        self._validate(ControlChange(throttle_policy=value))
+
+    @workflow.update(name=Control.PAUSE)
+    def pause(self) -> EffectiveSettings:
+        """Graceful stop: the run ends ``paused`` at its next turn (a durable throttle wait ends at
+        once): claim released, experiment back to paused, held tasks kept for a later resume."""
+        self._stopping = self._wake = self._progress.stopping = True
+        workflow.logger.info("pause requested", extra={"experiment_id": self._input.experiment_id})
+        self._set_phase(self._progress.phase)
+        return EffectiveSettings.of(self._input, stopping=True)
+
+    @pause.validator
+    def _check_pause(self) -> None:
+        self._validate(ControlChange())
+
+    @workflow.signal(dynamic=True)
+    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        """Any signal: this workflow takes none. Logged, so a misdirected one is not silently lost."""
+        workflow.logger.warning(
+            "signal %r ignored: this workflow is controlled by Updates (%s)",
+            name,
+            ", ".join(c.value for c in Control),
+            extra={"experiment_id": self._input.experiment_id},
+        )
+
+    def _validate(self, change: ControlChange) -> None:
+        """An Update's validator: refuse once the run is ending, or a change that breaks a bound
+        or a rule of ``ResumptionInput``. Raises ``ApplicationError`` (one line naming the field)."""
+        if self._progress.outcome is not None or self._stopping:
+            raise ApplicationError("the resumption is ending; nothing to change", type="ResumptionEnding")
+        try:
+            change.applied_to(self._input)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(x) for x in first["loc"]) or "input"
+            raise ApplicationError(f"{field}: {first['msg']}", type="InvalidControl") from None
+
+    def _apply(self, change: ControlChange) -> EffectiveSettings:
+        """Apply a validated change: input, pacer and progress; wake a durable throttle wait."""
+        inp = self._input = change.applied_to(self._input)
+        pacer, p = self._pacer, self._progress
+        pacer.adaptive = inp.throttle_policy is ThrottlePolicy.ADAPTIVE
+        pacer.threshold, pacer.throttle_seconds = inp.max_backlog_threshold, inp.throttle_seconds
+        pacer.max_wait = inp.longest_wait_seconds
+        p.threshold, p.policy = inp.max_backlog_threshold, inp.throttle_policy
+        p.settings_changes += 1
+        self._wake = True
+        workflow.logger.info(
+            "settings changed",
+            extra={"experiment_id": inp.experiment_id, **change.model_dump(mode="json", exclude_none=True)},
+        )
+        self._set_phase(p.phase)
+        return EffectiveSettings.of(inp, stopping=self._stopping)
 
     @workflow.query
     def progress(self) -> Progress:
@@ -170,9 +292,14 @@ class ResumptionWorkflow:
     async def run(self, inp: ResumptionInput) -> ResumptionResult:
         """Run the resumption loop; see the class docstring."""
         self._ref = ExperimentRef(experiment_id=inp.experiment_id, stream=inp.stream, consumer_group=inp.consumer_group)
-        meter = workflow.metric_meter().with_additional_attributes({"stream": inp.stream})
-        self._replayed_counter = meter.create_counter("xmc_tasks_replayed", "tasks moved into the task stream")
-        self._throttle_counter = meter.create_counter("xmc_throttle_waits", "throttle waits taken")
+        meter = workflow.metric_meter().with_additional_attributes(
+            {"stream": inp.stream, "consumer_group": inp.consumer_group}
+        )
+        self._replayed_counter = meter.create_counter(metrics.REPLAYED, "tasks moved into the task stream", "tasks")
+        self._throttle_counter = meter.create_counter(metrics.THROTTLES, "throttle waits taken")
+        self._wait_histogram = meter.create_histogram_float(metrics.THROTTLE_WAIT, "planned throttle wait", "s")
+        self._outcome_counter = meter.create_counter(metrics.OUTCOMES, "resumptions ended, by outcome")
+        self._backlog_gauge = meter.create_gauge(metrics.BACKLOG, "consumer group backlog at the last reading")
         self._owner = inp.carry.owner if inp.carry else workflow.info().workflow_id
         if inp.carry is not None and workflow.info().continued_run_id is None:
             raise ApplicationError(
@@ -219,8 +346,11 @@ class ResumptionWorkflow:
         inp, p = self._input, self._progress
         claim_tries = turns_this_run = 0
         while True:
+            if self._stopping:
+                return await self._stop()
             if max(claim_tries, turns_this_run) >= inp.turns_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new()
+                continue  # it returns only when a pause was accepted meanwhile: stop instead
             try:
                 if not self._token:
                     claim_tries += 1
@@ -255,6 +385,11 @@ class ResumptionWorkflow:
         )
         if grant.held == 0 and grant.previous_state is ExperimentState.RUNNING:
             self._nothing_held = True
+
+    async def _stop(self) -> ResumptionResult:
+        """The ``pause`` Update: release the claim, experiment back to paused, held tasks kept."""
+        await self._release(back_to_paused=True)
+        return self._finish(Outcome.PAUSED, detail="stopped by the pause Update")
 
     async def _turn(self) -> ResumptionResult | None:
         """One turn: check, measure, wait or publish (a turn right after a publish that left
@@ -318,6 +453,7 @@ class ResumptionWorkflow:
         p, now = self._progress, workflow.now()
         backlog = pending + lag
         p.backlog, p.pending, p.lag = backlog + moved, pending, lag + moved
+        self._backlog_gauge.set(backlog + moved)
         self._pacer.observe(backlog, backlog + moved, capped, now)
         p.drain_rate, p.low_watermark = self._pacer.rate, self._pacer.low_watermark
         p.stalled_seconds = self._stall.observe(now, backlog, pending, last_delivered_id, moved)
@@ -347,7 +483,8 @@ class ResumptionWorkflow:
         p.throttles += 1
         p.throttles_in_a_row += 1
         p.throttle_reason, p.wait_plan, p.wait_seconds = reason, self._pacer.describe(plan), plan.seconds
-        self._throttle_counter.add(1)
+        self._throttle_counter.add(1, {"policy": p.policy.value})
+        self._wait_histogram.record(plan.seconds)
         workflow.logger.info(
             "throttled",
             extra={"experiment_id": inp.experiment_id, "reason": reason, "plan": p.wait_plan, "seconds": plan.seconds},
@@ -356,7 +493,15 @@ class ResumptionWorkflow:
         p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
         self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
         if timer:
-            await workflow.sleep(plan.seconds, summary=f"throttled {plan.seconds:.3g}s: {reason}")
+            # a durable timer an accepted Update ends early (``_wake``): a timer all the same, so
+            # histories recorded with ``workflow.sleep`` replay unchanged
+            self._wake = False
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._wake,
+                    timeout=plan.seconds,
+                    timeout_summary=f"throttled {plan.seconds:.3g}s: {reason}",
+                )
         else:
             await self._poll(plan, reason)
         p.throttled_until = None
@@ -498,6 +643,8 @@ class ResumptionWorkflow:
     async def _continue_as_new(self) -> None:
         p = self._progress
         await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._stopping:
+            return  # the pause Update was accepted while the handlers finished: stop, do not carry on
         carry = Carry(
             token=self._token,
             request_id=self._request_id,
@@ -545,6 +692,7 @@ class ResumptionWorkflow:
     def _finish(self, outcome: Outcome, detail: str = "") -> ResumptionResult:
         p = self._progress
         p.outcome = outcome
+        self._outcome_counter.add(1, {"outcome": outcome.value})
         self._set_phase(Phase.DONE)
         workflow.logger.info(
             "resumption ended",
@@ -568,9 +716,54 @@ class ResumptionWorkflow:
         )
 
     def _set_phase(self, phase: Phase) -> None:
-        """Record the phase and refresh the UI's current details (served by a query)."""
+        """Record the phase, refresh the UI's current details (served by a query) and the fleet
+        view's search attributes."""
         self._progress.phase = phase
         workflow.set_current_details(self._progress.details_markdown())
+        self._show_in_fleet()
+
+    def _fleet_phase(self) -> str:
+        """``XmcPhase``: the outcome once ended, else the coarse ``FleetPhase`` of the phase. A short
+        poll (adaptive, a second or two) counts as replaying: only a durable wait is ``throttled``."""
+        p = self._progress
+        if p.outcome is not None:
+            return p.outcome.value
+        if self._stopping:
+            return fleet.FleetPhase.STOPPING
+        match p.phase:
+            case Phase.CLAIMING:
+                return fleet.FleetPhase.CLAIMING
+            case Phase.STALLED:
+                return fleet.FleetPhase.STALLED
+            case Phase.THROTTLED if p.throttled_until is not None:
+                return fleet.FleetPhase.THROTTLED
+            case Phase.REDIS_UNAVAILABLE:
+                return fleet.FleetPhase.REDIS_UNAVAILABLE
+        return fleet.FleetPhase.REPLAYING
+
+    def _show_in_fleet(self) -> None:
+        """Upsert the fleet view's search attributes when the fleet phase changes, or the counts
+        changed and ``FLEET_REFRESH`` has passed: each upsert is a history event, so not every turn.
+        Not in runs recorded before the fleet view (``FLEET_SEARCH_ATTRIBUTES``)."""
+        if not workflow.patched(FLEET_SEARCH_ATTRIBUTES):
+            return
+        p, now = self._progress, workflow.now()
+        phase, counts = self._fleet_phase(), (p.replayed, p.remaining)
+        shown = self._fleet_shown
+        if shown is not None and shown[0] == phase and (counts == self._fleet_counts or now - shown[1] < FLEET_REFRESH):
+            return
+        updates: list[SearchAttributeUpdate[typing.Any]] = [
+            fleet.PHASE.value_set(phase),
+            fleet.REPLAYED.value_set(p.replayed),
+        ]
+        if p.remaining is not None:
+            updates.append(fleet.REMAINING.value_set(p.remaining))
+        if shown is None:
+            updates += [fleet.EXPERIMENT_ID.value_set(p.experiment_id), fleet.STREAM.value_set(self._input.stream)]
+        if p.outcome is not None:
+            updates.append(fleet.OUTCOME.value_set(p.outcome.value))
+        workflow.upsert_search_attributes(updates)
+        self._fleet_shown, self._fleet_counts = (phase, now), counts
 
     async def _call(
         self,

@@ -23,6 +23,7 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from xmc.search_attributes import SearchAttributesMissingError
 from xmc.settings import Settings, TemporalUnreachableError, redacted_url, redis_db_of, temporal_target
 
 EXIT_OPERATOR_ERROR = 2
@@ -124,8 +125,8 @@ def operator_message(err: BaseException, settings: Settings | None) -> str | Non
         if settings is None:
             return one_line(f"Redis: {err}")
         return redis_message(err, settings.redis_url, settings.redis_timeout_seconds)
-    if isinstance(err, TemporalUnreachableError):
-        return one_line(str(err))
+    if isinstance(err, (TemporalUnreachableError, SearchAttributesMissingError)):
+        return one_line(str(err), limit=4 * MAX_DETAIL_CHARS)
     if isinstance(err, WorkflowAlreadyStartedError):
         return one_line(
             f"a resumption is already running: {err.workflow_id} (run {err.run_id}); "

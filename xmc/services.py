@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from workflows import fleet
+
 
 def installed_binary(name: str) -> str:
     """Path of an installed binary: first beside this interpreter (the venv's ``bin/``), then on PATH.
@@ -127,7 +129,7 @@ def local_temporal(
         log_file: where the server's output goes (discarded when None).
     """
     args = [installed_binary("temporal"), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
-            "--log-level", "warn"]  # fmt: skip
+            "--log-level", "warn", *fleet.dev_server_args()]  # fmt: skip
     args += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
     if db_file:
         args += ["--db-filename", str(db_file)]

@@ -19,6 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from workflows import metrics
 from workflows.models import TASK_QUEUE
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
@@ -142,7 +143,16 @@ async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
     config.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
     runtime = None
     if metrics_bind:
-        runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics_bind)))
+        runtime = Runtime(
+            telemetry=TelemetryConfig(
+                metrics=PrometheusConfig(
+                    bind_address=metrics_bind,
+                    counters_total_suffix=True,
+                    durations_as_seconds=True,
+                    histogram_bucket_overrides=metrics.BUCKET_OVERRIDES,
+                )
+            )
+        )
     try:
         return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
     except (RuntimeError, ValueError) as err:  # the SDK's connect errors: unreachable, or a bad target URL

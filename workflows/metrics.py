@@ -1,0 +1,40 @@
+"""The replay's Prometheus metrics, emitted through the Temporal SDK's runtime (one exporter for
+the SDK's own ``temporal_*`` metrics and these), named by Prometheus conventions
+(https://prometheus.io/docs/practices/naming/): base units (seconds, tasks), ``_total`` on counters
+(added by the exporter: ``PrometheusConfig(counters_total_suffix=True)``; the names below are
+without it), and labels of bounded cardinality: ``stream`` and ``consumer_group``, never the
+experiment (one series per experiment would grow without bound; the experiment is in the logs and
+in visibility's ``XmcExperimentId``).
+
+The workflow's meter skips replays, so a worker that replays a history after a restart does not
+count anything twice. The exporter adds ``namespace``, ``task_queue`` and ``workflow_type`` to
+what the workflow emits; ``HELD_REMAINING`` is the worker's (``activities.resumption``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+REPLAYED = "xmc_resumption_replayed_tasks"
+"""Counter (scraped ``xmc_resumption_replayed_tasks_total``): tasks moved into the task stream, as
+the publish script counted them."""
+THROTTLES = "xmc_resumption_throttles"
+"""Counter (scraped ``xmc_resumption_throttles_total``): throttle waits taken; label ``policy``."""
+THROTTLE_WAIT = "xmc_resumption_throttle_wait_seconds"
+"""Histogram: the planned length of each throttle wait (seconds): a durable timer's length, or a
+short poll's bound."""
+OUTCOMES = "xmc_resumption_outcomes"
+"""Counter (scraped ``xmc_resumption_outcomes_total``): resumptions ended; label ``outcome``."""
+BACKLOG = "xmc_resumption_backlog"
+"""Gauge: the consumer group's backlog at the last reading (entries; capped readings give the
+lower bound the replay saw, at least the threshold)."""
+HELD_REMAINING = "xmc_resumption_held_remaining"
+"""Gauge (the worker's): held tasks left, summed over the experiments whose claims this worker
+extended within their lease (entries)."""
+
+WAIT_BUCKETS: Sequence[float] = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
+"""Buckets of ``THROTTLE_WAIT`` (seconds): from a 50 ms poll to an hour-long timer (waits are
+bounded by a day; longer ones land in ``+Inf``). The SDK's default buckets are for milliseconds."""
+
+BUCKET_OVERRIDES: Mapping[str, Sequence[float]] = {THROTTLE_WAIT: WAIT_BUCKETS}
+"""``PrometheusConfig(histogram_bucket_overrides=...)`` for the worker's runtime."""
