@@ -200,11 +200,6 @@ def _bounds(name: str) -> str:
     return ", ".join(parts)
 
 
-def _default(name: str) -> str:
-    value = ResumptionInput.model_fields[name].default
-    return str(getattr(value, "value", value))
-
-
 def _field_adapter(name: str) -> TypeAdapter[Any]:
     """``ResumptionInput``'s rule for one field (type and bounds), to check a value alone."""
     info = ResumptionInput.model_fields[name]
@@ -270,15 +265,17 @@ INPUT_OPTIONS = (
 
 
 def _input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``INPUT_OPTIONS`` to a command: each defaults to None (the model's default applies)."""
+    """Add ``INPUT_OPTIONS`` to a command, each with the model's default (a default of None, such
+    as ``max_wait_seconds``'s, stays None: the model fills it in)."""
     for opt in reversed(INPUT_OPTIONS):
         bounds = _bounds(opt.field)
+        default = ResumptionInput.model_fields[opt.field].default
         fn = click.option(
             opt.flag,
             opt.field,
             type=opt.type,
-            default=None,
-            show_default=opt.default_text or _default(opt.field),
+            default=getattr(default, "value", default),
+            show_default=opt.default_text or True,
             help=f"{opt.field}: {opt.help}" + (f" ({bounds})" if bounds else ""),
         )(fn)
     return fn
