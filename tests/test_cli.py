@@ -33,8 +33,8 @@ class Ran:
 Xmc = Callable[..., Ran]
 
 
-@pytest.fixture
-def xmc(capsys: pytest.CaptureFixture[str], redis_url: str) -> Xmc:
+@pytest.fixture(name="xmc")
+def xmc_fixture(capsys: pytest.CaptureFixture[str], redis_url: str) -> Xmc:
     """Run ``xmc.cli.main(args)`` in this process (a process per command costs about a second)
     on a thread of its own (it runs its own event loop), with ``XMC_REDIS_URL`` (default: the
     session's redis-server), ``TEMPORAL_ADDRESS`` (default: a port nobody listens on) and ``env``."""

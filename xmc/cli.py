@@ -45,6 +45,7 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -759,7 +760,7 @@ async def _update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, sec
         )
     except WorkflowUpdateFailedError as err:
         raise OperatorError(update_failure_message(err, handle.id)) from err
-    except TimeoutError as err:
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
         raise OperatorError(
             f"no worker answered the {name.value} Update of {handle.id} within {seconds:g}s: is a worker running?"
         ) from err

@@ -315,7 +315,7 @@ async def running_handle(client: Client, experiment_id: str) -> WorkflowHandle[A
         OperatorError: no resumption of the experiment runs (none ever did, or it ended).
     """
     workflow_id = workflow_id_for(experiment_id)
-    handle = client.get_workflow_handle(workflow_id)
+    handle = client.get_workflow_handle(workflow_id, result_type=ResumptionResult)
     try:
         desc = await handle.describe()
     except RPCError as err:
