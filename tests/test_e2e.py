@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -108,14 +109,47 @@ async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_
     progress = json.loads(queried.stdout)["queryResult"][0]
     assert (progress["outcome"], progress["replayed"], progress["phase"]) == ("completed", 300, "done")
     assert await (await handle.describe()).static_summary() == f"Resume experiment {e}"
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
-        metrics = response.read().decode()
-    counters = {
-        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith(("xmc_", "temporal_xmc_"))
-    }
-    assert counters == {"xmc_tasks_replayed": 300, "xmc_throttle_waits": result.throttles}
+    samples = scrape(metrics_port)
+    labels = {"stream": STREAM, "consumer_group": GROUP, "task_queue": task_queue}
+    assert samples["xmc_resumption_replayed_tasks_total", labels] == 300
+    assert samples["xmc_resumption_throttles_total", {**labels, "policy": "fixed"}] == result.throttles
+    assert samples["xmc_resumption_outcomes_total", {**labels, "outcome": "completed"}] == 1
+    assert samples["xmc_resumption_throttle_wait_seconds_count", labels] == result.throttles
+    assert samples["xmc_resumption_throttle_wait_seconds_sum", labels] == 0.5 * result.throttles
+    # the wait's buckets are in seconds: every 0.5 s wait lands in le=0.5, none in le=0.25
+    assert samples["xmc_resumption_throttle_wait_seconds_bucket", {**labels, "le": "0.5"}] == result.throttles
+    assert samples["xmc_resumption_throttle_wait_seconds_bucket", {**labels, "le": "0.25"}] == 0
+    assert 0 <= samples["xmc_resumption_backlog", labels] <= 50
+    # the worker's gauge: every claim released, nothing held left
+    assert samples["xmc_resumption_held_remaining", {"stream": STREAM, "consumer_group": GROUP}] == 0
+    # one series per stream and group: no experiment label anywhere
+    assert not [key for key in samples.values if "experiment_id" in dict(key[1])]
+
+
+class Scraped:
+    """A worker's ``/metrics`` parsed by prometheus-client: ``scraped[name, labels]`` is the value
+    of the ``xmc_*`` sample with exactly those labels, once the SDK's own (namespace,
+    service_name, workflow_type) are left out; KeyError when there is none."""
+
+    DROPPED = frozenset({"namespace", "service_name", "workflow_type"})
+
+    def __init__(self, text: str) -> None:
+        self.values: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name.startswith("xmc_"):
+                    labels = frozenset((k, v) for k, v in s.labels.items() if k not in self.DROPPED)
+                    self.values[(s.name, labels)] = s.value
+
+    def __getitem__(self, key: tuple[str, dict[str, str]]) -> float:
+        name, labels = key
+        return self.values[(name, frozenset(labels.items()))]
+
+
+def scrape(port: int) -> Scraped:
+    """The worker's ``/metrics`` on 127.0.0.1:``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return Scraped(response.read().decode())
 
 
 async def test_bad_cli_input_fails_the_run_naming_the_field(dev_env, redis, task_queue, worker_process) -> None:

@@ -487,7 +487,15 @@ class ResumptionWorkflow:
         self._wait_histogram.record(plan.seconds)
         workflow.logger.info(
             "throttled",
-            extra={"experiment_id": inp.experiment_id, "reason": reason, "plan": p.wait_plan, "seconds": plan.seconds},
+            extra={
+                "experiment_id": inp.experiment_id,
+                "token": self._token,
+                "backlog": backlog,
+                "threshold": inp.max_backlog_threshold,
+                "reason": reason,
+                "plan": p.wait_plan,
+                "seconds": plan.seconds,
+            },
         )
         timer = plan.kind is WaitKind.TIMER
         p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
@@ -698,8 +706,11 @@ class ResumptionWorkflow:
             "resumption ended",
             extra={
                 "experiment_id": p.experiment_id,
+                "token": self._token,
                 "outcome": outcome.value,
                 "replayed": p.replayed,
+                "remaining": p.remaining,
+                "throttles": p.throttles,
                 "detail": detail,
             },
         )

@@ -1,0 +1,159 @@
+"""The fleet view and live control on the dev server (real visibility, real Update handling): a
+throttled resumption is found by ``XmcPhase`` from the Temporal CLI, an Update typed at the
+Temporal CLI changes its threshold mid-run, a rejected Update leaves nothing in the history, and a
+worker refuses a namespace that lacks the search attributes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from tests.helpers import fill_backlog, hold_tasks, resumption_worker, start, stream_tasks, throttled, wait_for
+from workflows import fleet
+from workflows.models import Outcome
+from workflows.resumption import ResumptionWorkflow
+from xmc import search_attributes
+from xmc.services import installed_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def temporal(env, *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    """``temporal ARGS`` against the test's dev server, as an operator types it."""
+    address = env.client.service_client.config.target_host
+    return subprocess.run(
+        [installed_binary("temporal"), *args, "--address", address], capture_output=True, text=True, timeout=30
+    )
+
+
+async def listed(env, query: str, timeout: float = 15) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """``temporal workflow list --query QUERY -o json`` until it lists something (visibility is
+    eventually consistent); the workflows it lists."""
+    deadline = time.monotonic() + timeout
+    while True:
+        # in a thread: the test's worker runs on this event loop
+        out = await asyncio.to_thread(temporal, env, "workflow", "list", "--query", query, "-o", "json")
+        assert out.returncode == 0, out.stderr
+        rows = json.loads(out.stdout or "[]")
+        if rows or time.monotonic() > deadline:
+            return list(rows)
+        await asyncio.sleep(0.2)
+
+
+def attributes(row: dict[str, Any]) -> dict[str, Any]:
+    """A listed workflow's custom search attributes, decoded: name -> value."""
+    fields = row["searchAttributes"]["indexedFields"]
+    return {name: json.loads(base64.b64decode(p["data"])) for name, p in fields.items()}
+
+
+async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises_its_threshold(
+    dev_env, redis, redis_url, task_queue
+) -> None:
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=60)
+        await wait_for(handle, throttled)
+        rows = await listed(dev_env, f'XmcPhase="throttled" AND XmcExperimentId="{e}"')
+        assert [r["execution"]["workflowId"] for r in rows] == [f"resumption-{e}"]
+        found = attributes(rows[0])
+        assert {k: found[k] for k in ("XmcPhase", "XmcStream", "XmcReplayed", "XmcRemaining")} == {
+            "XmcPhase": "throttled",
+            "XmcStream": "xmc-tasks-stream",
+            "XmcReplayed": 0,
+            "XmcRemaining": 10,
+        }
+        # the operator raises the threshold from the Temporal CLI: the 60 s wait ends at once
+        t0 = time.monotonic()
+        updated = await asyncio.to_thread(
+            temporal,
+            dev_env, "workflow", "update", "execute", "--workflow-id", f"resumption-{e}",
+            "--name", "set_threshold", "--input", "15", "-o", "json",
+        )  # fmt: skip
+        assert updated.returncode == 0, updated.stderr
+        result = await asyncio.wait_for(handle.result(), 30)
+        elapsed = time.monotonic() - t0
+    assert json.loads(updated.stdout)["result"] == {
+        "max_backlog_threshold": 15,
+        "batch_size": 100,
+        "throttle_seconds": 60.0,
+        "throttle_policy": "fixed",
+        "stopping": False,
+    }
+    assert elapsed < 20  # not the 60 s the wait had left
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 10)
+    assert (await stream_tasks(redis))[5:] == names
+    done = await listed(dev_env, f'XmcOutcome="completed" AND XmcExperimentId="{e}"')
+    assert {k: attributes(done[0])[k] for k in ("XmcPhase", "XmcReplayed", "XmcRemaining")} == {
+        "XmcPhase": "completed",
+        "XmcReplayed": 10,
+        "XmcRemaining": 0,
+    }
+
+
+async def test_a_rejected_update_leaves_nothing_in_the_history(dev_env, redis, redis_url, task_queue) -> None:
+    """On a real server the validator runs in a speculative workflow task: a rejection adds no event."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=60)
+        await wait_for(handle, throttled)
+        before = (await handle.fetch_history()).events
+        with pytest.raises(WorkflowUpdateFailedError) as raised:
+            await handle.execute_update(ResumptionWorkflow.set_throttle_seconds, 600.0)
+        after = (await handle.fetch_history()).events
+        await handle.cancel()
+    assert "claim_lease_seconds" in str(raised.value.cause)
+    assert len(after) == len(before)
+
+
+async def test_the_worker_refuses_a_namespace_without_the_search_attributes(dev_env, tmp_path) -> None:
+    namespace = f"bare-{uuid.uuid4().hex[:6]}"
+    client = dev_env.client
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(namespace=namespace, workflow_execution_retention_period=timedelta(days=1))
+    )
+    bare = await type(client).connect(client.service_client.config.target_host, namespace=namespace)
+    deadline = time.monotonic() + 20
+    while True:  # a new namespace takes a moment to be served
+        try:
+            assert await search_attributes.missing_on(bare) == [k.name for k in fleet.ALL]
+            break
+        except RPCError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": client.service_client.config.target_host,
+        "TEMPORAL_NAMESPACE": namespace,
+        "XMC_REDIS_URL": "redis://127.0.0.1:1/0",
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "worker"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.splitlines() if line.startswith("worker:")]
+    assert len(lines) == 1 and "Traceback" not in run.stderr
+    assert f"namespace {namespace} lacks the search attributes XmcExperimentId, XmcStream" in lines[0]
+    command = f"temporal operator search-attribute create --namespace {namespace} --name XmcPhase --type Keyword"
+    assert command in lines[0]
+    # registering them (what the dev servers of the demo and the tests do at start) is enough
+    await search_attributes.register(bare)
+    assert await search_attributes.missing_on(bare) == []
