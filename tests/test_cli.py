@@ -184,7 +184,7 @@ def test_bad_arguments_are_one_line(xmc: Xmc, args: list[str], expected: str) ->
         (["resume", "E7", "--throttle-seconds", "nan"], "throttle_seconds: Input should be a finite number"),
         (
             ["resume", "E7", "--throttle-seconds", "200"],
-            "claim_lease_seconds (120) must be longer than throttle_seconds (200)",
+            "xmc resume: invalid ResumptionInput: claim_lease_seconds (120) must be longer than throttle_seconds (200)",
         ),
         (["resume", "E7", "--min-wait", "5", "--max-wait", "1", "--policy", "adaptive"], "max_wait_seconds (1)"),
         (["set", "E7", "--threshold", "0"], "invalid ControlChange: max_backlog_threshold: Input should be greater"),

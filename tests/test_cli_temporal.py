@@ -248,6 +248,11 @@ async def test_temporal_cli_start_while_one_runs_attaches_and_drops_the_input(
 
         await hold_tasks(redis, experiment, 1)
         env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
+        listed = await asyncio.to_thread(xmc, "list", "--running", "--experiment", experiment, "--json", **env)
+        rows = json.loads(listed.stdout)["resumptions"]
+        assert [(r["workflow_id"], r["run_id"], r["status"], r["phase"]) for r in rows] == [
+            (workflow_id, run_id, "running", None)  # no worker ran it: no search attribute set yet
+        ]
         refused = await asyncio.to_thread(xmc, "resume", experiment, "--batch", "7", **env)
         one_line(refused, f"xmc resume: a resumption is already running: {workflow_id} (run {run_id})")
         no_worker = await asyncio.to_thread(xmc, "stop", experiment, "--timeout", "1", **env)

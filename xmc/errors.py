@@ -67,10 +67,10 @@ def validation_message(err: ValidationError) -> str:
     prefix = Settings.model_config.get("env_prefix", "") if err.title == Settings.__name__ else ""
     parts = []
     for e in err.errors(include_url=False, include_input=False, include_context=False):
-        loc = ".".join(str(x) for x in e["loc"]) or err.title
+        loc = ".".join(str(x) for x in e["loc"])
         name = f"{prefix}{loc}".upper() if prefix else loc
         msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{name}: {msg}")
+        parts.append(f"{name}: {msg}" if loc else msg)  # a rule over several fields names them itself
     what = "setting" if prefix else err.title
     return one_line(f"invalid {what}: " + "; ".join(parts))
 

@@ -242,7 +242,9 @@ def fleet_query(
             raise ValueError(f"phase must be one of {', '.join(fleet_phases())}, got {phase[:40]!r}")
         clauses.append(f"{fleet.PHASE.name} = '{phase}'")
     if experiment_id is not None:
-        clauses.append(f"{fleet.EXPERIMENT_ID.name} = '{validate_name('experiment_id', experiment_id)}'")
+        name = validate_name("experiment_id", experiment_id)
+        # by ID too: a run no worker has started yet has no search attribute set
+        clauses.append(f"({fleet.EXPERIMENT_ID.name} = '{name}' OR WorkflowId = '{workflow_id_for(name)}')")
     if stream is not None:
         clauses.append(f"{fleet.STREAM.name} = '{validate_name('stream', stream)}'")
     return " AND ".join(clauses)
