@@ -144,8 +144,16 @@ def _settings(ctx: click.Context) -> Settings:
     return state.settings
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a command; raised instead of ``KeyboardInterrupt`` so that Click does not
+    print a line of its own before ``main``'s one."""
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        raise Interrupted from None
 
 
 def _emit(as_json: bool, doc: Mapping[str, Any] | Sequence[Any], text: str) -> None:
@@ -986,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
         # interpreter's last flush does not fail again (Python docs, "Note on SIGPIPE")
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    except (KeyboardInterrupt, click.Abort):
+    except (KeyboardInterrupt, click.Abort, Interrupted):
         note = f"; {state.interrupted_note}" if state.interrupted_note else ""
         print(f"{name.strip()}: interrupted{note}", file=sys.stderr)
         return 130
