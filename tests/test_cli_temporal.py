@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -259,3 +260,47 @@ async def test_temporal_cli_start_while_one_runs_attaches_and_drops_the_input(
         one_line(no_worker, f"xmc stop: no worker answered the pause Update of {workflow_id} within 1s")
     finally:
         await handle.terminate()
+
+
+async def test_wait_warns_when_no_worker_answers_and_ctrl_c_leaves_the_run(
+    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+) -> None:
+    """No worker polls the task queue: ``--wait`` says so after 10 s instead of waiting silently;
+    Ctrl-C ends the command with 130 and says the run goes on."""
+    experiment = f"N{uuid.uuid4().hex[:8]}"
+    await hold_tasks(redis, experiment, 1)
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "xmc", "resume", experiment, "--wait"],
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "XMC_REDIS_URL": redis_url,
+            "TEMPORAL_ADDRESS": address(dev_env),
+            "XMC_TASK_QUEUE": task_queue,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    err_lines: list[str] = []
+    reader = threading.Thread(target=_read_lines, args=(waiting.stderr, err_lines), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not err_lines and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        waiting.send_signal(signal.SIGINT)
+        out, _ = await asyncio.to_thread(waiting.communicate, timeout=20)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+        await dev_env.client.get_workflow_handle(f"resumption-{experiment}").terminate()
+    reader.join(timeout=5)
+    assert waiting.returncode == 130, err_lines
+    assert out.startswith(f"started resumption-{experiment} (run ")
+    assert err_lines == [
+        f"xmc resume: warning: no worker has answered resumption-{experiment}'s progress query for 10s: is a "
+        f"worker polling task queue {task_queue}?\n",
+        f"xmc resume: interrupted; resumption-{experiment} keeps running (xmc stop {experiment} stops it)\n",
+    ]
