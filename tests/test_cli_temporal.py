@@ -56,7 +56,18 @@ async def test_resume_wait_completes_and_the_fleet_view_shows_it(
     try:
         async with resumption_worker(dev_env.client, task_queue, redis_url):
             ran = await asyncio.to_thread(
-                xmc, "resume", experiment, "--threshold", "100", "--throttle-seconds", "0.5", "--wait", "--json", **env
+                xmc,
+                "resume",
+                experiment,
+                "--threshold",
+                "100",
+                "--throttle-seconds",
+                "0.5",
+                "--turns-per-run",
+                "1",  # continues as new: the fleet view shows the chain once, by its newest run
+                "--wait",
+                "--json",
+                **env,
             )
     finally:
         stop.set()
@@ -65,6 +76,7 @@ async def test_resume_wait_completes_and_the_fleet_view_shows_it(
     doc = json.loads(ran.stdout)
     assert doc["workflow_id"] == f"resumption-{experiment}" and doc["input"]["max_backlog_threshold"] == 100
     assert (doc["result"]["outcome"], doc["result"]["replayed"], doc["result"]["remaining"]) == ("completed", 300, 0)
+    assert doc["result"]["runs"] >= 2
     assert await stream_tasks(redis) == names
 
     def listed() -> Ran:
@@ -79,7 +91,9 @@ async def test_resume_wait_completes_and_the_fleet_view_shows_it(
         "completed",
         "completed",
     )
-    assert (row["replayed"], row["remaining"], row["run_id"]) == (300, 0, doc["run_id"])
+    newest = (await dev_env.client.get_workflow_handle(doc["workflow_id"]).describe()).run_id
+    assert (row["replayed"], row["remaining"], row["run_id"]) == (300, 0, newest)
+    assert newest != doc["run_id"]
     text = await asyncio.to_thread(xmc, "list", "--experiment", experiment, **env)
     assert text.stdout.split("\n")[1].split()[:7] == [
         f"resumption-{experiment}",
@@ -91,7 +105,7 @@ async def test_resume_wait_completes_and_the_fleet_view_shows_it(
         "completed",
     ]
     status = await asyncio.to_thread(xmc, "status", experiment, **env)
-    assert f"resumption: resumption-{experiment} completed (run {doc['run_id']}): phase completed" in status.stdout
+    assert f"resumption: resumption-{experiment} completed (run {newest}): phase completed" in status.stdout
 
 
 def _read_lines(stream: object, lines: list[str]) -> None:
@@ -181,12 +195,13 @@ async def test_wait_warns_without_consumers_then_set_and_stop(
             assert stopped.returncode == 0, stopped
             result = json.loads(stopped.stdout)["result"]
             assert (result["outcome"], result["replayed"], result["remaining"]) == ("paused", 3, 57)
-            out, _ = await asyncio.to_thread(waiting.communicate, timeout=30)
+            await asyncio.to_thread(waiting.wait, 30)  # stderr is the reader thread's alone
         finally:
             if waiting.poll() is None:
                 waiting.kill()
                 waiting.wait()
     reader.join(timeout=5)
+    out = waiting.stdout.read()  # type: ignore[union-attr]
     assert waiting.returncode == 0, err_lines
     assert out.startswith(f"started resumption-{experiment} (run {run_id})\n")
     assert "outcome: paused; 3 replayed, 57 remaining" in out
@@ -290,13 +305,14 @@ async def test_wait_warns_when_no_worker_answers_and_ctrl_c_leaves_the_run(
         while not err_lines and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         waiting.send_signal(signal.SIGINT)
-        out, _ = await asyncio.to_thread(waiting.communicate, timeout=20)
+        await asyncio.to_thread(waiting.wait, 20)  # stderr is the reader thread's alone
     finally:
         if waiting.poll() is None:
             waiting.kill()
             waiting.wait()
         await dev_env.client.get_workflow_handle(f"resumption-{experiment}").terminate()
     reader.join(timeout=5)
+    out = waiting.stdout.read()  # type: ignore[union-attr]
     assert waiting.returncode == 130, err_lines
     assert out.startswith(f"started resumption-{experiment} (run ")
     assert err_lines == [
