@@ -26,6 +26,9 @@ from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.resumption import ResumptionActivities
+from redisclient.connection import RedisClient
+from redisclient.keys import DEFAULT_STREAM
+from redisclient.memory import read_memory
 from workflows.resumption import ResumptionWorkflow
 from xmc import search_attributes
 from xmc.errors import EXIT_OPERATOR_ERROR, one_line, operator_message, redis_message
@@ -84,10 +87,13 @@ def setup_logging(level: int = logging.INFO) -> None:
 async def check_redis(settings: Settings) -> None:
     """Ping Redis once at start: a configuration it refuses (``ResponseError`` such as ``DB index
     is out of range``, bad credentials, an endpoint that is not Redis) is raised; a Redis that is
-    down only logs a warning, since the replay waits out outages by itself."""
+    down only logs a warning, since the replay waits out outages by itself. A ``maxmemory-policy``
+    that could evict the replay's keys (anything but ``noeviction``, ``redisclient.memory``) logs a
+    warning too: the worker starts, and every resumption on that Redis fails at its claim."""
     redis = settings.redis()
     try:
         await redis.ping()
+        await _warn_about_eviction(redis)
     except (ResponseError, AuthenticationError, InvalidResponse):
         raise
     except RedisError as err:
@@ -97,6 +103,20 @@ async def check_redis(settings: Settings) -> None:
         )
     finally:
         await redis.aclose()
+
+
+async def _warn_about_eviction(redis: RedisClient) -> None:
+    """Log a warning when Redis's eviction policy would make every resumption fail, or when it
+    cannot be read (an ACL user without ``+info``: the scripts need INFO too)."""
+    try:
+        memory = await read_memory(redis, DEFAULT_STREAM)
+    except ResponseError as err:
+        log.warning(
+            "cannot read Redis's maxmemory-policy (INFO memory): %s; every resumption will fail", one_line(str(err))
+        )
+        return
+    if memory.problem:
+        log.warning("%s; every resumption on this Redis fails until then", memory.problem)
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:

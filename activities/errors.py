@@ -17,12 +17,16 @@ class ErrorType(StrEnum):
     ``REDIS_WRONG_TYPE``: a key of the wrong type is in the way (a WRONGTYPE reply).
     ``REDIS_COMMAND_ERROR``: any other error reply that repeats on every try (e.g. a fence key that
     is not an integer, NOPERM).
+    ``REDIS_EVICTION_POLICY``: Redis's ``maxmemory-policy`` could evict the replay's keys (anything
+    but ``noeviction``; ``redisclient.memory``): the acquire or publish script refused before its
+    first write.
     """
 
     INVALID_ARGUMENT = "InvalidArgument"
     MISSING_CONSUMER_GROUP = "MissingConsumerGroup"
     REDIS_WRONG_TYPE = "RedisWrongType"
     REDIS_COMMAND_ERROR = "RedisCommandError"
+    REDIS_EVICTION_POLICY = "RedisEvictionPolicy"
 
 
 NON_RETRYABLE_ERROR_TYPES: tuple[str, ...] = tuple(t.value for t in ErrorType)

@@ -71,7 +71,8 @@ class DrainWaitRequest(BaseModel):
 
 class PublishRequest(BaseModel):
     """Publish one batch under ``token``; ``seq`` is the idempotency key, ``max_bytes`` the byte
-    budget of its reads (see ``redisclient.publish.publish_batch``)."""
+    budget of its reads, ``max_memory_fraction`` the share of ``maxmemory`` at which nothing moves
+    (None: off; see ``redisclient.publish.publish_batch``)."""
 
     ref: ExperimentRef
     token: int = Field(ge=1)
@@ -82,6 +83,7 @@ class PublishRequest(BaseModel):
     lease_ms: int = Field(ge=1)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
+    max_memory_fraction: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
 
 
 class ReleaseRequest(BaseModel):

@@ -3,10 +3,10 @@
 Each takes a request envelope (``activities.requests``), returns a pydantic result and calls one
 function of ``redisclient``; the workflow calls them typed, by method
 (``workflow.execute_local_activity_method``). Errors are sorted for Temporal's retry policy: bad
-arguments, a missing consumer group under the ``error`` policy, a key of the wrong type and other
-error replies that repeat on every try raise a non-retryable ``ApplicationError`` whose ``type`` is
-an ``activities.errors.ErrorType``; connection faults, timeouts and transient error replies
-propagate and are retried.
+arguments, a missing consumer group under the ``error`` policy, a key of the wrong type, an eviction
+policy that could evict the replay's keys and other error replies that repeat on every try raise a
+non-retryable ``ApplicationError`` whose ``type`` is an ``activities.errors.ErrorType``; connection
+faults, timeouts and transient error replies propagate and are retried.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import (
     ClusterDownError,
     MovedError,
@@ -41,9 +40,10 @@ from activities.requests import (
     SetAsideRequest,
 )
 from redisclient import backlog, deadletter, fencing, publish
-from redisclient.connection import STALE_CONNECTION_ERRORS, drop_stale_connections
+from redisclient.connection import STALE_CONNECTION_ERRORS, RedisClient, drop_stale_connections
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys
+from redisclient.memory import EVICTION_REPLY
 from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult, SetAside
 from workflows import metrics
 
@@ -62,7 +62,7 @@ Redis Cluster addressed without a cluster client repeats too: the run then waits
 
 
 @asynccontextmanager
-async def _classified(redis: Redis) -> AsyncIterator[None]:
+async def _classified(redis: RedisClient) -> AsyncIterator[None]:
     """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection
     faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``)
     propagate and are retried.
@@ -75,8 +75,8 @@ async def _classified(redis: Redis) -> AsyncIterator[None]:
     """
     try:
         yield
-    except STALE_CONNECTION_ERRORS:
-        await drop_stale_connections(redis)
+    except STALE_CONNECTION_ERRORS as err:
+        await drop_stale_connections(redis, err)
         raise
     except ValueError as err:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
@@ -86,6 +86,10 @@ async def _classified(redis: Redis) -> AsyncIterator[None]:
         reply = str(err)
         if isinstance(err, TRANSIENT_ERRORS) or reply.startswith(TRANSIENT_REPLIES):
             raise
+        if reply.startswith(EVICTION_REPLY):
+            raise ApplicationError(
+                reply.removeprefix(EVICTION_REPLY).strip(), type=ErrorType.REDIS_EVICTION_POLICY, non_retryable=True
+            ) from err
         if reply.startswith("WRONGTYPE"):
             raise ApplicationError(
                 f"a key of the wrong type is in the way: {reply}", type=ErrorType.REDIS_WRONG_TYPE, non_retryable=True
@@ -146,7 +150,7 @@ class ResumptionActivities:
     ``meter`` (the worker runtime's metric meter) feeds the ``HeldRemaining`` gauge.
     """
 
-    def __init__(self, redis: Redis, meter: MetricMeter | None = None) -> None:
+    def __init__(self, redis: RedisClient, meter: MetricMeter | None = None) -> None:
         self.redis = redis
         self.held = HeldRemaining(meter)
 
@@ -230,6 +234,7 @@ class ResumptionActivities:
                 lease_ms=req.lease_ms,
                 missing_group=req.missing_group,
                 max_bytes=req.max_bytes,
+                max_memory_fraction=req.max_memory_fraction,
             )
         self.held.report(req.ref, result.remaining, req.lease_ms)
         return result

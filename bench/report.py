@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import blocking
+
 HISTORY_BUDGET = 10_240
 """The largest single run of any continue-as-new chain must stay under this many events."""
 
@@ -117,6 +119,7 @@ def table(results: dict[str, Any]) -> str:
         "c": _lines_c,
         "d": _lines_d,
         "e": _lines_e,
+        "f": blocking.lines,
     }
     blocks = [printers[key](results[key]) for key in printers if key in results]
     checks = results["checks"]

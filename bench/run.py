@@ -6,6 +6,7 @@ Figures (every one a ratio measured side by side in the same run; absolute times
   c  the backlog measurement's cost on long streams and large entries, and what another client sees
   d  the worker's peak RSS replaying 1e4 against 1e6 tasks
   e  history events per 1,000 tasks and per throttle wait (from b), the largest single run
+  f  Redis blocking during a replay of 1 KiB and 1 MiB tasks: another client's PING, each script's longest call
 Prints a table and writes ``bench/results/bench-<timestamp>.json`` and ``bench/results/latest.json``.
 Exits 0 when every replay was exactly once and in order, no sampled backlog passed the threshold and
 every run's history stayed under its budget; 1 otherwise.
@@ -24,11 +25,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench import backlog_cost, memory, pacing, throughput
+from bench import backlog_cost, blocking, memory, pacing, throughput
 from bench.env import BenchEnv, bench_services, worker_process
 from bench.report import HISTORY_BUDGET, table, write_results
 
-FIGURES = ("a", "b", "c", "d", "e")
+FIGURES = ("a", "b", "c", "d", "e", "f")
 RESULTS_DIR = Path(__file__).parent / "results"
 A_BATCHES = (100, 1_000, 5_000)
 A_TASKS_FULL, A_TASKS_SMOKE = 50_000, 2_000
@@ -126,6 +127,7 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
     once: list[bool] = [r["exactly_once"] for r in results.get("a", [])]
     once += [r["exactly_once"] for r in results.get("b", []) if "skipped" not in r]
     once += [r["exactly_once"] for r in results.get("d", {}).get("rows", [])]
+    once += [r["exactly_once"] for r in results.get("f", {}).get("rows", [])]
     checks = {"exactly_once": all(once)}
     if "b" in results:
         checks["max_backlog_within_threshold"] = all(
@@ -133,6 +135,8 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
         )
     if "e" in results:
         checks["history_under_budget"] = results["e"]["under_budget"]
+    if "f" in results:
+        checks["scripts_within_target"] = all(r["within_target"] for r in results["f"]["rows"])
     return checks
 
 
@@ -150,6 +154,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             sizes = memory.SMOKE_SIZES if args.smoke else memory.FULL_SIZES
             print(f"d: worker peak RSS for {sizes} tasks", flush=True)
             results["d"] = await memory.worker_memory(env, sizes)
+        if "f" in args.only:
+            results["f"] = await blocking.blocking(env, blocking.SMOKE_CASES if args.smoke else blocking.FULL_CASES)
     if "e" in args.only:
         elsewhere = [r["largest_run_events"] for row in results.get("a", []) for r in row["workflow_runs"]]
         elsewhere += [r["largest_run_events"] for r in results.get("d", {}).get("rows", [])]

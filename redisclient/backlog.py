@@ -15,8 +15,7 @@ import logging
 import math
 import time
 
-from redis.asyncio import Redis
-
+from redisclient.connection import RedisClient
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.results import BacklogReading, DrainWait, GroupStatus, MissingGroupPolicy
 from redisclient.scripts import run_script
@@ -46,7 +45,7 @@ def validate_threshold(threshold: int) -> None:
 
 
 async def measure_backlog(
-    client: Redis,
+    client: RedisClient,
     stream: str,
     group: str,
     threshold: int,
@@ -105,7 +104,7 @@ MAX_POLL_SECONDS = 60.0
 
 
 async def wait_for_drain(
-    client: Redis,
+    client: RedisClient,
     stream: str,
     group: str,
     threshold: int,

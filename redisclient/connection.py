@@ -1,5 +1,10 @@
-"""Failover behind a stable address: drop a client's pooled connections when they point at a
-server that is no longer the primary.
+"""The client type of the Redis layer, and failover behind a stable address: drop a client's
+pooled connections when they point at a server that is no longer the primary.
+
+``RedisClient`` is what every function of ``redisclient`` takes: a single Redis (``Redis``) or a
+Redis Cluster (``RedisCluster``, ``XMC_REDIS_CLUSTER``). Both speak the same commands; a cluster
+client routes each command to the primary that owns its keys' slot, so every script and the
+dead-letter transaction touch keys of one slot only (the ``{S}`` hash tag, ``redisclient.keys``).
 
 A managed Redis fails over by promoting a replica and moving its DNS name (or a proxy's target) to
 it; the old primary becomes a replica. Connections opened before the switch stay open to the old
@@ -21,9 +26,47 @@ from __future__ import annotations
 import logging
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError, MovedError, ReadOnlyError, TimeoutError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import (
+    ConnectionError,
+    MovedError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TimeoutError,
+)
 
 logger = logging.getLogger(__name__)
+
+RedisClient = Redis | RedisCluster
+"""An asyncio client of a single Redis or of a Redis Cluster (``xmc.settings.Settings.redis``)."""
+
+
+class ClusterClient(RedisCluster):
+    """redis-py's asyncio cluster client, failing like a single Redis client when it cannot learn
+    the slot map: with the last seed node's own error (``ConnectionError``, ``TimeoutError``,
+    ``AuthenticationError``: a ``RedisError``, so the activities retry it and the CLI and the worker
+    report it in one line), or a ``ResponseError`` when a seed answers but is no cluster node.
+    (redis-py raises ``RedisClusterException``, which is no ``RedisError``, for both.)
+    """
+
+    async def initialize(
+        self,
+        additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+        last_failed_node_name: str | None = None,
+    ) -> RedisCluster:
+        """Learn the slot map (``CLUSTER SLOTS``) if not known yet; see the class for the errors."""
+        try:
+            return await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+        except RedisClusterException as err:
+            cause = err.__cause__
+            if isinstance(cause, RedisError):
+                raise cause from err
+            if isinstance(cause, RedisClusterException):  # "Cluster mode is not enabled on this node"
+                raise ResponseError(f"{cause}: a Redis Cluster was expected (XMC_REDIS_CLUSTER)") from err
+            raise
+
 
 STALE_CONNECTION_ERRORS: tuple[type[Exception], ...] = (ReadOnlyError, MovedError, ConnectionError, TimeoutError)
 """Errors after which a pooled connection may point at the wrong server: ``READONLY`` (the old
@@ -31,17 +74,32 @@ primary, now a replica), ``MOVED`` (a cluster node that no longer serves the slo
 reset, refused or closed (redis' ``ConnectionError``, which includes ``LOADING``) and a timeout (a
 server gone silent). A reconnect after any of them costs one TCP (and TLS) handshake."""
 
+WRONG_NODE_ERRORS: tuple[type[Exception], ...] = (ReadOnlyError, MovedError)
+"""Errors that mean a cluster client's slot map is out of date: the node it took for a slot's
+primary is a replica now, or serves the slot no longer. (The cluster client follows a MOVED
+itself; one reaches the caller only after its tries ran out.)"""
 
-async def drop_stale_connections(redis: Redis) -> None:
+
+async def drop_stale_connections(redis: RedisClient, error: BaseException | None = None) -> None:
     """Close ``redis``'s pooled connections so the next command connects afresh.
 
     Idle connections are closed now; connections that other calls are using right now are marked to
     be closed when they go back to the pool (where the redis-py version supports it), so a command
-    in flight is never cut. Never raises: a failure to close a socket is logged at debug level and
-    the caller's own error is what matters.
+    in flight is never cut. A cluster client does this on every node, and after one of
+    ``WRONG_NODE_ERRORS`` (``error``) also re-reads the slot map (``CLUSTER SLOTS``) so the retry
+    goes to the slot's primary of now; after a connection fault or a timeout the cluster client has
+    marked its map for a re-read itself. Never raises: a failure to close a socket or to read the
+    map is logged at debug level and the caller's own error is what matters.
     """
-    pool = redis.connection_pool
     try:
+        if isinstance(redis, RedisCluster):
+            if isinstance(error, WRONG_NODE_ERRORS):
+                await redis.nodes_manager.initialize()
+            for node in redis.get_nodes():
+                node.update_active_connections_for_reconnect()
+                await node.disconnect_free_connections()
+            return
+        pool = redis.connection_pool
         await pool.disconnect(inuse_connections=False)
         mark_in_use = getattr(pool, "update_active_connections_for_reconnect", None)  # redis-py >= 7
         if mark_in_use is not None:

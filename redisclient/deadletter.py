@@ -7,15 +7,27 @@ replay then sets it aside here, into ``{S}:experiment:E:dead``, with one client-
 fenced like the script (WATCH on the fence counter, MULTI, XADD, XDEL, EXEC),
 and goes on with the tasks behind it in order. An operator lists, retries or drops what was set
 aside (``xmc dead``).
+
+A script cannot do this step: the task's fields are what Lua cannot pass. On a Redis Cluster the
+transaction runs on a single-node client of the primary that serves the stream's slot (all its
+keys share that slot), not through redis-py's cluster pipeline: that one follows a MOVED reply to
+a read after the WATCH by sending the read again to the new owner on another connection, where the
+WATCH does not hold. On one connection a slot that moved mid-transaction fails it instead (MOVED,
+or EXECABORT at the EXEC), nothing is moved, and the activity's retry reaches the new owner.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError, SlotNotCoveredError
 
+from redisclient.connection import RedisClient
 from redisclient.keys import ExperimentKeys, as_text, wrong_type
 from redisclient.results import SetAside, SetAsideStatus
 
@@ -24,7 +36,31 @@ MAX_TASK_FIELDS = 3_995
 Lua's ``unpack`` (about 8,000 values at most; ``XMC_MAX_VALUES`` = 7,990 in ``lua/publish.lua``)."""
 
 
-async def set_aside(client: Redis, keys: ExperimentKeys, token: int, entry_id: str) -> SetAside:
+@asynccontextmanager
+async def _transaction(client: RedisClient, key: str) -> AsyncIterator[Pipeline]:
+    """A pipeline for WATCH / MULTI / EXEC on the Redis that serves ``key``: ``client``'s own for a
+    single Redis; for a cluster, one of a client of its own, with one connection to the primary
+    that serves ``key``'s slot now (closed at the end), so the whole transaction uses one
+    connection."""
+    if not isinstance(client, RedisCluster):
+        async with client.pipeline(transaction=True) as pipe:
+            yield pipe
+        return
+    await client.initialize()
+    node = client.get_node_from_key(key)
+    if node is None:
+        raise SlotNotCoveredError(f"no primary serves the slot of {key}")
+    single = Redis.from_pool(
+        ConnectionPool(connection_class=node.connection_class, max_connections=1, **node.connection_kwargs)
+    )
+    try:
+        async with single.pipeline(transaction=True) as pipe:
+            yield pipe
+    finally:
+        await single.aclose()
+
+
+async def set_aside(client: RedisClient, keys: ExperimentKeys, token: int, entry_id: str) -> SetAside:
     """Move held entry ``entry_id`` to the dead-letter stream, field map byte for byte, if
     ``token`` is still the current fencing token; atomic (MULTI/EXEC under WATCH).
 
@@ -38,7 +74,7 @@ async def set_aside(client: Redis, keys: ExperimentKeys, token: int, entry_id: s
         redis.exceptions.ResponseError: WRONGTYPE, the dead-letter key is not a stream (nothing moved).
         redis.exceptions.RedisError: on any Redis fault.
     """
-    async with client.pipeline(transaction=True) as pipe:
+    async with _transaction(client, keys.stream) as pipe:
         # the fence decides who may move held tasks (only this token's publish removes them), and
         # the dead-letter stream's type is checked: EXEC does not stop at a failed command
         await pipe.watch(keys.fence, keys.dead)
@@ -58,11 +94,11 @@ async def set_aside(client: Redis, keys: ExperimentKeys, token: int, entry_id: s
     return SetAside(status=SetAsideStatus.SET_ASIDE, key=keys.dead, dead=int(dead))
 
 
-async def _dead_count(client: Redis, keys: ExperimentKeys) -> int:
+async def _dead_count(client: RedisClient, keys: ExperimentKeys) -> int:
     return int(await client.xlen(keys.dead))
 
 
-async def _must_be_a_stream(client: Redis, key: str) -> None:
+async def _must_be_a_stream(client: RedisClient, key: str) -> None:
     """Raise a WRONGTYPE ``ResponseError`` naming ``key`` unless it is a stream or absent: checked
     under WATCH before a MULTI, since Redis runs the rest of a transaction past a failed command."""
     wrong = wrong_type(key, as_text(await client.type(key)))
@@ -70,7 +106,7 @@ async def _must_be_a_stream(client: Redis, key: str) -> None:
         raise ResponseError(f"WRONGTYPE {wrong}")
 
 
-async def dead_letters(client: Redis, keys: ExperimentKeys, count: int = 100) -> list[tuple[str, int, int]]:
+async def dead_letters(client: RedisClient, keys: ExperimentKeys, count: int = 100) -> list[tuple[str, int, int]]:
     """The oldest ``count`` set-aside tasks: (entry ID, fields, bytes of names and values)."""
     entries: Any = await client.xrange(keys.dead, count=count)
     return [
@@ -79,12 +115,12 @@ async def dead_letters(client: Redis, keys: ExperimentKeys, count: int = 100) ->
     ]
 
 
-async def drop(client: Redis, keys: ExperimentKeys, entry_id: str) -> bool:
+async def drop(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> bool:
     """Delete set-aside task ``entry_id``; True when it was there."""
     return bool(await client.xdel(keys.dead, entry_id))
 
 
-async def retry(client: Redis, keys: ExperimentKeys, entry_id: str) -> str | None:
+async def retry(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> str | None:
     """Put set-aside task ``entry_id`` back, byte for byte, in one transaction: at the end of the
     held stream when the experiment holds tasks (a state key or held tasks; the next resume
     replays it, and sets it aside again if it still cannot be moved), else into the task stream
@@ -94,7 +130,7 @@ async def retry(client: Redis, keys: ExperimentKeys, entry_id: str) -> str | Non
         redis.exceptions.ResponseError: WRONGTYPE, the target is not a stream (nothing moved).
         redis.exceptions.RedisError: on any Redis fault (WatchError: a concurrent change; retry).
     """
-    async with client.pipeline(transaction=True) as pipe:
+    async with _transaction(client, keys.stream) as pipe:
         await pipe.watch(keys.dead, keys.state, keys.held)
         entries: Any = await pipe.xrange(keys.dead, entry_id, entry_id)
         if not entries:

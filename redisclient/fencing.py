@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import uuid
 
-from redis.asyncio import Redis
-
+from redisclient.connection import RedisClient
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ClaimCheck, ClaimGrant
 from redisclient.scripts import run_script
@@ -29,7 +28,7 @@ def validate_lease(lease_ms: int) -> None:
 
 
 async def acquire_claim(
-    client: Redis, keys: ExperimentKeys, owner: str, lease_ms: int, request_id: str | None = None
+    client: RedisClient, keys: ExperimentKeys, owner: str, lease_ms: int, request_id: str | None = None
 ) -> ClaimGrant:
     """Take the claim: a new fencing token, and the experiment moves ``paused`` -> ``resuming``
     (also when its state key is gone but tasks are still held).
@@ -47,7 +46,9 @@ async def acquire_claim(
 
     Raises:
         ValueError: lease_ms < 1.
-        redis.exceptions.RedisError: on any Redis fault.
+        redis.exceptions.RedisError: on any Redis fault; a ``ResponseError`` starting
+            ``XMCEVICTION`` when ``maxmemory-policy`` is not ``noeviction`` (nothing changed;
+            ``redisclient.memory``).
     """
     validate_lease(lease_ms)
     raw = await run_script(
@@ -59,7 +60,7 @@ async def acquire_claim(
     return ClaimGrant.model_validate_json(raw)
 
 
-async def check_claim(client: Redis, keys: ExperimentKeys, token: int, owner: str, lease_ms: int) -> ClaimCheck:
+async def check_claim(client: RedisClient, keys: ExperimentKeys, token: int, owner: str, lease_ms: int) -> ClaimCheck:
     """Check the pause state and the fencing token, and extend the claim's lease to ``lease_ms``.
 
     Returns:
@@ -76,7 +77,7 @@ async def check_claim(client: Redis, keys: ExperimentKeys, token: int, owner: st
 
 
 async def release_claim(
-    client: Redis, keys: ExperimentKeys, token: int, *, owner: str = "", back_to_paused: bool
+    client: RedisClient, keys: ExperimentKeys, token: int, *, owner: str = "", back_to_paused: bool
 ) -> int:
     """Release the claim and revoke its token, if the token is still current.
 
@@ -105,12 +106,12 @@ async def release_claim(
     return int(released)
 
 
-async def current_token(client: Redis, keys: ExperimentKeys) -> int:
+async def current_token(client: RedisClient, keys: ExperimentKeys) -> int:
     """The last fencing token issued for the experiment (0 when none)."""
     return int(await client.get(keys.fence) or 0)
 
 
-async def claim_info(client: Redis, keys: ExperimentKeys) -> dict[str, str]:
+async def claim_info(client: RedisClient, keys: ExperimentKeys) -> dict[str, str]:
     """The claim hash as text (``token``, ``owner``) plus ``lease_ms`` left; {} when none."""
     raw = await client.hgetall(keys.claim)
     if not raw:

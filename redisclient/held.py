@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from redis.asyncio import Redis
-
+from redisclient.connection import RedisClient
 from redisclient.deadletter import MAX_TASK_FIELDS
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ExperimentState
@@ -22,7 +21,7 @@ Task = Mapping[str | bytes, str | bytes | int | float]
 """A task: a stream entry's field map. Stored byte for byte; an int or float is stored as its text."""
 
 
-async def enqueue_task(client: Redis, keys: ExperimentKeys, task: Task) -> tuple[str, bytes]:
+async def enqueue_task(client: RedisClient, keys: ExperimentKeys, task: Task) -> tuple[str, bytes]:
     """Enqueue one task of the experiment, honouring its pause state, in one atomic step.
 
     Args:
@@ -50,12 +49,12 @@ async def enqueue_task(client: Redis, keys: ExperimentKeys, task: Task) -> tuple
     return as_text(where), entry_id
 
 
-async def pause(client: Redis, keys: ExperimentKeys) -> None:
+async def pause(client: RedisClient, keys: ExperimentKeys) -> None:
     """Pause the experiment: its new tasks are held, and a running replay stops at its next turn."""
     await client.set(keys.state, ExperimentState.PAUSED.value)
 
 
-async def get_state(client: Redis, keys: ExperimentKeys) -> ExperimentState:
+async def get_state(client: RedisClient, keys: ExperimentKeys) -> ExperimentState:
     """The experiment's state: ``running`` when the state key is absent, ``unknown`` when it holds
     anything but ``paused`` or ``resuming`` (as the scripts read it: ``lua/tokens.lua``)."""
     raw = await client.get(keys.state)
@@ -66,6 +65,6 @@ async def get_state(client: Redis, keys: ExperimentKeys) -> ExperimentState:
     return ExperimentState(text) if text in known else ExperimentState.UNKNOWN
 
 
-async def held_count(client: Redis, keys: ExperimentKeys) -> int:
+async def held_count(client: RedisClient, keys: ExperimentKeys) -> int:
     """Held tasks of the experiment (entries)."""
     return int(await client.xlen(keys.held))

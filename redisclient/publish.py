@@ -10,18 +10,18 @@ script atomically, so a retried or zombie call can never duplicate, lose or over
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
 from redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byte_budget, validate_threshold
+from redisclient.connection import RedisClient
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.fencing import validate_lease
 from redisclient.keys import ExperimentKeys
+from redisclient.memory import fraction_arg
 from redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
 from redisclient.scripts import run_script
 
 
 async def publish_batch(
-    client: Redis,
+    client: RedisClient,
     keys: ExperimentKeys,
     group: str,
     *,
@@ -33,6 +33,7 @@ async def publish_batch(
     lease_ms: int,
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
     max_bytes: int = DEFAULT_BYTE_BUDGET,
+    max_memory_fraction: float | None = None,
 ) -> PublishResult:
     """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
 
@@ -52,15 +53,21 @@ async def publish_batch(
             move stops once the tasks moved reach it (at least one task moves), so a batch of
             large tasks takes several calls instead of blocking Redis (``status`` stays
             ``published``, with headroom left).
+        max_memory_fraction: with headroom left, nothing moves while Redis's used memory is at or
+            above this fraction of ``maxmemory`` (status ``memory``); None, or no ``maxmemory``
+            set, never (0 < f <= 1; ``redisclient.memory``).
 
     Returns:
         What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
         and the experiment is running again.
 
     Raises:
-        ValueError: a non-positive seq, batch_size, threshold or lease_ms; a byte budget out of bounds.
+        ValueError: a non-positive seq, batch_size, threshold or lease_ms; a byte budget or memory
+            fraction out of bounds.
         MissingConsumerGroupError: the group (or the stream) is missing and the policy is ``error``.
-        redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream).
+        redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream); a
+            ``ResponseError`` starting ``XMCEVICTION`` when ``maxmemory-policy`` is not
+            ``noeviction`` (nothing moved).
     """
     if seq < 1:
         raise ValueError(f"seq must be >= 1, got {seq}")
@@ -73,7 +80,10 @@ async def publish_batch(
         client,
         "publish",
         [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish],
-        [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes],
+        [
+            *(token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes),
+            fraction_arg(max_memory_fraction),
+        ],
     )
     result = PublishResult.model_validate_json(raw)
     if result.status is PublishStatus.NO_GROUP:

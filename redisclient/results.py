@@ -120,6 +120,8 @@ class PublishStatus(StrEnum):
     FENCE_LOST = "fence_lost"
     STALE = "stale"
     NO_GROUP = "no_group"
+    MEMORY = "memory"
+    """Redis's used memory reached the call's fraction of ``maxmemory``: nothing moved (a wait)."""
 
 
 class PublishResult(BaseModel):
@@ -144,6 +146,9 @@ class PublishResult(BaseModel):
         last_delivered_id: the group's last-delivered-id at the measurement ('' when not measured).
         group_status: the backlog measurement's status.
         last_seq: with ``stale``, the seq of the last publish recorded for the token.
+        used_memory, maxmemory: Redis's ``INFO memory`` as the script read it before the move
+            (bytes; maxmemory 0 means no limit; both 0 when the script refused before reading
+            them, and in results recorded before they existed).
     """
 
     status: PublishStatus
@@ -161,6 +166,8 @@ class PublishResult(BaseModel):
     last_delivered_id: str = ""
     group_status: GroupStatus
     last_seq: int = 0
+    used_memory: int = 0
+    maxmemory: int = 0
 
     @property
     def headroom_left(self) -> int:
@@ -213,3 +220,30 @@ class MissingGroupPolicy(StrEnum):
 
     ZERO = "zero"
     ERROR = "error"
+
+
+class RedisMemory(BaseModel):
+    """Redis's memory settings as ``lua/memory.lua`` reads them (``INFO memory``).
+
+    Attributes:
+        policy: ``maxmemory-policy`` (e.g. ``noeviction``, ``allkeys-lru``).
+        used_memory: bytes Redis has allocated (``used_memory``).
+        maxmemory: the limit in bytes; 0 means none.
+        problem: why the replay refuses this Redis (any policy but ``noeviction``, one line, the
+            words of the scripts' ``XMCEVICTION`` reply), or None.
+    """
+
+    policy: str
+    used_memory: int
+    maxmemory: int
+    problem: str | None = None
+
+    @property
+    def evicts(self) -> bool:
+        """True when the policy can evict the replay's keys: the replay refuses to run."""
+        return self.problem is not None
+
+    @property
+    def used_fraction(self) -> float | None:
+        """``used_memory / maxmemory``, or None without a limit."""
+        return self.used_memory / self.maxmemory if self.maxmemory else None

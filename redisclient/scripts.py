@@ -4,6 +4,10 @@ Scripts get the fragments they use prepended (``_FRAGMENTS``), so each rule is w
 Each script is registered on a client with ``Redis.register_script``, which runs
 ``EVALSHA`` and falls back to ``EVAL`` after a ``NOSCRIPT`` reply (a restarted or failed-over
 server has an empty script cache).
+
+Every script touches keys of one Redis Cluster slot (the ``{S}`` hash tag, ``redisclient.keys``),
+so one primary runs it atomically. ``run_script`` checks this before each call, on a single Redis
+too: a script whose keys span two slots would work there and fail only once deployed on a cluster.
 """
 
 from __future__ import annotations
@@ -13,21 +17,24 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
+from redisclient.connection import RedisClient
 from redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
     "measure": ("backlog",),
-    "publish": ("tokens", "backlog"),
-    "acquire": ("tokens",),
+    "publish": ("tokens", "backlog", "memory"),
+    "acquire": ("tokens", "memory"),
+    "memory_status": ("memory",),
     "check": ("tokens",),
     "release": ("tokens",),
 }
-"""The fragments each script gets prepended: ``backlog.lua`` (the backlog and throttle rule) and
-``tokens.lua`` (exact fencing tokens, the known states), so each rule is written once."""
+"""The fragments each script gets prepended: ``backlog.lua`` (the backlog and throttle rule),
+``tokens.lua`` (exact fencing tokens, the known states) and ``memory.lua`` (the eviction-policy
+and memory-fraction rule), so each rule is written once."""
 
 
 @cache
@@ -44,7 +51,7 @@ def source(name: str) -> str:
     return text
 
 
-def script(client: Redis, name: str) -> AsyncScript:
+def script(client: RedisClient, name: str) -> AsyncScript:
     """A callable script ``name`` bound to ``client``: ``await script(keys=[...], args=[...])``.
 
     The registration is cached on the client object, so each script is hashed once per client.
@@ -58,8 +65,41 @@ def script(client: Redis, name: str) -> AsyncScript:
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]{40}, on @user_script:\d+\.?$")
 
 
-async def run_script(client: Redis, name: str, keys: list[str], args: list[Any]) -> Any:
+class CrossSlotKeysError(ValueError):
+    """A script was called with keys of more than one Redis Cluster slot; nothing was sent.
+
+    A ``ValueError`` (an argument that cannot work; the activities fail without retrying). Redis
+    Cluster would refuse the call with ``CROSSSLOT`` (and redis-py's cluster client before it); a
+    single Redis would run it. The message names every key with its slot.
+
+    Attributes:
+        script: the script's name.
+        slots: each key and its slot (0..16383), in the order given.
+    """
+
+    def __init__(self, script: str, slots: dict[str, int]) -> None:
+        shown = ", ".join(f"{key} (slot {slot})" for key, slot in slots.items())
+        super().__init__(
+            f"script {script!r} must touch keys of one Redis Cluster slot, got {len(set(slots.values()))} slots: "
+            f"{shown}; an experiment's keys share the task stream's slot through the {{stream}} hash tag"
+        )
+        self.script = script
+        self.slots = slots
+
+
+def check_one_slot(name: str, keys: list[str]) -> None:
+    """Raise ``CrossSlotKeysError`` unless every key of ``keys`` hashes to the same Redis Cluster
+    slot (CRC16 of the key, or of its ``{...}`` hash tag, mod 16384: the Redis Cluster spec, "Key
+    distribution model", as ``redis.crc.key_slot`` computes it)."""
+    slots = {key: key_slot(key.encode()) for key in keys}
+    if len(set(slots.values())) > 1:
+        raise CrossSlotKeysError(name, slots)
+
+
+async def run_script(client: RedisClient, name: str, keys: list[str], args: list[Any]) -> Any:
     """Run script ``name`` with ``keys`` and ``args``; returns its reply.
+
+    The keys must share one cluster slot (``check_one_slot``), on any client.
 
     Error replies come back naming what is wrong rather than where in the script: the
     ``script: <sha>, on @user_script:<line>`` suffix Redis appends is dropped, and a WRONGTYPE
@@ -67,9 +107,11 @@ async def run_script(client: Redis, name: str, keys: list[str], args: list[Any])
     script failed; the script itself wrote nothing, since every script validates first).
 
     Raises:
+        CrossSlotKeysError: ``keys`` span two or more slots; nothing was sent.
         redis.exceptions.ResponseError (the same class redis-py chose): an error reply.
         redis.exceptions.RedisError: any other Redis fault, unchanged.
     """
+    check_one_slot(name, keys)
     try:
         return await script(client, name)(keys=keys, args=args)
     except ResponseError as err:

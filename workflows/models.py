@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from redisclient.backlog import DEFAULT_BYTE_BUDGET
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
+from redisclient.memory import DEFAULT_MEMORY_FRACTION
 from redisclient.results import MissingGroupPolicy
 from workflows.throttle import MAX_RATE
 
@@ -127,6 +128,10 @@ class ResumptionInput(BaseModel):
         turns_per_run: continue-as-new after this many turns (or earlier when Temporal suggests it)
             to keep each run's history small.
         carry: set by the workflow itself when it continues as new.
+        max_memory_fraction: with headroom left, the replay waits (a durable timer of
+            ``throttle_seconds``, whatever the policy) while Redis's used memory is at or above this
+            share of ``maxmemory`` (0 < f <= 1, default 0.9, read inside the publish script); None,
+            or a Redis without ``maxmemory``, never (``redisclient.memory``).
 
     Every number is finite and bounded (the bounds are in the field definitions below); a bad
     value fails the run at once with a ``ValidationError`` naming the field.
@@ -151,6 +156,7 @@ class ResumptionInput(BaseModel):
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
     turns_per_run: int = Field(default=500, ge=1, le=10_000)
     carry: Carry | None = None
+    max_memory_fraction: float | None = Field(default=DEFAULT_MEMORY_FRACTION, gt=0, le=1, allow_inf_nan=False)
 
     @field_validator("experiment_id", "stream")
     @classmethod

@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         SetAsideRequest,
     )
     from activities.resumption import ResumptionActivities
+    from redisclient.memory import memory_reason
     from redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
     from workflows import fleet, metrics
     from workflows.models import (
@@ -358,6 +359,10 @@ class ResumptionWorkflow:
                     continue
                 turns_this_run += 1
                 p.turns += 1
+                # adding 0 shows the counters from the first live turn on (a worker that took the
+                # run over after a restart, too: the meter skips replayed code), not first at a move
+                self._replayed_counter.add(0)
+                self._throttle_counter.add(0, {"policy": p.policy.value})
                 result = await self._turn()
             except FAILED_CALL as err:
                 if _permanent(err):
@@ -471,18 +476,19 @@ class ResumptionWorkflow:
             else None
         )
 
-    async def _wait(self, backlog: int, reason: str) -> ResumptionResult | None:
-        """Step 3: wait while the backlog is at or over the threshold, as the pacer plans it, then
-        back to the top of the loop. Returns the result when a stall outlasted
-        ``max_stall_seconds`` (the run ends ``stalled``), else None."""
+    async def _wait(self, backlog: int, reason: str, seconds: float | None = None) -> ResumptionResult | None:
+        """Step 3: wait while the backlog is at or over the threshold, as the pacer plans it (or a
+        durable timer of ``seconds`` when given), then back to the top of the loop. Returns the
+        result when a stall outlasted ``max_stall_seconds`` (the run ends ``stalled``), else None."""
         inp, p = self._input, self._progress
         if self._stall.over_limit(p.stalled_seconds):
             await self._release(back_to_paused=True)
             return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
-        plan = self._pacer.plan(backlog)
+        plan = self._pacer.plan(backlog) if seconds is None else WaitPlan(WaitKind.TIMER, seconds)
         p.throttles += 1
         p.throttles_in_a_row += 1
-        p.throttle_reason, p.wait_plan, p.wait_seconds = reason, self._pacer.describe(plan), plan.seconds
+        described = self._pacer.describe(plan) if seconds is None else f"fixed {seconds:g}s wait"
+        p.throttle_reason, p.wait_plan, p.wait_seconds = reason, described, plan.seconds
         self._throttle_counter.add(1, {"policy": p.policy.value})
         self._wait_histogram.record(plan.seconds)
         workflow.logger.info(
@@ -558,6 +564,7 @@ class ResumptionWorkflow:
                 lease_ms=inp.lease_ms,
                 missing_group=inp.missing_group,
                 max_bytes=inp.max_bytes_per_call,
+                max_memory_fraction=inp.max_memory_fraction,
             ),
             summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
         )
@@ -569,7 +576,12 @@ class ResumptionWorkflow:
         if p.replayed > counted:
             self._replayed_counter.add(p.replayed - counted)
         p.remaining = result.remaining
-        if result.status in (PublishStatus.PUBLISHED, PublishStatus.COMPLETED, PublishStatus.THROTTLED):
+        if result.status in (
+            PublishStatus.PUBLISHED,
+            PublishStatus.COMPLETED,
+            PublishStatus.THROTTLED,
+            PublishStatus.MEMORY,
+        ):
             # the script measured the backlog before its move
             self._observe(result.pending, result.lag, result.capped, result.last_delivered_id, result.moved)
         if result.moved:
@@ -612,6 +624,12 @@ class ResumptionWorkflow:
                 # the backlog grew between the measurement and the publish
                 reason = wait_reason(result.pending, result.lag, result.capped, p.threshold, result.bytes_capped)
                 return await self._wait(result.backlog, reason)
+            case PublishStatus.MEMORY:
+                # Redis's used memory reached max_memory_fraction of maxmemory: nothing moved. A
+                # durable timer of throttle_seconds whatever the policy (the backlog may be low, so
+                # an adaptive poll for the drain would return at once), then the check again
+                reason = memory_reason(result.used_memory, result.maxmemory, self._input.max_memory_fraction or 1.0)
+                return await self._wait(result.backlog, reason, self._input.throttle_seconds)
             case PublishStatus.STALE:
                 # an older seq than the last publish recorded for this token (after a workflow
                 # reset): go on from the recorded one

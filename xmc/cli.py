@@ -33,7 +33,6 @@ from typing import Annotated, Any, TypeVar
 import annotated_types
 import click
 from pydantic import TypeAdapter, ValidationError
-from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError, WatchError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -50,6 +49,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from redisclient import deadletter, held
+from redisclient.connection import RedisClient
 from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, as_text, validate_name
 from redisclient.results import ExperimentState, MissingGroupPolicy
 from workflows.models import (
@@ -84,6 +84,7 @@ from xmc.ops import (
     held_experiments,
     list_resumptions,
     live_run,
+    refuse_evicting_redis,
     running_handle,
     start_resumption,
     state_and_held,
@@ -424,9 +425,16 @@ def _status_text(doc: Mapping[str, Any]) -> str:
         f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered (threshold {b['threshold']}, "
         f"{b['status']})"
     )
+    memory = doc.get("redis_memory")
+    if memory:
+        limit = f"of {memory['maxmemory']:,} bytes" if memory["maxmemory"] else "(no maxmemory)"
+        lines.append(
+            f"  redis memory: {memory['used_memory']:,} bytes used {limit}, maxmemory-policy {memory['policy']}"
+            + (f": {memory['problem']}" if memory["problem"] else "")
+        )
     lines.append("  " + _run_text(doc.get("run")))
     known = {"experiment_id", "stream", "exists", "state", "orphaned", "held", "set_aside", "claim", "fence"}
-    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in known | {"backlog", "run"}]
+    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in known | {"backlog", "run", "redis_memory"}]
     return "\n".join(lines)
 
 
@@ -644,8 +652,10 @@ async def _resume(
 ) -> dict[str, Any]:
     settings = _settings(ctx)
     redis = settings.redis()
+    keys = ExperimentKeys(inp.stream, inp.experiment_id)
     try:
-        state, waiting = await state_and_held(redis, ExperimentKeys(inp.stream, inp.experiment_id))
+        state, waiting = await state_and_held(redis, keys)
+        await refuse_evicting_redis(redis, keys)
     finally:
         await redis.aclose()
     if state is ExperimentState.RUNNING and not waiting and not force:
@@ -885,7 +895,7 @@ class Watcher:
             flush=True,
         )
 
-    async def _not_draining(self, redis: Redis, p: Progress) -> str | None:
+    async def _not_draining(self, redis: RedisClient, p: Progress) -> str | None:
         """Why no consumer seems to drain the stream, or None."""
         group, stream = self._inp.consumer_group, self._inp.stream
         if p.stalled:

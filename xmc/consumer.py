@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from redis.asyncio import Redis
+from redisclient.connection import RedisClient
 
 
 def entries_of(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
@@ -15,7 +15,7 @@ def entries_of(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
 
 
 async def run_consumer(
-    redis: Redis,
+    redis: RedisClient,
     stream: str,
     group: str,
     name: str,

@@ -9,7 +9,6 @@ from collections.abc import Awaitable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import TypedSearchAttributes
@@ -17,7 +16,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from redisclient import fencing, held
 from redisclient.backlog import measure_backlog
+from redisclient.connection import RedisClient
 from redisclient.keys import ExperimentKeys, as_text, validate_name
+from redisclient.memory import read_memory
 from redisclient.results import ExperimentState
 from workflows import fleet
 from workflows.models import WORKFLOW_TYPE, Outcome, Progress, ResumptionInput, ResumptionResult, workflow_id_for
@@ -30,7 +31,7 @@ MAX_SHOWN_VALUE_CHARS = 40
 """Longest part of a garbage key's value an error message quotes."""
 
 
-async def _read_key(redis: Redis, key: str, expected: str, read: Awaitable[T], *, parses: bool = False) -> T:
+async def _read_key(redis: RedisClient, key: str, expected: str, read: Awaitable[T], *, parses: bool = False) -> T:
     """Await ``read`` of ``key``; a key of the wrong type (WRONGTYPE), or for a read that
     ``parses`` the value a ``ValueError``, becomes ``KeyContentError`` naming the key, what it
     holds and what the contract expects (``expected``)."""
@@ -49,7 +50,7 @@ async def _read_key(redis: Redis, key: str, expected: str, read: Awaitable[T], *
         raise KeyContentError(f"key {key} holds {shown}, expected {expected}") from err
 
 
-async def state_and_held(redis: Redis, keys: ExperimentKeys) -> tuple[ExperimentState, int]:
+async def state_and_held(redis: RedisClient, keys: ExperimentKeys) -> tuple[ExperimentState, int]:
     """The experiment's state and its held tasks (entries).
 
     A state value the contract does not know is ``unknown``, not an error: producers hold their
@@ -64,14 +65,14 @@ async def state_and_held(redis: Redis, keys: ExperimentKeys) -> tuple[Experiment
     return state, await _read_key(redis, keys.held, "a stream (the held tasks)", held.held_count(redis, keys))
 
 
-async def has_keys(redis: Redis, keys: ExperimentKeys) -> bool:
+async def has_keys(redis: RedisClient, keys: ExperimentKeys) -> bool:
     """True when any key of the experiment exists (state, held, claim, fence, publish record,
     acquire log, dead letters): False for an experiment never paused nor resumed on this stream."""
     every = (keys.state, keys.held, keys.claim, keys.fence, keys.publish, keys.acquire_log, keys.dead)
     return bool(await redis.exists(*every))
 
 
-async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
+async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
     """State, held tasks (entries), claim, last fencing token and the group's backlog, as a dict.
 
     An experiment with no key at all on this stream has state ``unknown`` and ``exists`` False:
@@ -80,7 +81,9 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
 
     ``orphaned`` is True for an experiment that is resuming with no live claim: its replayer is
     gone (a failed or terminated run whose lease lapsed) and producers are still holding its tasks;
-    starting a resumption again continues the replay in order.
+    starting a resumption again continues the replay in order. ``redis_memory`` is Redis's
+    ``maxmemory-policy``, used memory and ``maxmemory`` (bytes, 0: no limit) and ``problem``, why a
+    resumption would refuse this Redis (None under ``noeviction``; ``redisclient.memory``).
 
     Raises:
         KeyContentError: a key holds the wrong type or a value the contract does not know.
@@ -112,7 +115,20 @@ async def experiment_status(redis: Redis, keys: ExperimentKeys, group: str, thre
             "status": reading.status.value,
             "threshold": threshold,
         },
+        "redis_memory": (await read_memory(redis, keys.stream)).model_dump(),
     }
+
+
+async def refuse_evicting_redis(redis: RedisClient, keys: ExperimentKeys) -> None:
+    """Refuse, before anything starts, a Redis whose ``maxmemory-policy`` could evict the replay's
+    keys: the resumption would fail at its claim (``redisclient.memory``).
+
+    Raises:
+        OperatorError: the policy is not ``noeviction``; the message names it.
+    """
+    memory = await read_memory(redis, keys.stream)
+    if memory.problem:
+        raise OperatorError(memory.problem)
 
 
 async def start_resumption(
@@ -133,7 +149,7 @@ MAX_LISTED = 100_000
 """The most experiments or runs one listing returns."""
 
 
-async def held_experiments(redis: Redis, stream: str, limit: int) -> tuple[list[dict[str, object]], bool]:
+async def held_experiments(redis: RedisClient, stream: str, limit: int) -> tuple[list[dict[str, object]], bool]:
     """Every experiment on ``stream`` that Redis holds something for: a state key (paused,
     resuming, or a value the contract does not know) or held tasks, found by ``SCAN MATCH`` on
     ``{S}:experiment:*:state`` and ``{S}:experiment:*:held`` (never ``KEYS``: it blocks Redis).
@@ -173,7 +189,7 @@ async def held_experiments(redis: Redis, stream: str, limit: int) -> tuple[list[
     return [row for row in rows if row["condition"] is not None], len(ids) > limit
 
 
-async def _held_row(redis: Redis, keys: ExperimentKeys) -> dict[str, object]:
+async def _held_row(redis: RedisClient, keys: ExperimentKeys) -> dict[str, object]:
     """One row of ``held_experiments``; ``condition`` None for a running experiment holding nothing."""
     row: dict[str, object] = {"experiment_id": keys.experiment_id}
     try:

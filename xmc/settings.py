@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from redisclient.connection import ClusterClient, RedisClient
 from workflows import metrics
 from workflows.models import TASK_QUEUE
 
@@ -27,6 +31,13 @@ DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 MAX_REDIS_TIMEOUT_SECONDS = 300.0
 """The longest socket timeout ``XMC_REDIS_TIMEOUT_SECONDS`` accepts: a Redis call of the replay is
 retried for about 6 s, so a timeout of minutes already means an unresponsive Redis."""
+
+CLUSTER_RETRIES = 3
+"""How often the cluster client re-reads the slot map and retries a call after a refused or reset
+connection, a timeout or CLUSTERDOWN (redis-py's default is 10). Each try may wait a socket timeout
+for a silent node, and the activity's call has 10 s (``REDIS_CALL_TIMEOUT``): longer outages are
+Temporal's retry (``REDIS_RETRY``), bounded and visible. redis-py retries at once (it uses the
+retry object for its count only), so no backoff is set."""
 
 SECRET_QUERY_ARGS = frozenset({"password", "username"})
 """Query arguments of a Redis URL that ``redacted_url`` masks (redis-py passes unknown ones on)."""
@@ -62,7 +73,8 @@ def redis_db_of(url: str) -> int:
 class Settings(BaseSettings):
     """``XMC_REDIS_URL`` (redis://, rediss:// or unix:// URL), ``XMC_TASK_QUEUE``,
     ``XMC_METRICS_BIND`` (host:port for a Prometheus ``/metrics`` endpoint, off when unset),
-    ``XMC_REDIS_TIMEOUT_SECONDS`` (0 < s <= 300).
+    ``XMC_REDIS_TIMEOUT_SECONDS`` (0 < s <= 300), ``XMC_REDIS_CLUSTER`` (``true``: the URL is a
+    seed node of a Redis Cluster, reached with redis-py's cluster client; default ``false``).
 
     Every field is checked when the settings are read, so a bad value fails before any
     connection, with a message naming the variable and never its secret (see ``xmc.errors``).
@@ -74,6 +86,7 @@ class Settings(BaseSettings):
     task_queue: str = Field(default=TASK_QUEUE, min_length=1, max_length=1000)
     metrics_bind: str | None = None
     redis_timeout_seconds: float = Field(default=5.0, gt=0, le=MAX_REDIS_TIMEOUT_SECONDS, allow_inf_nan=False)
+    redis_cluster: bool = False
 
     @field_validator("redis_url")
     @classmethod
@@ -91,6 +104,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"the database must be a number (redis://host:port/0), got {db[:40]!r}")
         return url
 
+    @field_validator("redis_cluster")
+    @classmethod
+    def _valid_cluster_url(cls, cluster: bool, info: ValidationInfo) -> bool:
+        """A cluster is reached over TCP (redis:// or rediss://, any one node as the seed) and has
+        database 0 only (Redis Cluster spec: "Redis Cluster does not support multiple databases")."""
+        url = info.data.get("redis_url")
+        if not cluster or url is None:  # a bad URL is reported on its own
+            return cluster
+        scheme = urlsplit(url).scheme
+        if scheme not in ("redis", "rediss"):
+            raise ValueError(f"a Redis Cluster is reached by a redis:// or rediss:// seed URL, got {scheme}://")
+        if redis_db_of(url) != 0:
+            raise ValueError(f"a Redis Cluster has database 0 only, XMC_REDIS_URL selects {redis_db_of(url)}")
+        return cluster
+
     @field_validator("metrics_bind")
     @classmethod
     def _valid_metrics_bind(cls, bind: str | None) -> str | None:
@@ -106,14 +134,38 @@ class Settings(BaseSettings):
         """The Redis URL for messages and logs, its password masked."""
         return redacted_url(self.redis_url)
 
-    def redis(self) -> Redis:
-        """A new asyncio Redis client; bytes in, bytes out (task field maps move byte for byte)."""
+    def redis(self) -> RedisClient:
+        """A new asyncio Redis client; bytes in, bytes out (task field maps move byte for byte).
+        With ``XMC_REDIS_CLUSTER`` a cluster client (``redis_cluster_client``)."""
+        if self.redis_cluster:
+            return self.redis_cluster_client()
         return Redis.from_url(
             self.redis_url,
             decode_responses=False,
             socket_timeout=self.redis_timeout_seconds,
             socket_connect_timeout=self.redis_timeout_seconds,
             health_check_interval=30,
+        )
+
+    def redis_cluster_client(self) -> RedisCluster:
+        """A new asyncio Redis Cluster client (a ``ClusterClient``) seeded by ``XMC_REDIS_URL``;
+        bytes in, bytes out.
+
+        It learns the slot map from the seed on its first command and follows the cluster itself:
+        MOVED updates its map, ASK and TRYAGAIN (a slot being migrated) are retried (16 tries at
+        most), and a refused or reset connection, a timeout or CLUSTERDOWN re-reads the map and
+        retries, ``CLUSTER_RETRIES`` times; what it cannot mend reaches the activities, which hand
+        it to Temporal's retry (``activities.resumption._classified``). Every script of the product
+        touches one slot (``redisclient.scripts.run_script`` checks it before a call). A cluster
+        that cannot be reached fails like a single Redis (``redisclient.connection.ClusterClient``).
+        """
+        return ClusterClient.from_url(
+            self.redis_url,
+            decode_responses=False,
+            socket_timeout=self.redis_timeout_seconds,
+            socket_connect_timeout=self.redis_timeout_seconds,
+            health_check_interval=30,
+            retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES),
         )
 
 

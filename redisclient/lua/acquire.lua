@@ -7,7 +7,9 @@
 -- Moves the experiment to `resuming` (starting the replay is the resume) when it is paused, holds
 -- a value the contract does not know, or when its state key is gone but tasks are still held.
 -- Returns JSON {token (a decimal string), state, previous_state (before this claim), held, repeated}. A fence counter that is not a
--- token fails the call before any write (tokens.lua).
+-- token fails the call before any write (tokens.lua), and so does a maxmemory-policy that could
+-- evict the replay's keys (XMCEVICTION, memory.lua), a repeated request ID too.
+xmc_require_noeviction(xmc_memory())
 local prefix = ARGV[3] .. ':'
 for _, entry in ipairs(redis.call('LRANGE', KEYS[6], 0, -1)) do
   if string.sub(entry, 1, #prefix) == prefix then

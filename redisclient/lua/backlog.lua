@@ -28,17 +28,21 @@ end
 
 -- Read the entries of stream `key` from `start` (an XRANGE start: '-' or '(' .. ID), oldest
 -- first, calling visit(entry) on each, until `limit` entries are read, or about `budget` bytes
--- (at least one entry), or the stream ends. Chunks grow from 1 entry and are sized by the mean
--- entry so far, so a read passes the budget by about one entry at most.
+-- (at least one entry), or the stream ends. Chunks grow from 1 entry, at most doubling, and are
+-- sized by the largest entry so far, so a read of like-sized entries passes the budget by about
+-- one entry; after a run of small entries, a chunk of larger ones can pass it by more (bounded by
+-- the chunk: at most twice the entries read before it).
 -- Returns: entries read, bytes read, true when it stopped at the budget with entries left.
 local function xmc_read(key, start, limit, budget, visit)
-  local count, bytes, chunk = 0, 0, 1
+  local count, bytes, chunk, largest = 0, 0, 1, 1
   while count < limit do
     local want = math.min(chunk, limit - count)
     local got = redis.call('XRANGE', key, start, '+', 'COUNT', want)
     for _, e in ipairs(got) do
+      local size = xmc_entry_bytes(e)
       count = count + 1
-      bytes = bytes + xmc_entry_bytes(e)
+      bytes = bytes + size
+      largest = math.max(largest, size)
       start = '(' .. e[1]
       visit(e)
     end
@@ -48,7 +52,7 @@ local function xmc_read(key, start, limit, budget, visit)
     if bytes >= budget then
       return count, bytes, count < limit
     end
-    chunk = math.max(1, math.min(chunk * 2, math.floor((budget - bytes) * count / bytes)))
+    chunk = math.max(1, math.min(chunk * 2, math.floor((budget - bytes) / largest)))
   end
   return count, bytes, false
 end

@@ -5,7 +5,8 @@
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group,
 -- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
--- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most
+-- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most,
+-- ARGV[10] memory fraction: '' (off) or 0 < f <= 1: nothing moves while used_memory >= f x maxmemory
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
 --   fencing: a token other than the fence counter's moves nothing ('fenced'; 'fence_lost' when the
@@ -15,6 +16,9 @@
 --   group: under the 'error' policy a missing group, or a missing stream (so no group), moves nothing;
 --   bound: moves at most min(batch, headroom) entries, headroom = threshold - backlog from the shared
 --          backlog rule ('throttled' when that is 0);
+--   memory: a maxmemory-policy other than noeviction fails the call (XMCEVICTION, memory.lua); with
+--           headroom left, Redis's used memory at or above the fraction of maxmemory moves nothing
+--           ('memory'; no limit set: never);
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream,
 --         oldest first, stopping once the entries moved reach the byte budget (at least one moves),
 --         and before an entry too large to pass to XADD from a script (`poison_id`: the caller sets
@@ -23,13 +27,15 @@
 -- Tokens are decimal strings compared exactly (tokens.lua).
 -- Returns JSON {status, moved, moved_bytes, poison_id ('' or the entry that stopped the move),
 -- total_moved (this token's tasks moved in all), backlog, remaining, pending, lag, capped, bytes_capped,
--- headroom, last_delivered_id, group_status, last_seq}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale'.
+-- headroom, last_delivered_id, group_status, last_seq, used_memory, maxmemory}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale';
+-- used_memory and maxmemory (bytes) as read before the move (0 when the script refused before reading them).
 local token, seq = ARGV[1], tonumber(ARGV[2])
 local batch, threshold, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[9])
 -- field names and values of one entry that XADD can take from a script: Lua's unpack stops near
 -- 8,000 values (LUAI_MAXCSTACK), so a longer entry is never passed to it
 local XMC_MAX_VALUES = 7990
 local poison_id = nil
+local memory = {used_memory = 0, maxmemory = 0}
 
 -- tasks this token has moved so far: the publish record's count (the authority for `replayed`).
 -- A record of this token written before the count existed has none: then no count is kept (the
@@ -46,7 +52,8 @@ local function reply(status, moved, b, remaining, last_seq, moved_bytes)
                        total_moved = counting and (total + moved) or nil, backlog = b.pending + b.lag, remaining = remaining,
                        pending = b.pending, lag = b.lag, capped = b.capped, bytes_capped = b.bytes_capped or false,
                        headroom = b.headroom, last_delivered_id = b.last_delivered_id or '',
-                       group_status = b.status, last_seq = last_seq or 0})
+                       group_status = b.status, last_seq = last_seq or 0,
+                       used_memory = memory.used_memory, maxmemory = memory.maxmemory})
 end
 local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
 
@@ -74,6 +81,12 @@ if b.status ~= 'ok' and ARGV[6] == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
 local room = math.min(batch, b.headroom)
+-- memory guard (memory.lua): reads only, before the first write -----------------------------------
+memory = xmc_memory()
+xmc_require_noeviction(memory)
+local memory_full = xmc_memory_full(memory, xmc_memory_fraction(ARGV[10])) and room > 0
+if memory_full then room = 0 end
+-- end of the memory guard ----------------------------------------------------------------------------
 local moved, moved_bytes = 0, 0
 if room > 0 then
   -- read first, write after: an entry with more fields than a script can pass to XADD stops the
@@ -81,6 +94,9 @@ if room > 0 then
   local entries = {}
   xmc_read(KEYS[2], '-', room, budget, function(e) entries[#entries + 1] = e end)
   for _, e in ipairs(entries) do
+    if moved_bytes >= budget then
+      break  -- the read may pass the budget by more than one entry (its chunks); the move never does
+    end
     if #e[2] > XMC_MAX_VALUES then
       poison_id = e[1]
       break
@@ -97,6 +113,8 @@ if remaining == 0 then
   -- drained: new tasks go straight to the task stream again
   redis.call('DEL', KEYS[3], KEYS[2])
   status = 'completed'
+elseif memory_full then
+  status = 'memory'
 elseif room <= 0 then
   status = 'throttled'
 end
