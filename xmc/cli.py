@@ -333,6 +333,8 @@ def cli() -> None:
 
 @_experiment_command(cli, "pause", "pause an experiment: its new tasks are held")
 def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) -> None:
+    """``xmc pause E``: set the state ``paused`` (``redisclient.held.pause``); producers hold."""
+
     async def go() -> None:
         redis = _settings(ctx).redis()
         try:
@@ -353,6 +355,8 @@ def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) ->
     "--count", type=click.IntRange(1, MAX_TASKS_ENQUEUED), default=100, show_default=True, help="tasks to enqueue"
 )
 def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, count: int) -> None:
+    """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script."""
+
     async def go() -> dict[str, int]:
         redis = _settings(ctx).redis()
         keys = ExperimentKeys(stream, experiment_id)
@@ -384,6 +388,9 @@ def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     help="count the backlog up to this many entries",
 )
 def status(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, group: str, threshold: int) -> None:
+    """``xmc status E``: ``ops.experiment_status`` from Redis, and ``ops.live_run`` from Temporal
+    when it can be reached (else ``run`` holds the one-line reason)."""
+
     async def go() -> dict[str, object]:
         redis = _settings(ctx).redis()
         try:
@@ -474,6 +481,7 @@ def _or(value: object, missing: str = "?") -> str:
 def dead(
     ctx: click.Context, experiment_id: str, stream: str, as_json: bool, retry: str | None, drop: str | None
 ) -> None:
+    """``xmc dead E``: list the set-aside tasks, or ``--retry`` / ``--drop`` one (``redisclient.deadletter``)."""
     if retry and drop:
         raise click.UsageError("--retry and --drop exclude each other", ctx)
     keys = ExperimentKeys(stream, experiment_id)
