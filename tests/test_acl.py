@@ -256,14 +256,14 @@ async def test_the_cli_and_one_replay_run_as_the_acl_user(
         assert run_module("xmc", *args, **env).returncode == 0
     async with resumption_worker(dev_env.client, task_queue, acl_urls[1]):
         # in a thread: the worker runs on this event loop while the command waits for the result
-        resume = ("resume", "A5", "--batch", "15", "--threshold", "100", "--wait")
+        resume = ("resume", "A5", "--batch", "15", "--threshold", "100", "--wait", "--json")
         proc = await asyncio.to_thread(run_module, "xmc", *resume, timeout=60, **env)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout[proc.stdout.index("{") :])["outcome"] == "completed"
-    status = run_module("xmc", "status", "A5", **env)
+    assert json.loads(proc.stdout)["result"]["outcome"] == "completed"
+    status = run_module("xmc", "status", "A5", "--json", **env)
     assert status.returncode == 0, status.stderr
     assert (json.loads(status.stdout)["state"], json.loads(status.stdout)["held"]) == ("running", 0)
-    dead = run_module("xmc", "dead", "A5", **env)
+    dead = run_module("xmc", "dead", "A5", "--json", **env)
     assert (dead.returncode, json.loads(dead.stdout)["tasks"]) == (0, []), dead.stderr
     tasks = [fields[b"task"] for _, fields in await admin.xrange(STREAM)]
     assert tasks == [f"A5:{i:06d}".encode() for i in range(40)]

@@ -155,7 +155,7 @@ async def test_the_cli_reads_an_experiment_on_the_cluster(cluster: LocalCluster,
     env = {"PATH": "/usr/bin:/bin", "XMC_REDIS_URL": cluster.url, "XMC_REDIS_CLUSTER": "true"}
     out = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "xmc", "status", "E1", "--stream", OTHER_STREAM],
+        [sys.executable, "-m", "xmc", "status", "E1", "--stream", OTHER_STREAM, "--json"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -86,7 +86,7 @@ async def test_a_poison_task_does_not_stop_the_replay(ts_env, redis, redis_url, 
 
 def xmc(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "xmc", *args],
+        [sys.executable, "-m", "xmc", *args, "--json"],
         capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "XMC_REDIS_URL": redis_url},
     )  # fmt: skip
 

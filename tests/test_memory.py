@@ -270,7 +270,7 @@ async def test_xmc_resume_refuses_before_starting_and_status_shows_the_policy(me
     refused = await asyncio.to_thread(xmc, redis_url, "resume", KEYS.experiment_id)
     assert refused.returncode == 2
     assert refused.stderr.startswith("xmc resume: maxmemory-policy allkeys-lru: the replay needs noeviction (")
-    status = json.loads((await asyncio.to_thread(xmc, redis_url, "status", KEYS.experiment_id)).stdout)
+    status = json.loads((await asyncio.to_thread(xmc, redis_url, "status", KEYS.experiment_id, "--json")).stdout)
     assert status["redis_memory"]["policy"] == "allkeys-lru" and status["redis_memory"]["maxmemory"] == 8 * MIB
     assert status["redis_memory"]["problem"].startswith("maxmemory-policy allkeys-lru")
     assert status["state"] == "paused" and status["fence"] == 0

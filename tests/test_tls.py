@@ -92,7 +92,7 @@ async def test_the_redis_layer_and_a_replay_through_tls(
 
 def test_the_cli_reads_the_tls_settings(certs: Certificates, tls_port: int) -> None:
     env = tls_env(certs, tls_port)
-    for args in (["pause", "T2"], ["enqueue", "T2", "--count", "3"], ["status", "T2"]):
+    for args in (["pause", "T2"], ["enqueue", "T2", "--count", "3"], ["status", "T2", "--json"]):
         proc = run_module("xmc", *args, **env)
         assert proc.returncode == 0, proc.stderr
     assert '"held": 3' in proc.stdout and SECRET not in proc.stdout + proc.stderr

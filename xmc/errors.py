@@ -2,7 +2,7 @@
 setting, key or field at fault and never a secret.
 
 The CLI and the worker both end with ``operator_message``: an exception it knows becomes one line
-and exit code 2; any other exception is a bug and keeps its traceback.
+and exit code 2 (``RunFailedError``: 1); any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from redis.exceptions import (
 from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
@@ -30,6 +30,10 @@ from xmc.settings import Settings, TemporalUnreachableError, redacted_url, redis
 
 EXIT_OPERATOR_ERROR = 2
 """Exit code of an error the operator can mend (bad setting, argument or key; a service away)."""
+
+EXIT_RUN_FAILED = 1
+"""Exit code of ``--wait`` when the awaited run did not return a result: it failed, was
+terminated, cancelled or timed out (``RunFailedError``)."""
 
 EXIT_BROKEN_PIPE = 141
 """Exit code when stdout's reader went away (``xmc status E | head``): 128 + SIGPIPE, as a shell
@@ -41,6 +45,11 @@ MAX_DETAIL_CHARS = 300
 
 class OperatorError(Exception):
     """A fault the operator can mend; ``str()`` is the one-line message."""
+
+
+class RunFailedError(OperatorError):
+    """The run a command waited for ended without a result (failed, terminated, cancelled, timed
+    out); the CLI exits ``EXIT_RUN_FAILED``, not 2: the command did its part."""
 
 
 class KeyContentError(OperatorError):
@@ -60,10 +69,10 @@ def validation_message(err: ValidationError) -> str:
     prefix = Settings.model_config.get("env_prefix", "") if err.title == Settings.__name__ else ""
     parts = []
     for e in err.errors(include_url=False, include_input=False, include_context=False):
-        loc = ".".join(str(x) for x in e["loc"]) or err.title
+        loc = ".".join(str(x) for x in e["loc"])
         name = f"{prefix}{loc}".upper() if prefix else loc
         msg = e["msg"].removeprefix("Value error, ")
-        parts.append(msg if prefix and not e["loc"] else f"{name}: {msg}")  # a rule across settings names them
+        parts.append(f"{name}: {msg}" if loc else msg)  # a rule over several fields names them itself
     what = "setting" if prefix else err.title
     return one_line(f"invalid {what}: " + "; ".join(parts))
 
@@ -110,6 +119,13 @@ def workflow_failure_message(err: WorkflowFailureError, workflow_id: str) -> str
     return one_line(f"{workflow_id} failed: " + " <- ".join(causes or [str(err)]), limit=2 * MAX_DETAIL_CHARS)
 
 
+def update_failure_message(err: WorkflowUpdateFailedError, workflow_id: str) -> str:
+    """A rejected Update as one line: the workflow ID and the validator's reason (it names the field)."""
+    cause = err.cause
+    detail = getattr(cause, "message", None) or str(cause)
+    return one_line(f"{workflow_id} rejected the change: {detail}")
+
+
 def operator_message(err: BaseException, settings: Settings | None) -> str | None:
     """One line for an error the operator can mend, or None for anything else (a bug: let it raise).
 
@@ -128,7 +144,10 @@ def operator_message(err: BaseException, settings: Settings | None) -> str | Non
     if isinstance(err, (TemporalUnreachableError, SearchAttributesMissingError)):
         return one_line(str(err), limit=4 * MAX_DETAIL_CHARS)
     if isinstance(err, WorkflowAlreadyStartedError):
-        return one_line(f"a resumption is already running: {err}")
+        return one_line(
+            f"a resumption is already running: {err.workflow_id} (run {err.run_id}); "
+            f"see it with xmc status, change it with xmc set, stop it with xmc stop"
+        )
     if isinstance(err, RPCError):
         address, namespace = temporal_target()
         return one_line(

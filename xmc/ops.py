@@ -1,22 +1,29 @@
-"""Operator actions shared by the CLI and the demo: status of an experiment, starting a resumption."""
+"""Operator actions shared by the CLI and the demo: status of an experiment, the experiments
+held in Redis, starting a resumption, the fleet of resumptions in Temporal visibility, and the
+control Updates of a running one."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from datetime import datetime
+from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
 
 from redisclient import fencing, held
 from redisclient.backlog import measure_backlog
 from redisclient.connection import RedisClient
-from redisclient.keys import ExperimentKeys, as_text
+from redisclient.keys import ExperimentKeys, as_text, validate_name
 from redisclient.memory import read_memory
 from redisclient.results import ExperimentState
-from workflows.models import ResumptionInput, ResumptionResult
+from workflows import fleet
+from workflows.models import WORKFLOW_TYPE, Outcome, Progress, ResumptionInput, ResumptionResult, workflow_id_for
 from workflows.resumption import ResumptionWorkflow
-from xmc.errors import KeyContentError, OperatorError
+from xmc.errors import KeyContentError, OperatorError, one_line
 
 T = TypeVar("T")
 
@@ -58,8 +65,19 @@ async def state_and_held(redis: RedisClient, keys: ExperimentKeys) -> tuple[Expe
     return state, await _read_key(redis, keys.held, "a stream (the held tasks)", held.held_count(redis, keys))
 
 
+async def has_keys(redis: RedisClient, keys: ExperimentKeys) -> bool:
+    """True when any key of the experiment exists (state, held, claim, fence, publish record,
+    acquire log, dead letters): False for an experiment never paused nor resumed on this stream."""
+    every = (keys.state, keys.held, keys.claim, keys.fence, keys.publish, keys.acquire_log, keys.dead)
+    return bool(await redis.exists(*every))
+
+
 async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
     """State, held tasks (entries), claim, last fencing token and the group's backlog, as a dict.
+
+    An experiment with no key at all on this stream has state ``unknown`` and ``exists`` False:
+    it was never paused nor resumed here (a typo, or another ``--stream``), which an absent state
+    key alone (``running``) cannot tell.
 
     ``orphaned`` is True for an experiment that is resuming with no live claim: its replayer is
     gone (a failed or terminated run whose lease lapsed) and producers are still holding its tasks;
@@ -78,9 +96,12 @@ async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str
     fence = await _read_key(
         redis, keys.fence, "an integer (the fencing token)", fencing.current_token(redis, keys), parses=True
     )
+    exists = await has_keys(redis, keys)
     return {
         "experiment_id": keys.experiment_id,
-        "state": state.value,
+        "stream": keys.stream,
+        "exists": exists,
+        "state": state.value if exists else ExperimentState.UNKNOWN.value,
         "orphaned": state is ExperimentState.RESUMING and not claim,
         "held": held_tasks,
         "claim": claim,
@@ -119,3 +140,207 @@ async def start_resumption(
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
     """
     return await client.start_workflow(ResumptionWorkflow.run, inp, **inp.start_options(task_queue))
+
+
+SCAN_COUNT = 1_000
+"""``SCAN ... COUNT`` hint: keys Redis looks at per call (bounded work per round trip)."""
+
+MAX_LISTED = 100_000
+"""The most experiments or runs one listing returns."""
+
+
+async def held_experiments(redis: RedisClient, stream: str, limit: int) -> tuple[list[dict[str, object]], bool]:
+    """Every experiment on ``stream`` that Redis holds something for: a state key (paused,
+    resuming, or a value the contract does not know) or held tasks, found by ``SCAN MATCH`` on
+    ``{S}:experiment:*:state`` and ``{S}:experiment:*:held`` (never ``KEYS``: it blocks Redis).
+
+    Each row: ``experiment_id``, ``state``, ``held`` (entries), ``claim`` (owner, token, lease
+    left; {} when none) and ``condition``: ``paused``; ``orphaned`` (resuming with no live claim:
+    its replayer is gone, producers still hold; start a resumption again); ``resuming`` (a live
+    claim: a replay runs); ``unknown`` (a state value the contract does not know); ``stranded``
+    (no state key, so producers no longer hold, but tasks are held: a resume replays them); or
+    ``bad_keys`` with ``error`` naming a key of the wrong type. Sorted by experiment ID.
+
+    Args:
+        stream: the task stream ``S``; checked by ``validate_name``, whose characters hold no glob
+            character, so the pattern matches this stream's keys only.
+        limit: the most experiments returned (1..``MAX_LISTED``).
+
+    Returns:
+        (rows, truncated): truncated is True when more experiments than ``limit`` were found.
+
+    Raises:
+        ValueError: a bad stream name or limit.
+    """
+    validate_name("stream", stream)
+    if not 1 <= limit <= MAX_LISTED:
+        raise ValueError(f"limit must be 1..{MAX_LISTED}, got {limit}")
+    prefix = f"{{{stream}}}:experiment:"
+    found: set[str] = set()
+    for suffix in (":state", ":held"):
+        async for raw in redis.scan_iter(match=f"{prefix}*{suffix}", count=SCAN_COUNT):
+            experiment_id = as_text(raw)[len(prefix) : -len(suffix)]
+            try:
+                found.add(validate_name("experiment_id", experiment_id))
+            except ValueError:
+                continue  # not a key this project wrote
+    ids = sorted(found)
+    rows = [await _held_row(redis, ExperimentKeys(stream, e)) for e in ids[:limit]]
+    return [row for row in rows if row["condition"] is not None], len(ids) > limit
+
+
+async def _held_row(redis: RedisClient, keys: ExperimentKeys) -> dict[str, object]:
+    """One row of ``held_experiments``; ``condition`` None for a running experiment holding nothing."""
+    row: dict[str, object] = {"experiment_id": keys.experiment_id}
+    try:
+        state, held_tasks = await state_and_held(redis, keys)
+        claim = await _read_key(redis, keys.claim, "a hash (token, owner)", fencing.claim_info(redis, keys))
+    except KeyContentError as err:
+        return {**row, "state": None, "held": None, "claim": {}, "condition": "bad_keys", "error": str(err)}
+    condition: str | None
+    if state is ExperimentState.RESUMING:
+        condition = "resuming" if claim else "orphaned"
+    elif state is ExperimentState.RUNNING:
+        condition = "stranded" if held_tasks else None
+    else:
+        condition = state.value  # paused, unknown
+    return {**row, "state": state.value, "held": held_tasks, "claim": claim, "condition": condition}
+
+
+FLEET_COLUMNS: dict[str, Any] = {
+    "experiment_id": fleet.EXPERIMENT_ID,
+    "stream": fleet.STREAM,
+    "phase": fleet.PHASE,
+    "replayed": fleet.REPLAYED,
+    "remaining": fleet.REMAINING,
+    "outcome": fleet.OUTCOME,
+}
+"""The fleet view's columns and the search attributes they come from (``workflows/fleet.py``)."""
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="seconds") if moment else None
+
+
+def fleet_row(
+    workflow_id: str,
+    run_id: str | None,
+    status: WorkflowExecutionStatus | None,
+    attributes: TypedSearchAttributes,
+    start_time: datetime | None,
+    close_time: datetime | None,
+) -> dict[str, object]:
+    """One resumption as visibility shows it: IDs, the run's status (``running``, ``completed``,
+    ``failed``, ``terminated``, ...) and the fleet search attributes (None where not set yet)."""
+    row: dict[str, object] = {"workflow_id": workflow_id, "run_id": run_id}
+    row["status"] = status.name.lower() if status else None
+    row.update({column: attributes.get(key) for column, key in FLEET_COLUMNS.items()})
+    row["start_time"], row["close_time"] = _iso(start_time), _iso(close_time)
+    return row
+
+
+def fleet_query(
+    *, running: bool = False, phase: str | None = None, experiment_id: str | None = None, stream: str | None = None
+) -> str:
+    """The visibility query of ``list_resumptions``: every ``ResumptionWorkflow`` run but those
+    that continued as new (a chain shows once, by its newest run), narrowed by the filters.
+
+    Raises:
+        ValueError: an experiment ID or stream that breaks ``validate_name`` (its characters hold
+            no quote, so a checked value cannot change the query); a phase that is no
+            ``FleetPhase`` and no ``Outcome``.
+    """
+    clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'", "ExecutionStatus != 'ContinuedAsNew'"]
+    if running:
+        clauses.append("ExecutionStatus = 'Running'")
+    if phase is not None:
+        if phase not in fleet_phases():
+            raise ValueError(f"phase must be one of {', '.join(fleet_phases())}, got {phase[:40]!r}")
+        clauses.append(f"{fleet.PHASE.name} = '{phase}'")
+    if experiment_id is not None:
+        name = validate_name("experiment_id", experiment_id)
+        # by ID too: a run no worker has started yet has no search attribute set
+        clauses.append(f"({fleet.EXPERIMENT_ID.name} = '{name}' OR WorkflowId = '{workflow_id_for(name)}')")
+    if stream is not None:
+        clauses.append(f"{fleet.STREAM.name} = '{validate_name('stream', stream)}'")
+    return " AND ".join(clauses)
+
+
+def fleet_phases() -> list[str]:
+    """Every value ``XmcPhase`` takes: a ``FleetPhase`` while running, an ``Outcome`` once ended."""
+    return [p.value for p in fleet.FleetPhase] + [o.value for o in Outcome if o.value not in set(fleet.FleetPhase)]
+
+
+async def list_resumptions(client: Client, query: str, limit: int) -> list[dict[str, object]]:
+    """The resumptions visibility lists for ``query`` (``fleet_query``), newest first: see
+    ``fleet_row``. Needs no worker: search attributes live on the server.
+
+    Raises:
+        temporalio.service.RPCError: the query is refused (e.g. the search attributes are not
+            registered on the namespace) or Temporal fails.
+    """
+    rows: list[dict[str, object]] = []
+    execution: WorkflowExecution
+    async for execution in client.list_workflows(query, limit=limit, page_size=min(limit, 1_000)):
+        rows.append(
+            fleet_row(
+                execution.id,
+                execution.run_id,
+                execution.status,
+                execution.typed_search_attributes,
+                execution.start_time,
+                execution.close_time,
+            )
+        )
+    return rows
+
+
+async def live_run(client: Client, experiment_id: str, query_timeout: float) -> dict[str, object] | None:
+    """The resumption ``resumption-<E>`` as Temporal knows it, None when there never was one: its
+    ``fleet_row`` and, while it runs, ``progress`` (the ``progress`` query, or None when no worker
+    answered within ``query_timeout`` seconds, with ``progress_error`` saying so).
+
+    Raises:
+        temporalio.service.RPCError: Temporal fails otherwise.
+    """
+    handle = client.get_workflow_handle(workflow_id_for(experiment_id))
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    row = fleet_row(desc.id, desc.run_id, desc.status, desc.typed_search_attributes, desc.start_time, desc.close_time)
+    if desc.status is WorkflowExecutionStatus.RUNNING:
+        try:
+            progress: Progress = await asyncio.wait_for(handle.query(ResumptionWorkflow.progress), query_timeout)
+            row["progress"] = progress.model_dump(mode="json")
+        except (TimeoutError, RPCError) as err:
+            row["progress"] = None
+            row["progress_error"] = (
+                f"no worker answered the progress query within {query_timeout:g}s"
+                if isinstance(err, TimeoutError)
+                else one_line(err.message)
+            )
+    return row
+
+
+async def running_handle(client: Client, experiment_id: str) -> WorkflowHandle[Any, Any]:
+    """A handle on the running resumption ``resumption-<E>`` (bound to no run: its calls reach
+    the newest run, after a continue-as-new too).
+
+    Raises:
+        OperatorError: no resumption of the experiment runs (none ever did, or it ended).
+    """
+    workflow_id = workflow_id_for(experiment_id)
+    handle = client.get_workflow_handle(workflow_id, result_type=ResumptionResult)
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status is not RPCStatusCode.NOT_FOUND:
+            raise
+        raise OperatorError(f"no resumption of {experiment_id} runs: {workflow_id} not found") from err
+    if desc.status is not WorkflowExecutionStatus.RUNNING:
+        ended = desc.status.name.lower() if desc.status else "unknown"
+        raise OperatorError(f"no resumption of {experiment_id} runs: {workflow_id} ended ({ended}, run {desc.run_id})")
+    return handle  # no run ID: Updates reach the newest run of the chain
