@@ -29,6 +29,7 @@ from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.resumption import ResumptionActivities
+from redisclient.acl import is_denial
 from redisclient.connection import RedisClient
 from redisclient.keys import DEFAULT_STREAM
 from redisclient.memory import read_memory
@@ -140,6 +141,14 @@ async def _warn_about_eviction(redis: RedisClient) -> None:
     try:
         memory = await read_memory(redis, DEFAULT_STREAM)
     except ResponseError as err:
+        if is_denial(err) and "key" in str(err).lower():
+            # an ACL user whose key patterns are another stream's: nothing to conclude here
+            log.info(
+                "cannot check Redis's maxmemory-policy at start: stream %s is outside this ACL user's keys; "
+                "every resumption checks it at its claim",
+                DEFAULT_STREAM,
+            )
+            return
         log.warning(
             "cannot read Redis's maxmemory-policy (INFO memory): %s; every resumption will fail", one_line(str(err))
         )

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from redis.exceptions import (
+    AskError,
     ClusterDownError,
     MovedError,
     OutOfMemoryError,
@@ -45,10 +46,18 @@ from redisclient.connection import STALE_CONNECTION_ERRORS, RedisClient, drop_st
 from redisclient.errors import MissingConsumerGroupError
 from redisclient.keys import ExperimentKeys, validate_name
 from redisclient.memory import EVICTION_REPLY
-from redisclient.results import BacklogReading, ClaimCheck, ClaimGrant, DrainWait, PublishResult, SetAside
+from redisclient.results import (
+    BacklogReading,
+    ClaimCheck,
+    ClaimGrant,
+    DrainWait,
+    PublishResult,
+    PublishStatus,
+    SetAside,
+)
 from workflows import metrics
 
-TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, TryAgainError, ClusterDownError)
+TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, AskError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
 """Error replies of a server that is, for now, out of memory (OOM), running a long script (BUSY),
 a replica after a failover (READONLY), a node that lost the slot in a failover behind a stable
@@ -190,7 +199,8 @@ class ResumptionActivities:
         """Check pause state and fencing token; extend the claim's lease."""
         async with _classified(self.redis):
             check = await fencing.check_claim(self.redis, _keys(req.ref), req.token, req.owner, req.lease_ms)
-        self.held.report(req.ref, check.held, req.lease_ms)
+        # a fenced run ends without a release: it stops counting here at once
+        self.held.report(req.ref, None if check.fenced or check.fence_lost else check.held, req.lease_ms)
         if check.reestablished:
             activity.logger.warning(
                 "claim lease had lapsed; re-established for the current token",
@@ -246,7 +256,8 @@ class ResumptionActivities:
                 max_memory_fraction=req.max_memory_fraction,
                 fair_share=req.fair_share,
             )
-        self.held.report(req.ref, result.remaining, req.lease_ms)
+        fenced = result.status in (PublishStatus.FENCED, PublishStatus.FENCE_LOST)
+        self.held.report(req.ref, None if fenced else result.remaining, req.lease_ms)
         return result
 
     @activity.defn

@@ -7,10 +7,12 @@ import asyncio
 import itertools
 import json
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -206,3 +208,29 @@ async def redis_outage(redis: Redis) -> AsyncIterator[None]:
         yield
     finally:
         await redis.config_set("requirepass", "")
+
+
+class Scraped:
+    """A worker's ``/metrics`` parsed by prometheus-client: ``scraped[name, labels]`` is the value
+    of the ``xmc_*`` sample with exactly those labels, once the SDK's own (namespace,
+    service_name, workflow_type) are left out; KeyError when there is none."""
+
+    DROPPED = frozenset({"namespace", "service_name", "workflow_type"})
+
+    def __init__(self, text: str) -> None:
+        self.values: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name.startswith("xmc_"):
+                    labels = frozenset((k, v) for k, v in s.labels.items() if k not in self.DROPPED)
+                    self.values[(s.name, labels)] = s.value
+
+    def __getitem__(self, key: tuple[str, dict[str, str]]) -> float:
+        name, labels = key
+        return self.values[(name, frozenset(labels.items()))]
+
+
+def scrape(port: int) -> Scraped:
+    """The worker's ``/metrics`` on 127.0.0.1:``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return Scraped(response.read().decode())

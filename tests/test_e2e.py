@@ -10,21 +10,19 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from redisclient import held
 from redisclient.keys import ExperimentKeys
-from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, start, stream_tasks, worker_polling
+from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, scrape, start, stream_tasks, worker_polling
 from tests.parent import ResumeExperimentParent
 from worker import SHUTDOWN_LIMIT_SECONDS
 from workflows.models import Outcome, ResumptionInput, ResumptionResult
@@ -124,32 +122,6 @@ async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_
     assert samples["xmc_resumption_held_remaining", {"stream": STREAM, "consumer_group": GROUP}] == 0
     # one series per stream and group: no experiment label anywhere
     assert not [key for key in samples.values if "experiment_id" in dict(key[1])]
-
-
-class Scraped:
-    """A worker's ``/metrics`` parsed by prometheus-client: ``scraped[name, labels]`` is the value
-    of the ``xmc_*`` sample with exactly those labels, once the SDK's own (namespace,
-    service_name, workflow_type) are left out; KeyError when there is none."""
-
-    DROPPED = frozenset({"namespace", "service_name", "workflow_type"})
-
-    def __init__(self, text: str) -> None:
-        self.values: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name.startswith("xmc_"):
-                    labels = frozenset((k, v) for k, v in s.labels.items() if k not in self.DROPPED)
-                    self.values[(s.name, labels)] = s.value
-
-    def __getitem__(self, key: tuple[str, dict[str, str]]) -> float:
-        name, labels = key
-        return self.values[(name, frozenset(labels.items()))]
-
-
-def scrape(port: int) -> Scraped:
-    """The worker's ``/metrics`` on 127.0.0.1:``port``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return Scraped(response.read().decode())
 
 
 async def test_bad_cli_input_fails_the_run_naming_the_field(dev_env, redis, task_queue, worker_process) -> None:

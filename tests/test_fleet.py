@@ -19,12 +19,25 @@ from typing import Any
 
 import pytest
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from tests.helpers import fill_backlog, hold_tasks, resumption_worker, start, stream_tasks, throttled, wait_for
+from redisclient import held
+from redisclient.keys import ExperimentKeys
+from redisclient.results import ExperimentState
+from tests.helpers import (
+    STREAM,
+    fill_backlog,
+    hold_tasks,
+    redis_outage,
+    resumption_worker,
+    start,
+    stream_tasks,
+    throttled,
+    wait_for,
+)
 from workflows import fleet
-from workflows.models import Outcome
+from workflows.models import Outcome, Phase
 from workflows.resumption import ResumptionWorkflow
 from xmc import search_attributes
 from xmc.services import installed_binary
@@ -157,3 +170,45 @@ async def test_the_worker_refuses_a_namespace_without_the_search_attributes(dev_
     # registering them (what the dev servers of the demo and the tests do at start) is enough
     await search_attributes.register(bare)
     assert await search_attributes.missing_on(bare) == []
+
+
+async def test_a_failed_run_shows_failed_in_the_fleet_view(dev_env, redis, redis_url, task_queue) -> None:
+    """A fault retrying cannot mend (``missing_group: error`` and no group): the run fails, hands the
+    experiment back as paused, and visibility says so, not ``replaying`` for ever."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 3)
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        handle = await start(dev_env.client, task_queue, experiment_id=e, missing_group="error")
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 30)
+    rows = await listed(dev_env, f'XmcPhase="failed" AND XmcOutcome="failed" AND XmcExperimentId="{e}"')
+    assert [r["execution"]["workflowId"] for r in rows] == [f"resumption-{e}"]
+    assert attributes(rows[0])["XmcRemaining"] == 3
+
+
+async def test_the_pause_update_ends_a_wait_for_redis_at_once(dev_env, redis, redis_url, task_queue) -> None:
+    """Redis refuses the worker until the run waits on its 10-minute Redis timer; the pause Update
+    ends that wait at once. The release cannot reach Redis either and gives up after its bounded
+    tries (RELEASE_RETRY), so the run ends ``paused`` within seconds, every task still held, and the
+    claim is left to its lease."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        handle = await start(
+            dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, redis_retry_seconds=600
+        )
+        await wait_for(handle, throttled)
+        async with redis_outage(redis):
+            await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE, timeout=30)
+            t0 = time.monotonic()
+            effective = await handle.execute_update(ResumptionWorkflow.pause)
+            result = await asyncio.wait_for(handle.result(), 60)
+            elapsed = time.monotonic() - t0
+    assert effective.stopping is True
+    assert elapsed < 40  # the release's bounded tries (about 10 s of backoff), not the 600 s wait
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.PAUSED, 0, 10)
+    assert await held.get_state(redis, keys) is ExperimentState.RESUMING  # the release never reached Redis
+    assert 0 < await redis.pttl(keys.claim) <= 120_000  # the claim lapses with its lease
+    assert await redis.xlen(keys.held) == 10

@@ -49,6 +49,11 @@ class FleetPhase(StrEnum):
     STOPPING = "stopping"
 
 
+FAILED = "failed"
+"""``XmcPhase`` and ``XmcOutcome`` of a run that failed (a fault retrying cannot mend, or a fault of
+the workflow code): the experiment was handed back as paused; the run has no ``Outcome``."""
+
+
 def dev_server_args() -> list[str]:
     """``temporal server start-dev`` flags that register ``ALL``: ``--search-attribute NAME=TYPE``."""
     args: list[str] = []

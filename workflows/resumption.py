@@ -176,6 +176,8 @@ class ResumptionWorkflow:
         """The claim found the experiment running and holding nothing: the run ends ``nothing_held``."""
         self._stopping = False
         """The ``pause`` Update was accepted: the run ends ``paused`` at its next turn."""
+        self._failed = False
+        """The run is failing (a fault retrying cannot mend, or a fault of the workflow code)."""
         self._wake = False
         """An accepted Update ends the durable throttle wait in progress, if any."""
         self._fleet_shown: tuple[str, datetime] | None = None
@@ -315,12 +317,13 @@ class ResumptionWorkflow:
             return await self._loop()
         except asyncio.CancelledError:
             self._progress.outcome = Outcome.CANCELLED
+            self._outcome_counter.add(1, {"outcome": Outcome.CANCELLED.value})
             await self._release(back_to_paused=True)
             self._set_phase(Phase.DONE)
             raise
         except FAILED_CALL:
             # a fault retrying cannot mend: hand the experiment back as paused, then fail the run
-            await self._release(back_to_paused=True)
+            await self._fail()
             raise
         except workflow.NondeterminismError:
             raise  # (a sandbox violation too) the workflow task retries, so a fixed worker can go on
@@ -329,10 +332,18 @@ class ResumptionWorkflow:
             # hand the experiment back, instead of retrying the workflow task for ever. (A
             # nondeterminism error is not raised here: it still retries, so a fixed worker can
             # take the run over.)
-            await self._release(back_to_paused=True)
+            await self._fail()
             raise ApplicationError(
                 f"{type(err).__name__}: {err}", type="WorkflowCodeError", non_retryable=True
             ) from err
+
+    async def _fail(self) -> None:
+        """The run is failing: hand the experiment back as paused, and show ``failed`` in the fleet
+        view (``XmcPhase`` and ``XmcOutcome``) and the outcome counter."""
+        self._failed = True
+        self._outcome_counter.add(1, {"outcome": fleet.FAILED})
+        await self._release(back_to_paused=True)
+        self._set_phase(Phase.DONE)
 
     @property
     def _token(self) -> int:
@@ -359,6 +370,7 @@ class ResumptionWorkflow:
                     continue
                 turns_this_run += 1
                 p.turns += 1
+                self._wake = False  # an Update accepted from here on ends this turn's durable wait
                 # adding 0 shows the counters from the first live turn on (a worker that took the
                 # run over after a restart, too: the meter skips replayed code), not first at a move
                 self._replayed_counter.add(0)
@@ -506,18 +518,17 @@ class ResumptionWorkflow:
         timer = plan.kind is WaitKind.TIMER
         p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
         self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
-        if timer:
-            # a durable timer an accepted Update ends early (``_wake``): a timer all the same, so
-            # histories recorded with ``workflow.sleep`` replay unchanged
-            self._wake = False
+        if not timer:
+            await self._poll(plan, reason)
+        elif not self._wake:  # an Update accepted earlier in this turn: no wait at all
+            # a durable timer an accepted Update ends early: a timer all the same, so histories
+            # recorded with ``workflow.sleep`` replay unchanged
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
                     lambda: self._wake,
                     timeout=plan.seconds,
                     timeout_summary=f"throttled {plan.seconds:.3g}s: {reason}",
                 )
-        else:
-            await self._poll(plan, reason)
         p.throttled_until = None
         self._pacer.woke(workflow.now())
         return None
@@ -630,7 +641,10 @@ class ResumptionWorkflow:
                 # durable timer of throttle_seconds whatever the policy (the backlog may be low, so
                 # an adaptive poll for the drain would return at once), then the check again
                 reason = memory_reason(result.used_memory, result.maxmemory, self._input.max_memory_fraction or 1.0)
-                return await self._wait(result.backlog, reason, self._input.throttle_seconds)
+                ended = await self._wait(result.backlog, reason, self._input.throttle_seconds)
+                # Redis's memory, not the consumers, held the replay: not a stall of theirs
+                self._stall.restart(workflow.now())
+                return ended
             case PublishStatus.STALE:
                 # an older seq than the last publish recorded for this token (after a workflow
                 # reset): go on from the recorded one
@@ -662,9 +676,14 @@ class ResumptionWorkflow:
             inp.redis_retry_seconds,
             extra={"experiment_id": inp.experiment_id, "error": p.last_error},
         )
-        await workflow.sleep(
-            inp.redis_retry_seconds, summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s"
-        )
+        # a durable timer the pause Update ends early: the run stops at once (the release then
+        # tries Redis, bounded by RELEASE_RETRY)
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: self._stopping,
+                timeout=inp.redis_retry_seconds,
+                timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
+            )
         self._stall.restart(workflow.now())  # the consumers could not drain while Redis was away
 
     async def _continue_as_new(self) -> None:
@@ -758,6 +777,8 @@ class ResumptionWorkflow:
         p = self._progress
         if p.outcome is not None:
             return p.outcome.value
+        if self._failed:
+            return fleet.FAILED
         if self._stopping:
             return fleet.FleetPhase.STOPPING
         match p.phase:
@@ -790,8 +811,8 @@ class ResumptionWorkflow:
             updates.append(fleet.REMAINING.value_set(p.remaining))
         if shown is None:
             updates += [fleet.EXPERIMENT_ID.value_set(p.experiment_id), fleet.STREAM.value_set(self._input.stream)]
-        if p.outcome is not None:
-            updates.append(fleet.OUTCOME.value_set(p.outcome.value))
+        if p.outcome is not None or self._failed:
+            updates.append(fleet.OUTCOME.value_set(p.outcome.value if p.outcome else fleet.FAILED))
         workflow.upsert_search_attributes(updates)
         self._fleet_shown, self._fleet_counts = (phase, now), counts
 

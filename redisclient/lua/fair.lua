@@ -34,6 +34,9 @@ end
 -- of the active replayers (the caller included), and check the lease it registers with
 -- (`lease_ms`, an integer of milliseconds >= 1). Returns {now, own, total, active, lease}.
 local function xmc_fair_read(weights_key, replayers_key, experiment, lease_ms)
+  if type(experiment) ~= 'string' or experiment == '' then
+    error({err = 'ERR fair share: the experiment ID (ARGV) is missing or empty'})
+  end
   local lease = tonumber(lease_ms)
   if not lease or lease < 1 or lease ~= math.floor(lease) or lease > 2 ^ 53 then
     error({err = 'ERR fair share: lease ' .. tostring(lease_ms) .. ' is not a whole number of milliseconds >= 1'})
