@@ -8,8 +8,10 @@ import itertools
 import json
 import time
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +21,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.resumption import ResumptionActivities
@@ -234,3 +237,26 @@ def scrape(port: int) -> Scraped:
     """The worker's ``/metrics`` on 127.0.0.1:``port``."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return Scraped(response.read().decode())
+
+
+@dataclass
+class Throttled:
+    experiment_id: str
+    keys: ExperimentKeys
+    names: list[bytes]
+    handle: WorkflowHandle
+
+
+@asynccontextmanager
+async def throttled_replay(
+    env: WorkflowEnvironment, task_queue: str, redis: Redis, redis_url: str
+) -> AsyncIterator[Throttled]:
+    """10 held tasks behind a backlog of 5 at threshold 5: the run is in its first throttle wait
+    (10 s), its worker running, when the block starts."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    async with resumption_worker(env.client, task_queue, redis_url):
+        handle = await start(env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
+        await wait_for(handle, throttled)
+        yield Throttled(e, ExperimentKeys(STREAM, e), names, handle)

@@ -12,7 +12,6 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from redisclient import held
-from redisclient.keys import ExperimentKeys
 from redisclient.results import ExperimentState
 from tests.helpers import (
     STREAM,
@@ -25,6 +24,7 @@ from tests.helpers import (
     start,
     stream_tasks,
     throttled,
+    throttled_replay,
     wait_for,
 )
 from workflows.models import Control, ControlChange, EffectiveSettings, Outcome, ThrottlePolicy
@@ -95,12 +95,8 @@ async def test_raising_the_threshold_wakes_the_wait_and_the_replay_goes_on_under
 async def test_a_bad_value_is_rejected_by_the_validator_and_leaves_nothing_in_history(
     ts_env, redis, redis_url, task_queue, update, arg, field
 ) -> None:
-    e = experiment()
-    await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
-        await wait_for(handle, throttled)
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+        handle = run.handle
         before = await event_types(handle)
         with pytest.raises(WorkflowUpdateFailedError) as raised:
             await handle.execute_update(update.value, arg, result_type=EffectiveSettings)
@@ -123,19 +119,14 @@ async def test_a_bad_value_is_rejected_by_the_validator_and_leaves_nothing_in_hi
 async def test_the_pause_update_ends_the_run_paused_and_keeps_every_held_task(
     ts_env, redis, redis_url, task_queue
 ) -> None:
-    e = experiment()
-    await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
-        await wait_for(handle, throttled)
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+        handle, keys = run.handle, run.keys
         effective = await handle.execute_update(ResumptionWorkflow.pause)
         result = await handle.result()
         # nothing left to change once it ended (the test server answers "not found", the real one
         # "workflow execution already completed")
         with pytest.raises((WorkflowUpdateFailedError, RPCError)):
             await handle.execute_update(ResumptionWorkflow.set_threshold, 50)
-    keys = ExperimentKeys(STREAM, e)
     assert effective.stopping is True
     assert (result.outcome, result.replayed, result.remaining) == (Outcome.PAUSED, 0, 10)
     assert await held.get_state(redis, keys) is ExperimentState.PAUSED
@@ -172,12 +163,8 @@ async def test_changed_settings_survive_continue_as_new(ts_env, redis, redis_url
 
 
 async def test_an_unknown_signal_is_logged_not_silently_dropped(ts_env, redis, redis_url, task_queue, caplog) -> None:
-    e = experiment()
-    await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
-        await wait_for(handle, throttled)
+    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+        handle = run.handle
         with caplog.at_level(logging.WARNING, logger="temporalio.workflow"):
             await handle.signal("set_threshold", 50)
             await wait_for(handle, lambda p: any("set_threshold" in r.getMessage() for r in caplog.records))

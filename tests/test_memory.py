@@ -33,8 +33,7 @@ from redisclient.memory import read_memory
 from redisclient.publish import publish_batch
 from redisclient.results import ExperimentState, PublishStatus
 from redisclient.scripts import run_script
-from tests.helpers import GROUP, STREAM, hold_tasks, resumption_worker, start, stream_tasks, wait_for
-from tests.test_workflow import throttled_replay
+from tests.helpers import GROUP, STREAM, hold_tasks, resumption_worker, start, stream_tasks, throttled_replay, wait_for
 from worker import check_redis
 from workflows.models import Outcome
 from xmc.services import free_port

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.client import WorkflowFailureError
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
@@ -42,6 +40,7 @@ from tests.helpers import (
     start,
     stream_tasks,
     throttled,
+    throttled_replay,
     wait_for,
 )
 from workflows.models import Outcome, ResumptionResult
@@ -50,29 +49,6 @@ from workflows.resumption import ResumptionWorkflow
 
 def experiment() -> str:
     return f"E{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class Throttled:
-    experiment_id: str
-    keys: ExperimentKeys
-    names: list[bytes]
-    handle: WorkflowHandle
-
-
-@asynccontextmanager
-async def throttled_replay(
-    env: WorkflowEnvironment, task_queue: str, redis: Redis, redis_url: str
-) -> AsyncIterator[Throttled]:
-    """10 held tasks behind a backlog of 5 at threshold 5: the run is in its first throttle wait,
-    its worker running, when the block starts."""
-    e = experiment()
-    names = await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(env.client, task_queue, redis_url):
-        handle = await start(env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
-        await wait_for(handle, throttled)
-        yield Throttled(e, ExperimentKeys(STREAM, e), names, handle)
 
 
 async def timer_durations(handle) -> list[timedelta]:  # type: ignore[no-untyped-def]
