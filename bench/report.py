@@ -113,7 +113,7 @@ def _lines_e(e: dict[str, Any]) -> list[str]:
 
 def _lines_g(rows: list[dict[str, Any]]) -> list[str]:
     out = [
-        "f. many replayers, one threshold, two workers (wall/ideal = (starts -> last result) / (tasks / R measured); "
+        "g. many replayers, one threshold, two workers (wall/ideal = (starts -> last result) / (tasks / R measured); "
         "finish = completion times in s after the starts: first / median / last, and last/first)"
     ]
     out.append(f"{'case':>6} {'policy':>8} {'fair':>4} {'exps':>4} {'tasks':>6} {'R meas':>6} {'wall s':>7} "

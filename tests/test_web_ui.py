@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,7 +65,7 @@ async def _frame_with(page: Page, needle: str, timeout: float) -> str:
     raise TimeoutError(f"no frame shows {needle!r} after {timeout:g}s")
 
 
-async def test_the_web_ui_shows_phase_progress_and_the_throttle_timer(
+async def test_the_web_ui_shows_phase_progress_the_throttle_timer_and_the_fleet(
     temporal_with_ui, redis, redis_url, task_queue, tmp_path
 ) -> None:
     address, ui = temporal_with_ui
@@ -95,6 +96,12 @@ async def test_the_web_ui_shows_phase_progress_and_the_throttle_timer(
                 timer = page.get_by_text("throttled 10s: backlog 20 >= 20 (pending 0 + lag 20)")
                 await expect(timer.first).to_be_visible(timeout=30_000)
                 await page.screenshot(path=shots / "ui-throttled-timeline.png")
+
+                # the fleet view: the workflow list filtered by the search attribute
+                query = urllib.parse.quote('XmcPhase="throttled"')
+                await page.goto(f"{ui}/namespaces/default/workflows?query={query}", wait_until="domcontentloaded")
+                await expect(page.get_by_text(handle.id).first).to_be_visible(timeout=30_000)
+                await page.screenshot(path=shots / "ui-fleet.png")
             finally:
                 await browser.close()
         await handle.cancel()
