@@ -29,9 +29,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(sys.executable).parent.parent  # the venv running the tests, as `make VENV=...` names it
 DEMO_ARGS = ["--rate", "20", "--threshold", "50", "--batch", "50", "--throttle-seconds", "1"]
-TASKS = {"replaying": "400", "holding": "20000"}
-"""400 tasks replay for about 20 s, 20,000 take seconds to enqueue: long enough to be stopped in
-the middle of either."""
+TASKS = {"replaying": "400", "holding": "200000"}
+"""400 tasks replay for about 20 s; 200,000 take several seconds to enqueue (20,000 were all held
+before the signal in one CI run on an idle machine): long enough to be stopped in the middle of
+either."""
 
 STOP_SECONDS = 45.0
 """The bound for the demo to stop everything and exit (seconds): the worker's own shutdown takes
