@@ -54,8 +54,12 @@ def _wait_for_line(out: Path, proc: subprocess.Popen[bytes], text: str, timeout:
 
 
 def _kind(p: psutil.Process) -> str:
-    """What a process under the demo is, by its command line."""
-    cmd = " ".join(p.cmdline())
+    """What a process under the demo is, by its command line; ``gone`` for one that ended meanwhile
+    (the demo runs short-lived children too, e.g. ``temporal operator cluster health``)."""
+    try:
+        cmd = " ".join(p.cmdline())
+    except psutil.NoSuchProcess:
+        return "gone"
     for kind, marker in (
         ("worker", "-m worker"),
         ("demo", "xmc demo"),
