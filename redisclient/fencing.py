@@ -19,6 +19,7 @@ from redisclient.connection import RedisClient
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.results import ClaimCheck, ClaimGrant
 from redisclient.scripts import run_script
+from redisclient.weights import replayers_key
 
 
 def validate_lease(lease_ms: int) -> None:
@@ -100,8 +101,8 @@ async def release_claim(
     released = await run_script(
         client,
         "release",
-        [keys.fence, keys.claim, keys.state, keys.publish],
-        [token, owner, "1" if back_to_paused else "0"],
+        [keys.fence, keys.claim, keys.state, keys.publish, replayers_key(keys.stream)],
+        [token, owner, "1" if back_to_paused else "0", keys.experiment_id],
     )
     return int(released)
 

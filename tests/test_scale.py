@@ -239,3 +239,21 @@ async def test_ten_replayers_two_workers_one_threshold(bench_env: BenchEnv) -> N
     assert rows[0]["wall_over_ideal"] < 3
     # the fair replays registered while they ran and left the registry once completed
     assert rows[1]["replayers_left"] == 0 and rows[1]["fair_share"] is True
+
+
+async def test_a_released_replay_leaves_the_fair_share_at_once(group: Redis) -> None:
+    """A paused or cancelled fair-share replay releases its claim: it stops counting in the others'
+    shares then, not when its lease ends."""
+    redis = group
+    a, b = await claimed(redis, "A", 30), await claimed(redis, "B", 30)
+    await fair_publish(redis, "A", a, 1, threshold=10)  # neither drains: both stay registered
+    await fair_publish(redis, "B", b, 1, threshold=10)
+    assert sorted(await redis.zrange(replayers_key(STREAM), 0, -1)) == [b"A", b"B"]
+    assert await fencing.release_claim(redis, keys("A"), a, owner="me", back_to_paused=True) == a
+    assert await redis.zrange(replayers_key(STREAM), 0, -1) == [b"B"]
+    # a key of the wrong type in its place fails the release before its first write
+    await redis.delete(replayers_key(STREAM))
+    await redis.set(replayers_key(STREAM), "x")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await fencing.release_claim(redis, keys("B"), b, owner="me", back_to_paused=True)
+    assert await fencing.current_token(redis, keys("B")) == b
