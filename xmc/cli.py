@@ -431,9 +431,11 @@ def _status_text(doc: Mapping[str, Any]) -> str:
     lines.append(f"  fencing token: {doc['fence']}")
     b = doc["backlog"]
     lag = f"{b['lag']}{'+' if b['capped'] else ''}"
+    side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
+    group = "" if b["status"] == "ok" else f"; consumer group: {b['status']}"
     lines.append(
-        f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered (threshold {b['threshold']}, "
-        f"{b['status']})"
+        f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered, {side} "
+        f"{b['threshold']} (counted up to --threshold){group}"
     )
     memory = doc.get("redis_memory")
     if memory:
