@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +33,7 @@ from redisclient.keys import ExperimentKeys
 from workflows.models import Phase, Progress, ResumptionInput
 from workflows.resumption import ResumptionWorkflow
 from xmc.consumer import run_consumer
+from xmc.services import free_port
 
 STREAM = "xmc-tasks-stream"
 GROUP = "xmc-workers"
@@ -260,3 +264,27 @@ async def throttled_replay(
         handle = await start(env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
         await wait_for(handle, throttled)
         yield Throttled(e, ExperimentKeys(STREAM, e), names, handle)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_module(
+    module: str, *args: str, timeout: float = 30, cwd: Path = ROOT, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` in ``cwd`` as an operator runs it, with only ``env`` (plus PATH)
+    in its environment; output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+
+
+def xmc_process(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m xmc args`` as an operator runs it, against ``redis_url`` and no Temporal (a
+    refused port: the commands that need none must not touch it)."""
+    return run_module("xmc", *args, timeout=60, XMC_REDIS_URL=redis_url, TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}")

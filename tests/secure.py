@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -164,18 +163,3 @@ def tls_redis(certs: Certificates, *args: str) -> Iterator[int]:
         listen_port=tls_port,
     ) as port:  # fmt: skip
         yield port
-
-
-def run_module(
-    module: str, *args: str, timeout: float = 30, cwd: Path = ROOT, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` in ``cwd`` as an operator runs it, with only ``env`` (plus PATH)
-    in its environment; output captured as text."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env={"PATH": "/usr/bin:/bin", **env},
-    )

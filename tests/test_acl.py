@@ -35,8 +35,8 @@ from redisclient import deadletter, held, weights
 from redisclient.acl import denial_message
 from redisclient.keys import ExperimentKeys, as_text
 from redisclient.scripts import source
-from tests.helpers import resumption_worker, start
-from tests.secure import ACL_FILE, ACL_USER, ROOT, SECRET, acl_redis, run_module
+from tests.helpers import resumption_worker, run_module, start
+from tests.secure import ACL_FILE, ACL_USER, ROOT, SECRET, acl_redis
 from xmc.ops import experiment_status
 
 STREAM = "xmc-tasks-stream"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from redis.asyncio import Redis
 
 from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
+from tests.helpers import xmc_process
 from xmc.cli import main
 from xmc.services import free_port
 
@@ -52,17 +52,6 @@ def xmc_fixture(capsys: pytest.CaptureFixture[str], redis_url: str) -> Xmc:
         return Ran(code, out, err)
 
     return run
-
-
-def xmc_process(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m xmc args`` as an operator runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "xmc", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"XMC_REDIS_URL": redis_url, "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}", "PATH": "/usr/bin:/bin"},
-    )
 
 
 def one_line(proc: Ran | subprocess.CompletedProcess[str], *parts: str) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import uuid
 
 import pytest
@@ -19,7 +18,7 @@ from redisclient.deadletter import MAX_TASK_FIELDS
 from redisclient.keys import ExperimentKeys
 from redisclient.publish import publish_batch
 from redisclient.results import ExperimentState, PublishStatus, SetAsideStatus
-from tests.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks
+from tests.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, xmc_process
 from workflows.models import Outcome
 from workflows.resumption import ResumptionWorkflow
 
@@ -85,10 +84,8 @@ async def test_a_poison_task_does_not_stop_the_replay(ts_env, redis, redis_url, 
 
 
 def xmc(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xmc", *args, "--json"],
-        capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "XMC_REDIS_URL": redis_url},
-    )  # fmt: skip
+    """``xmc args --json`` as an operator runs it."""
+    return xmc_process(redis_url, *args, "--json")
 
 
 async def test_an_operator_lists_retries_and_drops_set_aside_tasks(redis: Redis, redis_url: str) -> None:

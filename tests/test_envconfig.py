@@ -14,7 +14,8 @@ import pytest
 from temporalio.service import TLSConfig
 from temporalio.testing import WorkflowEnvironment
 
-from tests.secure import Certificates, make_certificates, run_module
+from tests.helpers import run_module
+from tests.secure import Certificates, make_certificates
 from xmc.settings import temporal_connect_config
 
 API_KEY = "tmprl-ApiKey-s3cret"

@@ -10,8 +10,12 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import (
     GROUP,
@@ -44,35 +48,45 @@ def _records(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
-async def test_worker_logs_one_json_object_a_line_with_the_extra_fields(
-    dev_env, redis, redis_url, task_queue, tmp_path
-) -> None:
+@asynccontextmanager
+async def _worker(
+    dev_env: WorkflowEnvironment, redis_url: str, task_queue: str, log_format: str, log: Path
+) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """``python -m worker`` logging to ``log`` in ``log_format``, polling when the block starts;
+    stopped by SIGTERM at its end (its exit code is then the process's ``returncode``)."""
     address = dev_env.client.service_client.config.target_host
-    log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "worker"],
-            env=_worker_env(address, redis_url, task_queue, "json"),
+            env=_worker_env(address, redis_url, task_queue, log_format),
             stdout=out,
             stderr=subprocess.STDOUT,
         )
         try:
             await worker_polling(dev_env.client, task_queue)
-            e = f"E{uuid.uuid4().hex[:6]}"
-            names = await hold_tasks(redis, e, 30)
-            await fill_backlog(redis, 10)  # at the threshold: the first turn waits
-            handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=10,
-                                 batch_size=10, throttle_seconds=0.5)  # fmt: skip
-            await wait_for(handle, throttled)  # then the consumer drains what holds it back
-            stop, seen = asyncio.Event(), []
-            drain = asyncio.create_task(consume(redis, "c1", stop, seen))
-            result = await asyncio.wait_for(handle.result(), 60)
-            stop.set()
-            await drain
+            yield worker
         finally:
             worker.send_signal(signal.SIGTERM)
-            rc = worker.wait(timeout=30)
-    assert rc == 0
+            worker.wait(timeout=30)
+
+
+async def test_worker_logs_one_json_object_a_line_with_the_extra_fields(
+    dev_env, redis, redis_url, task_queue, tmp_path
+) -> None:
+    log = tmp_path / "worker.log"
+    async with _worker(dev_env, redis_url, task_queue, "json", log) as worker:
+        e = f"E{uuid.uuid4().hex[:6]}"
+        names = await hold_tasks(redis, e, 30)
+        await fill_backlog(redis, 10)  # at the threshold: the first turn waits
+        handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=10,
+                             batch_size=10, throttle_seconds=0.5)  # fmt: skip
+        await wait_for(handle, throttled)  # then the consumer drains what holds it back
+        stop, seen = asyncio.Event(), []
+        drain = asyncio.create_task(consume(redis, "c1", stop, seen))
+        result = await asyncio.wait_for(handle.result(), 60)
+        stop.set()
+        await drain
+    assert worker.returncode == 0
     assert result.outcome is Outcome.COMPLETED and result.replayed == len(names)
     records = _records(log)
     assert all({"time", "level", "logger", "message"} <= r.keys() for r in records), records[0]
@@ -98,21 +112,10 @@ async def test_worker_logs_one_json_object_a_line_with_the_extra_fields(
 
 
 async def test_text_format_keeps_one_plain_line_a_record(dev_env, redis_url, task_queue, tmp_path) -> None:
-    address = dev_env.client.service_client.config.target_host
     log = tmp_path / "worker.log"
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "worker"],
-            env=_worker_env(address, redis_url, task_queue, "text"),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            await worker_polling(dev_env.client, task_queue)
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            rc = worker.wait(timeout=30)
-    assert rc == 0
+    async with _worker(dev_env, redis_url, task_queue, "text", log) as worker:
+        pass
+    assert worker.returncode == 0
     lines = log.read_text().splitlines()
     assert any(line.endswith(f"INFO xmc.worker worker polling task queue {task_queue}") for line in lines), lines
     assert not any(line.startswith("{") for line in lines), lines

@@ -10,8 +10,6 @@ import asyncio
 import json
 import logging
 import random
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 
@@ -33,10 +31,19 @@ from redisclient.memory import read_memory
 from redisclient.publish import publish_batch
 from redisclient.results import ExperimentState, PublishStatus
 from redisclient.scripts import run_script
-from tests.helpers import GROUP, STREAM, hold_tasks, resumption_worker, start, stream_tasks, throttled_replay, wait_for
+from tests.helpers import (
+    GROUP,
+    STREAM,
+    hold_tasks,
+    resumption_worker,
+    start,
+    stream_tasks,
+    throttled_replay,
+    wait_for,
+    xmc_process,
+)
 from worker import check_redis
 from workflows.models import Outcome
-from xmc.services import free_port
 from xmc.settings import Settings
 
 KEYS = ExperimentKeys(STREAM, "M1")
@@ -252,24 +259,16 @@ async def test_the_replay_waits_while_memory_is_high_then_goes_on(ts_env, memory
     assert await stream_tasks(memory) == names
 
 
-def xmc(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "xmc", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"XMC_REDIS_URL": redis_url, "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}", "PATH": "/usr/bin:/bin"},
-    )
-
-
 async def test_xmc_resume_refuses_before_starting_and_status_shows_the_policy(memory: Redis, redis_url: str) -> None:
     """``xmc resume`` refuses before it connects to Temporal (none listens at TEMPORAL_ADDRESS)."""
     await hold_tasks(memory, KEYS.experiment_id, 2)
     await memory.config_set("maxmemory-policy", "allkeys-lru")
-    refused = await asyncio.to_thread(xmc, redis_url, "resume", KEYS.experiment_id)
+    refused = await asyncio.to_thread(xmc_process, redis_url, "resume", KEYS.experiment_id)
     assert refused.returncode == 2
     assert refused.stderr.startswith("xmc resume: maxmemory-policy allkeys-lru: the replay needs noeviction (")
-    status = json.loads((await asyncio.to_thread(xmc, redis_url, "status", KEYS.experiment_id, "--json")).stdout)
+    status = json.loads(
+        (await asyncio.to_thread(xmc_process, redis_url, "status", KEYS.experiment_id, "--json")).stdout
+    )
     assert status["redis_memory"]["policy"] == "allkeys-lru" and status["redis_memory"]["maxmemory"] == 8 * MIB
     assert status["redis_memory"]["problem"].startswith("maxmemory-policy allkeys-lru")
     assert status["state"] == "paused" and status["fence"] == 0

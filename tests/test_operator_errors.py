@@ -22,24 +22,13 @@ from temporalio.worker import Worker
 
 from activities.resumption import ResumptionActivities
 from redisclient.keys import ExperimentKeys
+from tests.helpers import run_module as run
 from workflows.resumption import ResumptionWorkflow
 from xmc.services import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "s3cret-Pa55"
 KEYS = ExperimentKeys("xmc-tasks-stream", "E6")
-
-
-def run(module: str, *args: str, timeout: float = 20, **env: str) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` with only ``env`` (plus PATH) in its environment."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", **env},
-    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str], *parts: str, code: int = 2) -> str:

@@ -21,7 +21,8 @@ import pytest
 from google.protobuf.json_format import MessageToJson
 from temporalio.testing import WorkflowEnvironment
 
-from tests.secure import ACL_USER, ROOT, SECRET, acl_redis, run_module
+from tests.helpers import run_module
+from tests.secure import ACL_USER, ROOT, SECRET, acl_redis
 from workflows.resumption import ResumptionWorkflow
 from xmc.cli import cli as xmc_cli
 from xmc.services import free_port, installed_binary

@@ -19,8 +19,8 @@ from temporalio.worker import Worker
 from activities.resumption import ResumptionActivities
 from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
-from tests.helpers import start
-from tests.secure import ACL_FILE, ACL_USER, SECRET, Certificates, make_certificates, run_module, tls_redis
+from tests.helpers import run_module, start
+from tests.secure import ACL_FILE, ACL_USER, SECRET, Certificates, make_certificates, tls_redis
 from workflows.resumption import ResumptionWorkflow
 from xmc.errors import validation_message
 from xmc.services import installed_binary

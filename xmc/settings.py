@@ -188,14 +188,17 @@ class Settings(BaseSettings):
         With ``XMC_REDIS_CLUSTER`` a cluster client (``redis_cluster_client``)."""
         if self.redis_cluster:
             return self.redis_cluster_client()
-        return Redis.from_url(
-            self.redis_url,
-            decode_responses=False,
-            socket_timeout=self.redis_timeout_seconds,
-            socket_connect_timeout=self.redis_timeout_seconds,
-            health_check_interval=30,
+        return Redis.from_url(self.redis_url, **self._client_kwargs())
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        """What both clients are built with: bytes, the socket timeouts, health checks, TLS."""
+        return {
+            "decode_responses": False,
+            "socket_timeout": self.redis_timeout_seconds,
+            "socket_connect_timeout": self.redis_timeout_seconds,
+            "health_check_interval": 30,
             **self.redis_tls_kwargs(),
-        )
+        }
 
     def redis_cluster_client(self) -> RedisCluster:
         """A new asyncio Redis Cluster client (a ``ClusterClient``) seeded by ``XMC_REDIS_URL``;
@@ -210,13 +213,7 @@ class Settings(BaseSettings):
         that cannot be reached fails like a single Redis (``redisclient.connection.ClusterClient``).
         """
         return ClusterClient.from_url(
-            self.redis_url,
-            decode_responses=False,
-            socket_timeout=self.redis_timeout_seconds,
-            socket_connect_timeout=self.redis_timeout_seconds,
-            health_check_interval=30,
-            retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES),
-            **self.redis_tls_kwargs(),
+            self.redis_url, retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES), **self._client_kwargs()
         )
 
 
