@@ -15,7 +15,8 @@ from redis.asyncio import Redis
 from redisclient import fencing, held
 from redisclient.keys import ExperimentKeys
 from tests.helpers import xmc_process
-from xmc.cli import main
+from workflows.models import ResumptionInput
+from xmc.cli import INPUT_OPTIONS, main
 from xmc.services import free_port
 
 STREAM = "xmc-tasks-stream"
@@ -235,3 +236,18 @@ async def test_every_command_prints_one_json_document(redis: Redis, xmc: Xmc) ->
 def test_help_exits_0(redis_url: str) -> None:
     proc = xmc_process(redis_url, "--help")
     assert proc.returncode == 0 and "held" in proc.stdout and "Exit codes: 0 done, 1" in " ".join(proc.stdout.split())
+
+
+def test_resume_has_an_option_for_every_input_field() -> None:
+    """A field added to ``ResumptionInput`` needs its ``xmc resume`` option (two were missed once)."""
+    own = {"experiment_id", "stream", "carry"}
+    assert {o.field for o in INPUT_OPTIONS} == set(ResumptionInput.model_fields) - own
+
+
+def test_resume_passes_the_memory_fraction_and_the_fair_share(redis_url: str) -> None:
+    """Both reach the input model: a bad fraction is refused by its rule before anything starts."""
+    bad = xmc_process(redis_url, "resume", "E9", "--max-memory-fraction", "1.5")
+    assert (bad.returncode, bad.stderr.count("\n")) == (2, 1), bad.stderr
+    assert "max_memory_fraction: Input should be less than or equal to 1" in bad.stderr
+    shown = xmc_process(redis_url, "resume", "--help").stdout
+    assert "--fair-share / --no-fair-share" in shown and "--max-memory-fraction" in shown

@@ -274,7 +274,21 @@ INPUT_OPTIONS = (
     ),
     InputOption("--max-bytes-per-call", "max_bytes_per_call", click.INT, "byte budget of one Redis script"),
     InputOption("--turns-per-run", "turns_per_run", click.INT, "continue-as-new after this many turns"),
+    InputOption(
+        "--max-memory-fraction",
+        "max_memory_fraction",
+        click.FLOAT,
+        "wait while Redis's used memory is at or above this share of maxmemory",
+    ),
+    InputOption(
+        "--fair-share/--no-fair-share",
+        "fair_share",
+        click.BOOL,
+        "take at most this experiment's weighted share of the stream's headroom",
+    ),
 )
+"""One option per ``ResumptionInput`` field but the experiment, the stream (every command's) and
+``carry`` (the workflow's own); tests/test_cli.py checks that none is missing."""
 
 
 def _input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
