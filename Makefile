@@ -19,7 +19,7 @@ install: $(VENV)/.installed
 
 demo: install
 	scripts/ensure-redis-server --unless-configured
-	$(PY) -m xmc demo $(ARGS)
+	$(PY) -m xmc_resumption demo $(ARGS)
 
 test: install
 	scripts/ensure-redis-server

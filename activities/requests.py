@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, MAX_POLL_SECONDS
-from redisclient.results import MissingGroupPolicy
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, MAX_POLL_SECONDS
+from xmc_resumption.redisclient.results import MissingGroupPolicy
 
 
 class ExperimentRef(BaseModel):

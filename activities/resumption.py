@@ -29,8 +29,8 @@ from temporalio import activity
 from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 
-from activities.errors import ErrorType
-from activities.requests import (
+from xmc_resumption.activities.errors import ErrorType
+from xmc_resumption.activities.requests import (
     AcquireRequest,
     BacklogRequest,
     CheckRequest,
@@ -40,13 +40,13 @@ from activities.requests import (
     ReleaseRequest,
     SetAsideRequest,
 )
-from redisclient import backlog, deadletter, fencing, publish
-from redisclient.acl import acl_user, denial_message
-from redisclient.connection import STALE_CONNECTION_ERRORS, RedisClient, drop_stale_connections
-from redisclient.errors import MissingConsumerGroupError
-from redisclient.keys import ExperimentKeys, validate_name
-from redisclient.memory import EVICTION_REPLY
-from redisclient.results import (
+from xmc_resumption.redisclient import backlog, deadletter, fencing, publish
+from xmc_resumption.redisclient.acl import acl_user, denial_message
+from xmc_resumption.redisclient.connection import STALE_CONNECTION_ERRORS, RedisClient, drop_stale_connections
+from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.keys import ExperimentKeys, validate_name
+from xmc_resumption.redisclient.memory import EVICTION_REPLY
+from xmc_resumption.redisclient.results import (
     BacklogReading,
     ClaimCheck,
     ClaimGrant,
@@ -55,7 +55,7 @@ from redisclient.results import (
     PublishStatus,
     SetAside,
 )
-from workflows import metrics
+from xmc_resumption.workflows import metrics
 
 TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, AskError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")

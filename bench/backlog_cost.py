@@ -26,8 +26,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, measure_backlog
-from xmc.services import local_redis
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, measure_backlog
+from xmc_resumption.services import local_redis
 
 STREAM, GROUP, THRESHOLD = "bench-stream", "bench-group", 500
 SIZES = (10_000, 100_000, 1_000_000)

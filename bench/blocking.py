@@ -30,9 +30,9 @@ from bench.backlog_cost import _pings
 from bench.env import BenchEnv, worker_process
 from bench.replay import build_input, run_resumption
 from bench.tasks import check_replay, hold_tasks
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
-from redisclient.scripts import source
-from xmc.consumer import run_consumer
+from xmc_resumption.consumer import run_consumer
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.redisclient.scripts import source
 
 TARGET_MS = 50.0
 """The most one script of the product may block Redis (ms), issue 8."""

@@ -44,14 +44,14 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
-from redisclient import held
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
-from workflows import fleet
-from workflows.models import ResumptionInput, ResumptionResult
-from workflows.resumption import ResumptionWorkflow
-from xmc.consumer import entries_of
-from xmc.ops import start_resumption
-from xmc.services import free_port, installed_binary, wait_for_port, wait_until_serving
+from xmc_resumption.consumer import entries_of
+from xmc_resumption.ops import start_resumption
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.services import free_port, installed_binary, wait_for_port, wait_until_serving
+from xmc_resumption.workflows import fleet
+from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ = b"seq"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from bench.backlog_cost import fill
-from xmc.consumer import entries_of
+from xmc_resumption.consumer import entries_of
 
 BURST_SECONDS = 0.02
 """The token bucket's credit: a consumer that was idle may get ahead by at most this (seconds)."""

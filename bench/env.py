@@ -16,8 +16,8 @@ from pathlib import Path
 from redis.asyncio import Redis
 from temporalio.client import Client
 
-from xmc.services import free_port, local_redis, local_temporal, stop_process
-from xmc.settings import Settings, connect_temporal
+from xmc_resumption.services import free_port, local_redis, local_temporal, stop_process
+from xmc_resumption.settings import Settings, connect_temporal
 
 LOG_DIR = Path(".xmc") / "bench"
 WORKER_READY_LINE = b"worker polling task queue"

@@ -14,7 +14,7 @@ from bench.env import BenchEnv, worker_process
 from bench.replay import build_input, run_resumption
 from bench.tasks import check_replay, hold_tasks
 from bench.throughput import MAX_THRESHOLD
-from redisclient.keys import DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.redisclient.keys import DEFAULT_STREAM, ExperimentKeys
 
 BATCH = 1_000
 FULL_SIZES = (10_000, 1_000_000)

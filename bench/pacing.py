@@ -29,7 +29,7 @@ from bench.env import BenchEnv
 from bench.replay import build_input, run_resumption
 from bench.sampler import sampler_process
 from bench.tasks import check_replay, hold_tasks
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 
 THRESHOLD = 500
 DRAIN_TIMEOUT_S = 60.0

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.env import BenchEnv
-from workflows.models import ResumptionInput, ResumptionResult
-from xmc.history import history_events_per_run
-from xmc.ops import start_resumption
+from xmc_resumption.history import history_events_per_run
+from xmc_resumption.ops import start_resumption
+from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult
 
 
 @dataclass

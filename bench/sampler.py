@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 
 from redis.asyncio import Redis
 
-from redisclient.backlog import measure_backlog
-from redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.backlog import measure_backlog
+from xmc_resumption.redisclient.keys import ExperimentKeys
 
 EXACT_THRESHOLD = 100_000
 """The sampler's threshold: far above the replay's, so its backlog count is exact."""

@@ -8,8 +8,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from redisclient import held
-from redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import ExperimentKeys
 
 PIPELINE_CHUNK = 5_000
 """XADDs per pipeline round trip when filling (entries)."""

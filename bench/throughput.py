@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass
 from bench.env import BenchEnv
 from bench.replay import WorkflowRun, build_input, run_resumption
 from bench.tasks import check_replay, hold_tasks
-from redisclient.backlog import measure_backlog
-from redisclient.fencing import acquire_claim, check_claim
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
-from redisclient.publish import publish_batch
-from redisclient.results import PublishStatus
+from xmc_resumption.redisclient.backlog import measure_backlog
+from xmc_resumption.redisclient.fencing import acquire_claim, check_claim
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.results import PublishStatus
 
 MAX_THRESHOLD = 100_000
 LEASE_MS = 120_000

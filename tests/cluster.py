@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from xmc.services import free_port, installed_binary, stop_process, wait_for_port
+from xmc_resumption.services import free_port, installed_binary, stop_process, wait_for_port
 
 START_TIMEOUT_SECONDS = 20.0
 """How long the cluster may take to listen, form and report ``cluster_state:ok`` (seconds); it took

@@ -13,9 +13,9 @@ from redis.asyncio import Redis
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from workflows import fleet
-from xmc import search_attributes
-from xmc.services import installed_binary, local_redis
+from xmc_resumption import search_attributes
+from xmc_resumption.services import installed_binary, local_redis
+from xmc_resumption.workflows import fleet
 
 
 @pytest.fixture(scope="session")

@@ -27,13 +27,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.resumption import ResumptionActivities
-from redisclient import held
-from redisclient.keys import ExperimentKeys
-from workflows.models import Phase, Progress, ResumptionInput
-from workflows.resumption import ResumptionWorkflow
-from xmc.consumer import run_consumer
-from xmc.services import free_port
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.consumer import run_consumer
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.services import free_port
+from xmc_resumption.workflows.models import Phase, Progress, ResumptionInput
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 STREAM = "xmc-tasks-stream"
 GROUP = "xmc-workers"
@@ -287,4 +287,6 @@ def run_module(
 def xmc_process(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m xmc args`` as an operator runs it, against ``redis_url`` and no Temporal (a
     refused port: the commands that need none must not touch it)."""
-    return run_module("xmc", *args, timeout=60, XMC_REDIS_URL=redis_url, TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}")
+    return run_module(
+        "xmc_resumption", *args, timeout=60, XMC_REDIS_URL=redis_url, TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}"
+    )

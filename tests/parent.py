@@ -5,8 +5,8 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.child import start_resumption_child
-    from workflows.models import ResumptionInput, ResumptionResult
+    from xmc_resumption.workflows.child import start_resumption_child
+    from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult
 
 
 @workflow.defn

@@ -19,8 +19,6 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
 from tests.helpers import (
     GROUP,
     STREAM,
@@ -32,10 +30,12 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
-from workflows import fleet
-from workflows.models import ControlChange, Phase, ResumptionInput
-from workflows.resumption import ResumptionWorkflow
-from xmc.services import installed_binary, local_redis
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.services import installed_binary, local_redis
+from xmc_resumption.workflows import fleet
+from xmc_resumption.workflows.models import ControlChange, Phase, ResumptionInput
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 OUT = Path(__file__).parent / "histories"
 

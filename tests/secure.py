@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from xmc.services import free_port, installed_binary, stop_process, wait_for_port
+from xmc_resumption.services import free_port, installed_binary, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ACL_FILE = ROOT / "deploy" / "redis-acl.conf"

@@ -20,7 +20,9 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.requests import (
+from tests.helpers import resumption_worker, run_module, start
+from tests.secure import ACL_FILE, ACL_USER, ROOT, SECRET, acl_redis
+from xmc_resumption.activities.requests import (
     AcquireRequest,
     BacklogRequest,
     CheckRequest,
@@ -30,14 +32,12 @@ from activities.requests import (
     ReleaseRequest,
     SetAsideRequest,
 )
-from activities.resumption import ResumptionActivities
-from redisclient import deadletter, held, weights
-from redisclient.acl import denial_message
-from redisclient.keys import ExperimentKeys, as_text
-from redisclient.scripts import source
-from tests.helpers import resumption_worker, run_module, start
-from tests.secure import ACL_FILE, ACL_USER, ROOT, SECRET, acl_redis
-from xmc.ops import experiment_status
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.ops import experiment_status
+from xmc_resumption.redisclient import deadletter, held, weights
+from xmc_resumption.redisclient.acl import denial_message
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+from xmc_resumption.redisclient.scripts import source
 
 STREAM = "xmc-tasks-stream"
 GROUP = "xmc-workers"
@@ -233,7 +233,7 @@ async def test_a_command_refused_inside_a_script_names_the_script(admin: Redis, 
 @pytest.mark.parametrize("args", [["status", "A4"], ["dead", "A4", "--retry", "1-1"]])
 async def test_the_cli_names_the_user_and_the_command(admin: Redis, narrow_url: str, args: list[str]) -> None:
     await admin.xadd(ExperimentKeys(STREAM, "A4").dead, {"task": "t"}, id="1-1")  # for --retry to move
-    proc = run_module("xmc", *args, XMC_REDIS_URL=narrow_url)
+    proc = run_module("xmc_resumption", *args, XMC_REDIS_URL=narrow_url)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     line = proc.stderr.strip()
     assert line.startswith(f"xmc {args[0]}: Redis ACL user '{NARROW_USER}' may not run "), line
@@ -253,17 +253,17 @@ async def test_the_cli_and_one_replay_run_as_the_acl_user(
     }
     await admin.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     for args in (["pause", "A5"], ["enqueue", "A5", "--count", "40"]):
-        assert run_module("xmc", *args, **env).returncode == 0
+        assert run_module("xmc_resumption", *args, **env).returncode == 0
     async with resumption_worker(dev_env.client, task_queue, acl_urls[1]):
         # in a thread: the worker runs on this event loop while the command waits for the result
         resume = ("resume", "A5", "--batch", "15", "--threshold", "100", "--wait", "--json")
-        proc = await asyncio.to_thread(run_module, "xmc", *resume, timeout=60, **env)
+        proc = await asyncio.to_thread(run_module, "xmc_resumption", *resume, timeout=60, **env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["result"]["outcome"] == "completed"
-    status = run_module("xmc", "status", "A5", "--json", **env)
+    status = run_module("xmc_resumption", "status", "A5", "--json", **env)
     assert status.returncode == 0, status.stderr
     assert (json.loads(status.stdout)["state"], json.loads(status.stdout)["held"]) == ("running", 0)
-    dead = run_module("xmc", "dead", "A5", "--json", **env)
+    dead = run_module("xmc_resumption", "dead", "A5", "--json", **env)
     assert (dead.returncode, json.loads(dead.stdout)["tasks"]) == (0, []), dead.stderr
     tasks = [fields[b"task"] for _, fields in await admin.xrange(STREAM)]
     assert tasks == [f"A5:{i:06d}".encode() for i in range(40)]

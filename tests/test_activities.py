@@ -16,8 +16,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.errors import NON_RETRYABLE_ERROR_TYPES
-from activities.requests import (
+from xmc_resumption.activities.errors import NON_RETRYABLE_ERROR_TYPES
+from xmc_resumption.activities.requests import (
     AcquireRequest,
     BacklogRequest,
     CheckRequest,
@@ -26,10 +26,10 @@ from activities.requests import (
     PublishRequest,
     ReleaseRequest,
 )
-from activities.resumption import ResumptionActivities
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
-from xmc.services import free_port
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.services import free_port
 
 REF = ExperimentRef(experiment_id="E1", stream="xmc-tasks-stream", consumer_group="xmc-workers")
 KEYS = ExperimentKeys(REF.stream, REF.experiment_id)

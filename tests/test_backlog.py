@@ -10,9 +10,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from redisclient.backlog import measure_backlog
-from redisclient.errors import MissingConsumerGroupError
-from redisclient.results import GroupStatus, MissingGroupPolicy
+from xmc_resumption.redisclient.backlog import measure_backlog
+from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.results import GroupStatus, MissingGroupPolicy
 
 CASES = json.loads((Path(__file__).parent / "cases" / "backlog.json").read_text())
 STREAM = CASES["stream"]
@@ -90,7 +90,7 @@ async def test_connection_error_is_raised_not_zero() -> None:
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from xmc.services import free_port
+    from xmc_resumption.services import free_port
 
     client = Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))  # no client retries
     with pytest.raises(RedisConnectionError):

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
-from redisclient.results import ExperimentState
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.results import ExperimentState
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import pytest
 from redis.asyncio import Redis
 
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
 from tests.helpers import xmc_process
-from workflows.models import ResumptionInput
-from xmc.cli import INPUT_OPTIONS, main
-from xmc.services import free_port
+from xmc_resumption.cli import INPUT_OPTIONS, main
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.services import free_port
+from xmc_resumption.workflows.models import ResumptionInput
 
 STREAM = "xmc-tasks-stream"
 

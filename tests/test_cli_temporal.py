@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import GROUP, consume, fill_backlog, hold_tasks, resumption_worker, stream_tasks
 from tests.test_cli import Ran, Xmc, one_line, xmc_fixture  # noqa: F401  (the fixture)
-from xmc.services import installed_binary
+from xmc_resumption.services import installed_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ async def test_wait_warns_without_consumers_then_set_and_stop(
             [
                 sys.executable,
                 "-m",
-                "xmc",
+                "xmc_resumption",
                 "resume",
                 experiment,
                 "--threshold",
@@ -285,7 +285,7 @@ async def test_wait_warns_when_no_worker_answers_and_ctrl_c_leaves_the_run(
     experiment = f"N{uuid.uuid4().hex[:8]}"
     await hold_tasks(redis, experiment, 1)
     waiting = subprocess.Popen(
-        [sys.executable, "-m", "xmc", "resume", experiment, "--wait"],
+        [sys.executable, "-m", "xmc_resumption", "resume", experiment, "--wait"],
         cwd=ROOT,
         env={
             "PATH": "/usr/bin:/bin",

@@ -25,12 +25,6 @@ from redis.exceptions import ConnectionError, MovedError, ResponseError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.resumption import ResumptionActivities
-from redisclient import deadletter, fencing, held
-from redisclient.connection import drop_stale_connections
-from redisclient.keys import ExperimentKeys, validate_name
-from redisclient.results import ExperimentState, SetAsideStatus
-from redisclient.scripts import CrossSlotKeysError, run_script
 from tests.cluster import LocalCluster, local_cluster
 from tests.helpers import GROUP, STREAM, history_calls
 from tests.test_backlog import (  # noqa: F401  (collected again here, against the cluster)
@@ -95,11 +89,17 @@ from tests.test_redis_contents import (  # noqa: F401
     test_the_count_is_the_publish_scripts_whatever_the_caller_lost,
     test_tokens_are_exact_up_to_the_incr_limit,
 )
-from workflows.models import Outcome, ResumptionInput, ResumptionResult, ThrottlePolicy
-from workflows.resumption import ResumptionWorkflow
-from xmc.consumer import run_consumer
-from xmc.services import free_port
-from xmc.settings import Settings
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.consumer import run_consumer
+from xmc_resumption.redisclient import deadletter, fencing, held
+from xmc_resumption.redisclient.connection import drop_stale_connections
+from xmc_resumption.redisclient.keys import ExperimentKeys, validate_name
+from xmc_resumption.redisclient.results import ExperimentState, SetAsideStatus
+from xmc_resumption.redisclient.scripts import CrossSlotKeysError, run_script
+from xmc_resumption.services import free_port
+from xmc_resumption.settings import Settings
+from xmc_resumption.workflows.models import Outcome, ResumptionInput, ResumptionResult, ThrottlePolicy
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 OTHER_STREAM = "clicks"
 """A second task stream: slot 12981, served by another primary than ``STREAM`` (slot 5175) in the
@@ -155,7 +155,7 @@ async def test_the_cli_reads_an_experiment_on_the_cluster(cluster: LocalCluster,
     env = {"PATH": "/usr/bin:/bin", "XMC_REDIS_URL": cluster.url, "XMC_REDIS_CLUSTER": "true"}
     out = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "xmc", "status", "E1", "--stream", OTHER_STREAM, "--json"],
+        [sys.executable, "-m", "xmc_resumption", "status", "E1", "--stream", OTHER_STREAM, "--json"],
         capture_output=True,
         text=True,
         timeout=30,

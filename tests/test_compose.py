@@ -21,10 +21,10 @@ import pytest
 import yaml
 from redis import Redis
 
-from worker import SHUTDOWN_LIMIT_SECONDS
-from workflows import fleet
-from xmc.services import free_port, installed_binary, stop_process, wait_for_port, wait_until_serving
-from xmc.settings import Settings
+from xmc_resumption.services import free_port, installed_binary, stop_process, wait_for_port, wait_until_serving
+from xmc_resumption.settings import Settings
+from xmc_resumption.worker import SHUTDOWN_LIMIT_SECONDS
+from xmc_resumption.workflows import fleet
 
 COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 LONG_RUNNING = ("redis", "temporal", "worker")

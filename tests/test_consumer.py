@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.helpers import GROUP, STREAM
-from xmc.consumer import run_consumer
+from xmc_resumption.consumer import run_consumer
 
 
 async def test_a_read_ended_by_its_stream_going_away_is_read_again(redis) -> None:

@@ -11,8 +11,6 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from redisclient import held
-from redisclient.results import ExperimentState
 from tests.helpers import (
     STREAM,
     assert_checked_after_every_wait,
@@ -27,8 +25,10 @@ from tests.helpers import (
     throttled_replay,
     wait_for,
 )
-from workflows.models import Control, ControlChange, EffectiveSettings, Outcome, ThrottlePolicy
-from workflows.resumption import ResumptionWorkflow
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.workflows.models import Control, ControlChange, EffectiveSettings, Outcome, ThrottlePolicy
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
 def experiment() -> str:

@@ -13,14 +13,14 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from redisclient import deadletter, fencing, held
-from redisclient.deadletter import MAX_TASK_FIELDS
-from redisclient.keys import ExperimentKeys
-from redisclient.publish import publish_batch
-from redisclient.results import ExperimentState, PublishStatus, SetAsideStatus
 from tests.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, xmc_process
-from workflows.models import Outcome
-from workflows.resumption import ResumptionWorkflow
+from xmc_resumption.redisclient import deadletter, fencing, held
+from xmc_resumption.redisclient.deadletter import MAX_TASK_FIELDS
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.results import ExperimentState, PublishStatus, SetAsideStatus
+from xmc_resumption.workflows.models import Outcome
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 POISON = {f"f{i}": f"v{i}" for i in range(4_000)}  # 8,000 values: past Lua's unpack
 

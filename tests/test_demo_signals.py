@@ -61,8 +61,8 @@ def _kind(p: psutil.Process) -> str:
     except psutil.NoSuchProcess:
         return "gone"
     for kind, marker in (
-        ("worker", "-m worker"),
-        ("demo", "xmc demo"),
+        ("worker", "-m xmc_resumption.worker"),
+        ("demo", "xmc_resumption demo"),
         ("redis", "redis-server"),
         ("temporal", "start-dev"),
     ):
@@ -105,7 +105,7 @@ def test_a_stop_signal_stops_everything_the_demo_started(
             f"ARGS={' '.join(demo_args)}",
         ]
     else:
-        args = [sys.executable, "-m", "xmc", "demo", *demo_args]
+        args = [sys.executable, "-m", "xmc_resumption", "demo", *demo_args]
     with open(out, "wb") as sink:
         proc = subprocess.Popen(args, cwd=tmp_path, env=_env(), stdout=sink, stderr=subprocess.STDOUT, process_group=0)
     started: list[psutil.Process] = []

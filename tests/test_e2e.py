@@ -20,14 +20,14 @@ from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from redisclient import held
-from redisclient.keys import ExperimentKeys
 from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, scrape, start, stream_tasks, worker_polling
 from tests.parent import ResumeExperimentParent
-from worker import SHUTDOWN_LIMIT_SECONDS
-from workflows.models import Outcome, ResumptionInput, ResumptionResult
-from workflows.resumption import ResumptionWorkflow
-from xmc.services import free_port, installed_binary
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.services import free_port, installed_binary
+from xmc_resumption.worker import SHUTDOWN_LIMIT_SECONDS
+from xmc_resumption.workflows.models import Outcome, ResumptionInput, ResumptionResult
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import run_module
 from tests.secure import Certificates, make_certificates
-from xmc.settings import temporal_connect_config
+from xmc_resumption.settings import temporal_connect_config
 
 API_KEY = "tmprl-ApiKey-s3cret"
 
@@ -92,7 +92,7 @@ def test_an_api_key_alone_turns_tls_on(monkeypatch: pytest.MonkeyPatch) -> None:
     assert temporal_connect_config()["tls"] is False
 
 
-@pytest.mark.parametrize("command", [["worker"], ["xmc", "resume", "V1", "--force"]])
+@pytest.mark.parametrize("command", [["xmc_resumption.worker"], ["xmc_resumption", "resume", "V1", "--force"]])
 def test_the_worker_and_the_cli_connect_with_the_profile(
     command: list[str], certs: Certificates, tmp_path: Path, dev_env: WorkflowEnvironment, redis_url: str
 ) -> None:

@@ -25,14 +25,14 @@ from redis.exceptions import MovedError, ReadOnlyError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.requests import AcquireRequest, CheckRequest, ExperimentRef, PublishRequest
-from activities.resumption import ResumptionActivities, _classified
-from redisclient import held
-from redisclient.keys import ExperimentKeys
-from redisclient.results import ExperimentState
-from workflows.models import Outcome
-from workflows.resumption import ResumptionWorkflow
-from xmc.services import local_redis
+from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, ExperimentRef, PublishRequest
+from xmc_resumption.activities.resumption import ResumptionActivities, _classified
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.services import local_redis
+from xmc_resumption.workflows.models import Outcome
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 from .helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, throttled, wait_for
 

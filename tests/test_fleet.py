@@ -22,9 +22,6 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from redisclient import held
-from redisclient.keys import ExperimentKeys
-from redisclient.results import ExperimentState
 from tests.helpers import (
     STREAM,
     fill_backlog,
@@ -36,11 +33,14 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
-from workflows import fleet
-from workflows.models import Outcome, Phase
-from workflows.resumption import ResumptionWorkflow
-from xmc import search_attributes
-from xmc.services import installed_binary
+from xmc_resumption import search_attributes
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.services import installed_binary
+from xmc_resumption.workflows import fleet
+from xmc_resumption.workflows.models import Outcome, Phase
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,7 +28,7 @@ from tests.helpers import (
     wait_for,
     worker_polling,
 )
-from workflows.models import Outcome
+from xmc_resumption.workflows.models import Outcome
 
 
 def _worker_env(address: str, redis_url: str, task_queue: str, log_format: str) -> dict[str, str]:

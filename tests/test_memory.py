@@ -21,16 +21,6 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.errors import ErrorType
-from activities.requests import AcquireRequest, ExperimentRef
-from activities.resumption import ResumptionActivities
-from redisclient import fencing, held
-from redisclient.backlog import MAX_BYTE_BUDGET
-from redisclient.keys import ExperimentKeys
-from redisclient.memory import read_memory
-from redisclient.publish import publish_batch
-from redisclient.results import ExperimentState, PublishStatus
-from redisclient.scripts import run_script
 from tests.helpers import (
     GROUP,
     STREAM,
@@ -42,9 +32,19 @@ from tests.helpers import (
     wait_for,
     xmc_process,
 )
-from worker import check_redis
-from workflows.models import Outcome
-from xmc.settings import Settings
+from xmc_resumption.activities.errors import ErrorType
+from xmc_resumption.activities.requests import AcquireRequest, ExperimentRef
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.backlog import MAX_BYTE_BUDGET
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.memory import read_memory
+from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
+from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.settings import Settings
+from xmc_resumption.worker import check_redis
+from xmc_resumption.workflows.models import Outcome
 
 KEYS = ExperimentKeys(STREAM, "M1")
 EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu", "volatile-random",

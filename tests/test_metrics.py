@@ -7,10 +7,10 @@ import time
 
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from activities.requests import ExperimentRef
-from activities.resumption import HeldRemaining
 from tests.helpers import scrape
-from xmc.services import free_port
+from xmc_resumption.activities.requests import ExperimentRef
+from xmc_resumption.activities.resumption import HeldRemaining
+from xmc_resumption.services import free_port
 
 LABELS = {"stream": "s1", "consumer_group": "g1"}
 

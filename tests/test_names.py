@@ -14,12 +14,12 @@ from redis.asyncio import Redis
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.requests import AcquireRequest, BacklogRequest, ExperimentRef
-from activities.resumption import ResumptionActivities
-from redisclient import held
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, validate_name
-from workflows.models import ResumptionInput
-from xmc.cli import EXPERIMENT_ID, GROUP_NAME, STREAM_NAME, main
+from xmc_resumption.activities.requests import AcquireRequest, BacklogRequest, ExperimentRef
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.cli import EXPERIMENT_ID, GROUP_NAME, STREAM_NAME, main
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, validate_name
+from xmc_resumption.workflows.models import ResumptionInput
 
 HOSTILE = ["*", "E?", "E[1]", "E]", "{E}", "E}", "E{", "E 1", "E\t1", "E\n", "\n", "", "x" * 201, "E\\1", "E\x00"]
 """Glob characters (a key pattern), braces (the ``{S}`` hash tag), whitespace and line breaks

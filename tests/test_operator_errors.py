@@ -20,11 +20,11 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.resumption import ResumptionActivities
-from redisclient.keys import ExperimentKeys
 from tests.helpers import run_module as run
-from workflows.resumption import ResumptionWorkflow
-from xmc.services import free_port
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.services import free_port
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "s3cret-Pa55"
@@ -75,7 +75,7 @@ def dead_url() -> str:
 
 def test_password_is_masked_when_redis_is_unreachable() -> None:
     line = one_line_error(
-        run("xmc", "status", "E6", XMC_REDIS_URL=dead_url()), "cannot reach Redis at redis://admin:***@"
+        run("xmc_resumption", "status", "E6", XMC_REDIS_URL=dead_url()), "cannot reach Redis at redis://admin:***@"
     )
     assert line.startswith("xmc status: ") and "(XMC_REDIS_URL)" in line
 
@@ -93,13 +93,15 @@ def test_password_is_masked_when_redis_is_unreachable() -> None:
     ],
 )
 def test_bad_arguments_are_one_line(args: list[str], expected: str) -> None:
-    line = one_line_error(run("xmc", *args, XMC_REDIS_URL=dead_url()), expected, f"(see xmc {args[0]} --help)")
+    line = one_line_error(
+        run("xmc_resumption", *args, XMC_REDIS_URL=dead_url()), expected, f"(see xmc {args[0]} --help)"
+    )
     assert line.startswith(f"xmc {args[0]}: error: ")
 
 
 def test_bad_resume_input_names_the_field() -> None:
     one_line_error(
-        run("xmc", "resume", "E6", "--batch", "0", XMC_REDIS_URL=dead_url()),
+        run("xmc_resumption", "resume", "E6", "--batch", "0", XMC_REDIS_URL=dead_url()),
         "xmc resume: invalid ResumptionInput: batch_size: Input should be greater than or equal to 1",
     )
 
@@ -118,11 +120,11 @@ def test_bad_resume_input_names_the_field() -> None:
         ({"XMC_TASK_QUEUE": ""}, "XMC_TASK_QUEUE: String should have at least 1 character"),
     ],
 )
-@pytest.mark.parametrize("module", ["xmc", "worker"])
+@pytest.mark.parametrize("module", ["xmc_resumption", "xmc_resumption.worker"])
 def test_bad_settings_are_one_line(module: str, env: dict[str, str], expected: str) -> None:
     env = {"XMC_REDIS_URL": dead_url(), **env}
-    args = ["status", "E6"] if module == "xmc" else []
-    prefix = "xmc status: " if module == "xmc" else "worker: "
+    args = ["status", "E6"] if module == "xmc_resumption" else []
+    prefix = "xmc status: " if module == "xmc_resumption" else "worker: "
     line = one_line_error(run(module, *args, **env), "invalid setting: " + expected)
     assert line.startswith(prefix)
 
@@ -130,9 +132,11 @@ def test_bad_settings_are_one_line(module: str, env: dict[str, str], expected: s
 def test_nonexistent_database(redis_url: str) -> None:
     url = redis_url.rsplit("/", 1)[0] + "/99"
     expected = f"XMC_REDIS_URL: database 99 does not exist on the Redis at {url} (DB index is out of range)"
-    one_line_error(run("xmc", "status", "E6", XMC_REDIS_URL=url), expected)
+    one_line_error(run("xmc_resumption", "status", "E6", XMC_REDIS_URL=url), expected)
     # the worker checks Redis before it connects to Temporal, so no Temporal server is needed here
-    one_line_error(run("worker", XMC_REDIS_URL=url, TEMPORAL_ADDRESS="127.0.0.1:1"), "worker: " + expected)
+    one_line_error(
+        run("xmc_resumption.worker", XMC_REDIS_URL=url, TEMPORAL_ADDRESS="127.0.0.1:1"), "worker: " + expected
+    )
 
 
 @pytest.mark.parametrize(
@@ -144,7 +148,7 @@ def test_nonexistent_database(redis_url: str) -> None:
 )
 def test_endpoint_that_is_not_redis(fake_endpoints: dict[str, int], endpoint: str, expected: str) -> None:
     url = f"redis://:{SECRET}@127.0.0.1:{fake_endpoints[endpoint]}/0"
-    one_line_error(run("xmc", "status", "E6", XMC_REDIS_URL=url), expected)
+    one_line_error(run("xmc_resumption", "status", "E6", XMC_REDIS_URL=url), expected)
 
 
 GARBAGE = [
@@ -167,13 +171,15 @@ async def test_garbage_keys(
         await redis.rpush(key, *value)
     else:
         await redis.set(key, value)
-    one_line_error(run("xmc", command, "E6", XMC_REDIS_URL=redis_url), f"xmc {command}: " + expected)
+    one_line_error(run("xmc_resumption", command, "E6", XMC_REDIS_URL=redis_url), f"xmc {command}: " + expected)
 
 
 async def test_a_state_value_the_contract_does_not_know_shows_as_unknown(redis: Redis, redis_url: str) -> None:
     """Not an error: producers hold tasks behind it and the next claim normalizes it."""
     await redis.set(KEYS.state, "garbage")
-    done = run("xmc", "status", "E6", "--json", XMC_REDIS_URL=redis_url, TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}")
+    done = run(
+        "xmc_resumption", "status", "E6", "--json", XMC_REDIS_URL=redis_url, TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}"
+    )
     assert done.returncode == 0 and done.stderr == ""
     assert json.loads(done.stdout)["state"] == "unknown"
 
@@ -183,7 +189,7 @@ async def test_broken_pipe_exits_quietly(redis: Redis, redis_url: str) -> None:
     os.close(read_end)  # the reader is gone before xmc writes a byte (xmc status E | head, head done)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "xmc", "status", "E6"],
+            [sys.executable, "-m", "xmc_resumption", "status", "E6"],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
@@ -199,12 +205,12 @@ async def test_broken_pipe_exits_quietly(redis: Redis, redis_url: str) -> None:
 def test_unreachable_or_malformed_temporal_address(redis_url: str) -> None:
     base = {"XMC_REDIS_URL": redis_url}
     one_line_error(
-        run("xmc", "resume", "E6", "--force", TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}", **base),
+        run("xmc_resumption", "resume", "E6", "--force", TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}", **base),
         "xmc resume: cannot reach Temporal at TEMPORAL_ADDRESS=127.0.0.1:",
         "Connection refused",
     )
     one_line_error(
-        run("xmc", "resume", "E6", "--force", TEMPORAL_ADDRESS="bad address::x", **base),
+        run("xmc_resumption", "resume", "E6", "--force", TEMPORAL_ADDRESS="bad address::x", **base),
         "xmc resume: cannot reach Temporal at TEMPORAL_ADDRESS=bad address::x: invalid target URL",
     )
 
@@ -213,7 +219,7 @@ def test_unknown_namespace(dev_env: WorkflowEnvironment, redis_url: str) -> None
     address = dev_env.client.service_client.config.target_host
     one_line_error(
         run(
-            "xmc",
+            "xmc_resumption",
             "resume",
             "E6",
             "--force",
@@ -243,7 +249,7 @@ async def test_resume_wait_of_a_failed_run(
             workflows=[ResumptionWorkflow],
             activities=ResumptionActivities(worker_redis).all(),
         ):
-            proc = await asyncio.to_thread(run, "xmc", "resume", "E6", "--wait", "--quiet", **env)
+            proc = await asyncio.to_thread(run, "xmc_resumption", "resume", "E6", "--wait", "--quiet", **env)
     finally:
         await worker_redis.aclose()
     line = one_line_error(proc, "xmc resume: resumption-E6 failed: ", code=1)  # the run failed: exit 1

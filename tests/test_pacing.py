@@ -8,9 +8,6 @@ import asyncio
 import itertools
 import uuid
 
-from redisclient import held
-from redisclient.keys import ExperimentKeys
-from redisclient.results import ExperimentState
 from tests.helpers import (
     GROUP,
     STREAM,
@@ -25,8 +22,11 @@ from tests.helpers import (
     stream_tasks,
     wait_for,
 )
-from workflows.models import Outcome, Phase
-from workflows.resumption import ResumptionWorkflow
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.workflows.models import Outcome, Phase
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
 async def test_adaptive_keeps_up_with_fast_consumers_by_polling(ts_env, redis, redis_url, task_queue) -> None:

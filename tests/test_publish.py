@@ -10,12 +10,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from redisclient import fencing, held
-from redisclient.backlog import measure_backlog
-from redisclient.errors import MissingConsumerGroupError
-from redisclient.keys import ExperimentKeys
-from redisclient.publish import publish_batch
-from redisclient.results import ExperimentState, MissingGroupPolicy, PublishResult, PublishStatus
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.backlog import measure_backlog
+from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishResult, PublishStatus
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
 GROUP = "xmc-workers"

@@ -8,10 +8,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
-from redisclient.publish import publish_batch
-from redisclient.results import ExperimentState, PublishStatus
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
 GROUP = "xmc-workers"

@@ -15,7 +15,7 @@ from temporalio.worker import Replayer
 
 from tests.helpers import history_calls
 from tests.record_histories import SCENARIOS
-from workflows.resumption import ResumptionWorkflow
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 

@@ -22,12 +22,12 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench.env import BenchEnv
 from bench.scale import Group, ScaleCase, ScaleSize, scale_run, two_workers
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
-from redisclient.publish import publish_batch
-from redisclient.results import PublishResult, PublishStatus
-from redisclient.scripts import run_script
-from redisclient.weights import (
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.results import PublishResult, PublishStatus
+from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.redisclient.weights import (
     MAX_WEIGHT,
     active_replayers,
     clear_weight,
@@ -35,7 +35,7 @@ from redisclient.weights import (
     set_weight,
     weights_key,
 )
-from workflows.models import ResumptionInput
+from xmc_resumption.workflows.models import ResumptionInput
 
 STREAM = "scale-stream"
 GROUP = "xmc-workers"

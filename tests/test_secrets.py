@@ -23,9 +23,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.helpers import run_module
 from tests.secure import ACL_USER, ROOT, SECRET, acl_redis
-from workflows.resumption import ResumptionWorkflow
-from xmc.cli import cli as xmc_cli
-from xmc.services import free_port, installed_binary
+from xmc_resumption.cli import cli as xmc_cli
+from xmc_resumption.services import free_port, installed_binary
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 API_KEY = "tmprl-ApiKey-n0t-for-logs"
 SECRETS = (SECRET, API_KEY)
@@ -123,7 +123,7 @@ async def test_a_normal_run_shows_no_secret(
         wait_for_line(log, "worker polling", worker)
         for name, args, user in COMMANDS:
             cmd_env = env_of("ok", urls, user, temporal, f"{task_queue}-demo" if name == "demo" else task_queue)
-            proc = await asyncio.to_thread(run_module, "xmc", *args, timeout=90, cwd=tmp_path, **cmd_env)
+            proc = await asyncio.to_thread(run_module, "xmc_resumption", *args, timeout=90, cwd=tmp_path, **cmd_env)
             assert proc.returncode in OK_CODES.get(name, {0}), f"xmc {name}: {proc.stdout}{proc.stderr}"
             assert_no_secret(f"xmc {name}", proc.stdout + proc.stderr)
         assert "outcome: completed" in proc.stdout  # the demo, last in the table
@@ -162,7 +162,11 @@ def test_errors_show_no_secret(
     with ThreadPoolExecutor(max_workers=4) as pool:
         procs = pool.map(
             lambda row: run_module(
-                "xmc", *row[1], timeout=60, cwd=tmp_path, **env_of(scenario, urls, row[2], temporal, task_queue)
+                "xmc_resumption",
+                *row[1],
+                timeout=60,
+                cwd=tmp_path,
+                **env_of(scenario, urls, row[2], temporal, task_queue),
             ),
             rows,
         )
@@ -183,6 +187,8 @@ def test_errors_show_no_secret(
 
 def test_printed_urls_are_masked(urls: tuple[str, str]) -> None:
     """A URL the CLI prints names the user and host, the password as ***."""
-    line = run_module("xmc", "status", "S1", **env_of("wrong-password", urls, "acl", "127.0.0.1:1", "q")).stderr
+    line = run_module(
+        "xmc_resumption", "status", "S1", **env_of("wrong-password", urls, "acl", "127.0.0.1:1", "q")
+    ).stderr
     assert f"redis://{ACL_USER}:***@127.0.0.1:" in line, line
     assert json.dumps(SECRET) not in line

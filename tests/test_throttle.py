@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from workflows.throttle import (
+from xmc_resumption.workflows.throttle import (
     POLL_INTERVAL_BOUNDS,
     POLL_LIMIT_SECONDS,
     TIMER_GRANULARITY_SECONDS,

@@ -16,15 +16,15 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.resumption import ResumptionActivities
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
 from tests.helpers import run_module, start
 from tests.secure import ACL_FILE, ACL_USER, SECRET, Certificates, make_certificates, tls_redis
-from workflows.resumption import ResumptionWorkflow
-from xmc.errors import validation_message
-from xmc.services import installed_binary
-from xmc.settings import Settings
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.errors import validation_message
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.services import installed_binary
+from xmc_resumption.settings import Settings
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 STREAM = "xmc-tasks-stream"
 
@@ -93,13 +93,13 @@ async def test_the_redis_layer_and_a_replay_through_tls(
 def test_the_cli_reads_the_tls_settings(certs: Certificates, tls_port: int) -> None:
     env = tls_env(certs, tls_port)
     for args in (["pause", "T2"], ["enqueue", "T2", "--count", "3"], ["status", "T2", "--json"]):
-        proc = run_module("xmc", *args, **env)
+        proc = run_module("xmc_resumption", *args, **env)
         assert proc.returncode == 0, proc.stderr
     assert '"held": 3' in proc.stdout and SECRET not in proc.stdout + proc.stderr
 
 
 def test_a_wrong_ca_is_one_line_naming_the_setting(certs: Certificates, tls_port: int) -> None:
-    proc = run_module("xmc", "status", "T3", **tls_env(certs, tls_port, ca=certs.other_ca))
+    proc = run_module("xmc_resumption", "status", "T3", **tls_env(certs, tls_port, ca=certs.other_ca))
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     line = proc.stderr.strip()
     assert line.startswith(f"xmc status: the Redis at rediss://{ACL_USER}:***@127.0.0.1:{tls_port}/0 presented a")
@@ -109,7 +109,7 @@ def test_a_wrong_ca_is_one_line_naming_the_setting(certs: Certificates, tls_port
 
 def test_the_worker_refuses_to_start_with_a_wrong_ca(certs: Certificates, tls_port: int) -> None:
     """A certificate that does not verify is a setting to mend, not an outage to wait out."""
-    proc = run_module("worker", **tls_env(certs, tls_port, ca=certs.other_ca))
+    proc = run_module("xmc_resumption.worker", **tls_env(certs, tls_port, ca=certs.other_ca))
     assert proc.returncode == 2, proc.stderr
     [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("worker: ")]
     assert "presented a certificate that XMC_REDIS_TLS_CA_FILE" in line and SECRET not in proc.stderr
@@ -118,7 +118,7 @@ def test_the_worker_refuses_to_start_with_a_wrong_ca(certs: Certificates, tls_po
 def test_without_a_client_certificate_the_server_refuses(certs: Certificates, tls_port: int) -> None:
     env = tls_env(certs, tls_port)
     del env["XMC_REDIS_TLS_CERT_FILE"], env["XMC_REDIS_TLS_KEY_FILE"]
-    proc = run_module("xmc", "status", "T4", **env)
+    proc = run_module("xmc_resumption", "status", "T4", **env)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert f"rediss://{ACL_USER}:***@127.0.0.1:{tls_port}/0" in proc.stderr and SECRET not in proc.stderr
 

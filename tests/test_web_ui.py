@@ -30,9 +30,9 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from tests.helpers import fill_backlog, hold_tasks, resumption_worker, throttled, wait_for
-from workflows.models import ResumptionInput
-from workflows.resumption import ResumptionWorkflow
-from xmc.services import free_port, local_temporal
+from xmc_resumption.services import free_port, local_temporal
+from xmc_resumption.workflows.models import ResumptionInput
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 CHROMIUM = "/usr/bin/chromium"
 """Debian's chromium (scripts/ensure-chromium)."""

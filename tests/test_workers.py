@@ -33,11 +33,11 @@ from bench.consumers import PacedConsumer, run_paced_consumer
 from bench.env import BenchEnv, worker_process
 from bench.scale import check_stream
 from bench.tasks import hold_tasks
-from redisclient import held
-from redisclient.keys import DEFAULT_GROUP, ExperimentKeys
 from tests.helpers import chain_histories
-from workflows.models import ResumptionInput
-from xmc.ops import start_resumption
+from xmc_resumption.ops import start_resumption
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, ExperimentKeys
+from xmc_resumption.workflows.models import ResumptionInput
 
 EXPERIMENTS, TASKS, THRESHOLD = 3, 130, 30
 RATE = 300

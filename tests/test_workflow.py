@@ -20,12 +20,6 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.requests import PublishRequest
-from activities.resumption import ResumptionActivities
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
-from redisclient.publish import publish_batch
-from redisclient.results import ExperimentState, GroupStatus, PublishResult, PublishStatus
 from tests.helpers import (
     GROUP,
     STREAM,
@@ -43,8 +37,14 @@ from tests.helpers import (
     throttled_replay,
     wait_for,
 )
-from workflows.models import Outcome, ResumptionResult
-from workflows.resumption import ResumptionWorkflow
+from xmc_resumption.activities.requests import PublishRequest
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.results import ExperimentState, GroupStatus, PublishResult, PublishStatus
+from xmc_resumption.workflows.models import Outcome, ResumptionResult
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
 def experiment() -> str:

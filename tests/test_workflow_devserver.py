@@ -17,9 +17,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
 
-from redisclient import fencing, held
-from redisclient.keys import ExperimentKeys
-from redisclient.results import ExperimentState
 from tests.helpers import (
     GROUP,
     STREAM,
@@ -36,10 +33,13 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
-from workflows import fleet
-from workflows.models import Outcome, Phase
-from workflows.resumption import ResumptionWorkflow
-from xmc.services import installed_binary
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.services import installed_binary
+from xmc_resumption.workflows import fleet
+from xmc_resumption.workflows.models import Outcome, Phase
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
 async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis, redis_url, task_queue) -> None:

@@ -6,8 +6,8 @@ from temporalio import workflow
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.models import TASK_QUEUE, ResumptionInput, ResumptionResult
-    from workflows.resumption import ResumptionWorkflow
+    from xmc_resumption.workflows.models import TASK_QUEUE, ResumptionInput, ResumptionResult
+    from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
 async def start_resumption_child(

@@ -14,11 +14,11 @@ from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from redisclient.backlog import DEFAULT_BYTE_BUDGET
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
-from redisclient.memory import DEFAULT_MEMORY_FRACTION
-from redisclient.results import MissingGroupPolicy
-from workflows.throttle import MAX_RATE
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
+from xmc_resumption.redisclient.memory import DEFAULT_MEMORY_FRACTION
+from xmc_resumption.redisclient.results import MissingGroupPolicy
+from xmc_resumption.workflows.throttle import MAX_RATE
 
 WORKFLOW_TYPE = "ResumptionWorkflow"
 TASK_QUEUE = "xmc-resumption"

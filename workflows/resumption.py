@@ -35,8 +35,8 @@ from temporalio.common import RawValue, RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from activities.errors import NON_RETRYABLE_ERROR_TYPES
-    from activities.requests import (
+    from xmc_resumption.activities.errors import NON_RETRYABLE_ERROR_TYPES
+    from xmc_resumption.activities.requests import (
         AcquireRequest,
         BacklogRequest,
         CheckRequest,
@@ -46,11 +46,11 @@ with workflow.unsafe.imports_passed_through():
         ReleaseRequest,
         SetAsideRequest,
     )
-    from activities.resumption import ResumptionActivities
-    from redisclient.memory import memory_reason
-    from redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
-    from workflows import fleet, metrics
-    from workflows.models import (
+    from xmc_resumption.activities.resumption import ResumptionActivities
+    from xmc_resumption.redisclient.memory import memory_reason
+    from xmc_resumption.redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
+    from xmc_resumption.workflows import fleet, metrics
+    from xmc_resumption.workflows.models import (
         WORKFLOW_TYPE,
         Carry,
         Control,
@@ -63,7 +63,7 @@ with workflow.unsafe.imports_passed_through():
         ResumptionResult,
         ThrottlePolicy,
     )
-    from workflows.throttle import Pacer, StallWatch, WaitKind, WaitPlan, wait_reason
+    from xmc_resumption.workflows.throttle import Pacer, StallWatch, WaitKind, WaitPlan, wait_reason
 
 _Req = TypeVar("_Req")
 _Res = TypeVar("_Res")

@@ -24,9 +24,9 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from redisclient.acl import denial_message
-from xmc.search_attributes import SearchAttributesMissingError
-from xmc.settings import Settings, TemporalUnreachableError, redacted_url, redis_db_of, temporal_target
+from xmc_resumption.redisclient.acl import denial_message
+from xmc_resumption.search_attributes import SearchAttributesMissingError
+from xmc_resumption.settings import Settings, TemporalUnreachableError, redacted_url, redis_db_of, temporal_target
 
 EXIT_OPERATOR_ERROR = 2
 """Exit code of an error the operator can mend (bad setting, argument or key; a service away)."""

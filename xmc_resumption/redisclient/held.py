@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from redisclient.connection import RedisClient
-from redisclient.deadletter import MAX_TASK_FIELDS
-from redisclient.keys import ExperimentKeys, as_text
-from redisclient.results import ExperimentState
-from redisclient.scripts import run_script
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.deadletter import MAX_TASK_FIELDS
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.redisclient.scripts import run_script
 
 Task = Mapping[str | bytes, str | bytes | int | float]
 """A task: a stream entry's field map. Stored byte for byte; an int or float is stored as its text."""

@@ -14,16 +14,23 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.common import TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from redisclient import fencing, held
-from redisclient.backlog import measure_backlog
-from redisclient.connection import RedisClient
-from redisclient.keys import ExperimentKeys, as_text, validate_name
-from redisclient.memory import read_memory
-from redisclient.results import ExperimentState
-from workflows import fleet
-from workflows.models import WORKFLOW_TYPE, Outcome, Progress, ResumptionInput, ResumptionResult, workflow_id_for
-from workflows.resumption import ResumptionWorkflow
-from xmc.errors import KeyContentError, OperatorError, one_line
+from xmc_resumption.errors import KeyContentError, OperatorError, one_line
+from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.backlog import measure_backlog
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, validate_name
+from xmc_resumption.redisclient.memory import read_memory
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.workflows import fleet
+from xmc_resumption.workflows.models import (
+    WORKFLOW_TYPE,
+    Outcome,
+    Progress,
+    ResumptionInput,
+    ResumptionResult,
+    workflow_id_for,
+)
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from redisclient.keys import as_text, validate_name
+from xmc_resumption.redisclient.keys import as_text, validate_name
 
 DEFAULT_WEIGHT = 1
 """The weight of an experiment without a field in ``{S}:weights``."""

@@ -48,25 +48,8 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from redisclient import deadletter, held
-from redisclient.acl import is_denial
-from redisclient.connection import RedisClient
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, as_text, validate_name
-from redisclient.results import ExperimentState, MissingGroupPolicy
-from workflows.models import (
-    Control,
-    ControlChange,
-    EffectiveSettings,
-    Phase,
-    Progress,
-    ResumptionInput,
-    ResumptionResult,
-    ThrottlePolicy,
-    workflow_id_for,
-)
-from workflows.resumption import ResumptionWorkflow
-from xmc.demo import DemoOptions, run_demo
-from xmc.errors import (
+from xmc_resumption.demo import DemoOptions, run_demo
+from xmc_resumption.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_OPERATOR_ERROR,
     EXIT_RUN_FAILED,
@@ -77,7 +60,7 @@ from xmc.errors import (
     update_failure_message,
     workflow_failure_message,
 )
-from xmc.ops import (
+from xmc_resumption.ops import (
     MAX_LISTED,
     experiment_status,
     fleet_phases,
@@ -90,7 +73,24 @@ from xmc.ops import (
     start_resumption,
     state_and_held,
 )
-from xmc.settings import Settings, connect_temporal
+from xmc_resumption.redisclient import deadletter, held
+from xmc_resumption.redisclient.acl import is_denial
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, as_text, validate_name
+from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy
+from xmc_resumption.settings import Settings, connect_temporal
+from xmc_resumption.workflows.models import (
+    Control,
+    ControlChange,
+    EffectiveSettings,
+    Phase,
+    Progress,
+    ResumptionInput,
+    ResumptionResult,
+    ThrottlePolicy,
+    workflow_id_for,
+)
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 T = TypeVar("T")
 

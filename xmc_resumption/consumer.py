@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from redisclient.connection import RedisClient
+from xmc_resumption.redisclient.connection import RedisClient
 
 UNBLOCKED_PAUSE_SECONDS = 0.05
 """How long a consumer whose blocked read Redis ended (``UNBLOCKED``) waits before reading again

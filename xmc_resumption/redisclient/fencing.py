@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import uuid
 
-from redisclient.connection import RedisClient
-from redisclient.keys import ExperimentKeys, as_text
-from redisclient.results import ClaimCheck, ClaimGrant
-from redisclient.scripts import run_script
-from redisclient.weights import replayers_key
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant
+from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.redisclient.weights import replayers_key
 
 
 def validate_lease(lease_ms: int) -> None:

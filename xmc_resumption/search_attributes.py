@@ -14,7 +14,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows import fleet
+from xmc_resumption.workflows import fleet
 
 
 class SearchAttributesMissingError(Exception):

@@ -25,15 +25,15 @@ from pathlib import Path
 from redis.exceptions import ResponseError
 from temporalio.client import Client, WorkflowHandle
 
-from redisclient import held
-from redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
-from workflows.models import ResumptionInput, ResumptionResult, ThrottlePolicy
-from workflows.resumption import ResumptionWorkflow
-from xmc.consumer import entries_of, run_consumer
-from xmc.history import history_events_per_run
-from xmc.ops import start_resumption
-from xmc.services import free_port, local_redis, local_temporal, port_is_free, stop_process
-from xmc.settings import Settings, connect_temporal
+from xmc_resumption.consumer import entries_of, run_consumer
+from xmc_resumption.history import history_events_per_run
+from xmc_resumption.ops import start_resumption
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.services import free_port, local_redis, local_temporal, port_is_free, stop_process
+from xmc_resumption.settings import Settings, connect_temporal
+from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult, ThrottlePolicy
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 STATE_DIR = Path(".xmc")
 
@@ -89,7 +89,7 @@ async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> 
     worker_env = {**os.environ, "XMC_REDIS_URL": settings.redis_url, "XMC_TASK_QUEUE": settings.task_queue}
     worker_log = open(STATE_DIR / "worker.log", "ab")  # noqa: SIM115
     worker = subprocess.Popen(
-        [sys.executable, "-m", "worker"], env=worker_env, stdout=worker_log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "xmc_resumption.worker"], env=worker_env, stdout=worker_log, stderr=subprocess.STDOUT
     )
     stop = asyncio.Event()
     consumed: list[bytes] = []

@@ -17,9 +17,9 @@ check is off.
 
 from __future__ import annotations
 
-from redisclient.connection import RedisClient
-from redisclient.results import RedisMemory
-from redisclient.scripts import run_script
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.results import RedisMemory
+from xmc_resumption.redisclient.scripts import run_script
 
 EVICTION_REPLY = "XMCEVICTION"
 """The start of the error reply of a script refused by the eviction policy (``lua/memory.lua``)."""

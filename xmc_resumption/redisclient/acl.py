@@ -25,8 +25,8 @@ from importlib import resources
 
 from redis.exceptions import NoPermissionError
 
-from redisclient.connection import RedisClient
-from redisclient.scripts import source
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.scripts import source
 
 _SCRIPT_DENIALS = ("The user executing the script can't", "ACL failure in script")
 _QUOTED_COMMAND = re.compile(r"'([a-z0-9_|-]+)'", re.IGNORECASE)
@@ -49,7 +49,7 @@ def is_denial(err: BaseException) -> bool:
 @cache
 def _script_names() -> dict[str, str]:
     """SHA1 of each of the project's scripts (as ``redisclient.scripts.source`` builds it) -> name."""
-    lua = resources.files("redisclient") / "lua"
+    lua = resources.files("xmc_resumption.redisclient") / "lua"
     names = [p.name.removesuffix(".lua") for p in lua.iterdir() if p.name.endswith(".lua")]
     return {hashlib.sha1(source(name).encode(), usedforsecurity=False).hexdigest(): name for name in names}
 

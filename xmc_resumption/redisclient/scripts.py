@@ -21,8 +21,8 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from redisclient.connection import RedisClient
-from redisclient.keys import as_text, wrong_type
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
     "measure": ("backlog",),

@@ -25,9 +25,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig, ClientConnectConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from redisclient.connection import ClusterClient, RedisClient
-from workflows import metrics
-from workflows.models import TASK_QUEUE
+from xmc_resumption.redisclient.connection import ClusterClient, RedisClient
+from xmc_resumption.workflows import metrics
+from xmc_resumption.workflows.models import TASK_QUEUE
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 

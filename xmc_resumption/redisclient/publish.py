@@ -10,15 +10,15 @@ script atomically, so a retried or zombie call can never duplicate, lose or over
 
 from __future__ import annotations
 
-from redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byte_budget, validate_threshold
-from redisclient.connection import RedisClient
-from redisclient.errors import MissingConsumerGroupError
-from redisclient.fencing import validate_lease
-from redisclient.keys import ExperimentKeys
-from redisclient.memory import fraction_arg
-from redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
-from redisclient.scripts import run_script
-from redisclient.weights import replayers_key, weights_key
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byte_budget, validate_threshold
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.fencing import validate_lease
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.memory import fraction_arg
+from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
+from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.redisclient.weights import replayers_key, weights_key
 
 
 async def publish_batch(

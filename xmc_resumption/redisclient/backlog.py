@@ -15,10 +15,10 @@ import logging
 import math
 import time
 
-from redisclient.connection import RedisClient
-from redisclient.errors import MissingConsumerGroupError
-from redisclient.results import BacklogReading, DrainWait, GroupStatus, MissingGroupPolicy
-from redisclient.scripts import run_script
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.results import BacklogReading, DrainWait, GroupStatus, MissingGroupPolicy
+from xmc_resumption.redisclient.scripts import run_script
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError, SlotNotCoveredError
 
-from redisclient.connection import RedisClient
-from redisclient.keys import ExperimentKeys, as_text, wrong_type
-from redisclient.results import SetAside, SetAsideStatus
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, wrong_type
+from xmc_resumption.redisclient.results import SetAside, SetAsideStatus
 
 MAX_TASK_FIELDS = 3_995
 """The most fields a task may have for the scripts to move it: field names and values go through

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from workflows import fleet
+from xmc_resumption.workflows import fleet
 
 
 def installed_binary(name: str) -> str:

@@ -1,7 +1,0 @@
-"""``python -m xmc``: see ``xmc.cli``."""
-
-import sys
-
-from xmc.cli import main
-
-sys.exit(main())
