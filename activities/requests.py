@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, MAX_POLL_SECONDS
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, MAX_GROUPS, MAX_POLL_SECONDS
+from xmc_resumption.redisclient.consumers import MAX_IDLE_LISTED, MAX_IDLE_MS
 from xmc_resumption.redisclient.results import MissingGroupPolicy
 
 
 class ExperimentRef(BaseModel):
-    """Which experiment on which stream and consumer group an activity works on."""
+    """Which experiment on which stream and consumer groups an activity works on: the consumer
+    group that must exist, and the groups whose backlog bounds the replay (None: every group of the
+    stream; see ``redisclient.backlog.measure_backlog``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     experiment_id: str = Field(min_length=1)
     stream: str = Field(min_length=1)
     consumer_group: str = Field(min_length=1)
+    consumer_groups: list[str] | None = Field(default=None, min_length=1, max_length=MAX_GROUPS)
 
 
 class AcquireRequest(BaseModel):
@@ -48,7 +52,7 @@ class BacklogRequest(BaseModel):
 
     ref: ExperimentRef
     threshold: int = Field(ge=1)
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
 
 
@@ -65,7 +69,7 @@ class DrainWaitRequest(BaseModel):
     min_seconds: float = Field(ge=0, le=MAX_POLL_SECONDS, allow_inf_nan=False)
     max_seconds: float = Field(gt=0, le=MAX_POLL_SECONDS, allow_inf_nan=False)
     poll_seconds: float = Field(gt=0, le=1, allow_inf_nan=False)
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
 
 
@@ -81,10 +85,21 @@ class PublishRequest(BaseModel):
     threshold: int = Field(ge=1)
     owner: str = Field(min_length=1)
     lease_ms: int = Field(ge=1)
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
     max_memory_fraction: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     fair_share: bool = False
+
+
+class IdleConsumersRequest(BaseModel):
+    """Name the consumers of ``ref``'s groups ``groups`` that hold pending entries and have been
+    idle for at least ``min_idle_ms`` milliseconds, at most ``limit`` of them (see
+    ``redisclient.consumers.idle_consumers``)."""
+
+    ref: ExperimentRef
+    groups: list[str] = Field(min_length=1, max_length=MAX_GROUPS)
+    min_idle_ms: int = Field(ge=0, le=MAX_IDLE_MS)
+    limit: int = Field(default=5, ge=1, le=MAX_IDLE_LISTED)
 
 
 class ReleaseRequest(BaseModel):

@@ -36,21 +36,23 @@ from xmc_resumption.activities.requests import (
     CheckRequest,
     DrainWaitRequest,
     ExperimentRef,
+    IdleConsumersRequest,
     PublishRequest,
     ReleaseRequest,
     SetAsideRequest,
 )
-from xmc_resumption.redisclient import backlog, deadletter, fencing, publish
+from xmc_resumption.redisclient import backlog, consumers, deadletter, fencing, publish
 from xmc_resumption.redisclient.acl import acl_user, denial_message
 from xmc_resumption.redisclient.connection import STALE_CONNECTION_ERRORS, RedisClient, drop_stale_connections
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
-from xmc_resumption.redisclient.keys import ExperimentKeys, validate_name
+from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.memory import EVICTION_REPLY
 from xmc_resumption.redisclient.results import (
     BacklogReading,
     ClaimCheck,
     ClaimGrant,
     DrainWait,
+    IdleConsumer,
     PublishResult,
     PublishStatus,
     SetAside,
@@ -113,10 +115,10 @@ async def _classified(redis: RedisClient) -> AsyncIterator[None]:
 
 
 def _keys(ref: ExperimentRef) -> ExperimentKeys:
-    """The experiment's keys; the stream, the experiment ID and the group checked by the one rule
+    """The experiment's keys; the stream, the experiment ID and the groups checked by the one rule
     (``redisclient.keys.validate_name``: a group is no key, but it reaches XINFO, logs and the UI)."""
     try:
-        validate_name("consumer_group", ref.consumer_group)
+        backlog.validate_groups(ref.consumer_group, ref.consumer_groups)
         return ExperimentKeys(ref.stream, ref.experiment_id)
     except ValueError as err:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
@@ -178,6 +180,7 @@ class ResumptionActivities:
             self.measure_backlog,
             self.wait_for_drain,
             self.publish_batch,
+            self.idle_consumers,
             self.set_aside,
             self.release_claim,
         ]
@@ -214,7 +217,13 @@ class ResumptionActivities:
         _keys(req.ref)
         async with _classified(self.redis):
             reading = await backlog.measure_backlog(
-                self.redis, req.ref.stream, req.ref.consumer_group, req.threshold, req.missing_group, req.max_bytes
+                self.redis,
+                req.ref.stream,
+                req.ref.consumer_group,
+                req.threshold,
+                req.missing_group,
+                req.max_bytes,
+                req.ref.consumer_groups,
             )
         return reading  # a missing group under the zero policy is logged by measure_backlog
 
@@ -235,6 +244,7 @@ class ResumptionActivities:
                 poll_seconds=req.poll_seconds,
                 missing_group=req.missing_group,
                 max_bytes=req.max_bytes,
+                groups=req.ref.consumer_groups,
             )
 
     @activity.defn
@@ -255,10 +265,19 @@ class ResumptionActivities:
                 max_bytes=req.max_bytes,
                 max_memory_fraction=req.max_memory_fraction,
                 fair_share=req.fair_share,
+                groups=req.ref.consumer_groups,
             )
         fenced = result.status in (PublishStatus.FENCED, PublishStatus.FENCE_LOST)
         self.held.report(req.ref, None if fenced else result.remaining, req.lease_ms)
         return result
+
+    @activity.defn
+    async def idle_consumers(self, req: IdleConsumersRequest) -> list[IdleConsumer]:
+        """The consumers holding pending entries of the request's groups while idle for its window
+        (``XINFO CONSUMERS``; read only when a replay is stalled)."""
+        _keys(req.ref)
+        async with _classified(self.redis):
+            return await consumers.idle_consumers(self.redis, req.ref.stream, req.groups, req.min_idle_ms, req.limit)
 
     @activity.defn
     async def set_aside(self, req: SetAsideRequest) -> SetAside:

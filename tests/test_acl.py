@@ -28,6 +28,7 @@ from xmc_resumption.activities.requests import (
     CheckRequest,
     DrainWaitRequest,
     ExperimentRef,
+    IdleConsumersRequest,
     PublishRequest,
     ReleaseRequest,
     SetAsideRequest,
@@ -106,8 +107,8 @@ def test_the_readme_line_is_the_files_rule() -> None:
 
 async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -> None:
     """Every call of the worker's activities and of the CLI's Redis side, as the ACL user: pause,
-    enqueue, status, acquire, check, measure, poll, publish, set aside, dead-letter list, retry and
-    drop, release; nothing was refused (the server's ACL log is empty)."""
+    enqueue, status, acquire, check, measure, poll, publish, idle consumers, set aside, dead-letter
+    list, retry and drop, release; nothing was refused (the server's ACL log is empty)."""
     keys = ExperimentKeys(STREAM, "A1")
     ref = ExperimentRef(experiment_id="A1", stream=STREAM, consumer_group=GROUP)
     await admin.xgroup_create(STREAM, GROUP, id="$", mkstream=True)  # the consumers' side, not ours
@@ -143,8 +144,16 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     status = await experiment_status(user, keys, GROUP, 10)
     assert (status["state"], status["held"], status["set_aside"], status["fence"]) == ("resuming", 1, 1, 1)
     assert status["backlog"] == {
-        "group": GROUP, "pending": 0, "lag": 3, "capped": False, "status": "ok", "threshold": 10,
+        "group": GROUP, "limiting_group": GROUP, "pending": 0, "lag": 3, "capped": False, "status": "ok",
+        "missing_group": None, "threshold": 10,
+        "groups": [{"name": GROUP, "pending": 0, "lag": 3, "capped": False, "bytes_capped": False, "counted": True,
+                    "missing": False}],
     }  # fmt: skip
+    assert status["idle_consumers"] == []
+    # who holds pending entries (XINFO CONSUMERS): read by a stalled replay
+    await admin.xreadgroup(GROUP, "c1", {STREAM: ">"}, count=1)
+    idle = await env.run(acts.idle_consumers, IdleConsumersRequest(ref=ref, groups=[GROUP], min_idle_ms=0))
+    assert [(c.group, c.consumer, c.pending) for c in idle] == [(GROUP, "c1", 1)]
     [(dead_id, fields, _)] = await deadletter.dead_letters(user, keys)
     assert fields == 1 and await deadletter.retry(user, keys, dead_id) == "held"
     [(back_id, _)] = await admin.xrevrange(keys.held, count=1)

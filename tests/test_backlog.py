@@ -1,5 +1,6 @@
 """Backlog measurement against a real redis-server: every case of tests/cases/backlog.json (copied
-from shared/cases), plus the cap and the error paths."""
+from shared/cases; measured for the one group it names, the seed's rule), plus the cap and the
+error paths. Several groups: tests/test_groups.py."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ async def test_backlog_case(redis: Redis, case: dict) -> None:
     threshold = case["threshold"]
     if "expect_error" in case:
         with pytest.raises(ResponseError, match=case["expect_error"]):
-            await measure_backlog(redis, STREAM, case["group"], threshold, policy)
+            await measure_backlog(redis, STREAM, case["group"], threshold, policy, groups=[case["group"]])
         return
-    reading = await measure_backlog(redis, STREAM, case["group"], threshold, policy)
+    reading = await measure_backlog(redis, STREAM, case["group"], threshold, policy, groups=[case["group"]])
     truth = case["truth"]
     if truth < threshold:
         expected = (truth, False)  # exact
@@ -65,11 +66,23 @@ async def test_pending_alone_at_threshold_skips_the_count(redis: Redis) -> None:
     assert (reading.pending, reading.lag, reading.capped, reading.backlog) == (7, 13, False, 20)
 
 
-async def test_missing_group_zero_policy_warns(redis: Redis, caplog: pytest.LogCaptureFixture) -> None:
+async def test_missing_group_zero_policy_counts_the_stream_and_warns(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     await redis.xadd(STREAM, {"task": "t1"})
-    reading = await measure_backlog(redis, STREAM, "nobody", 5)
-    assert (reading.status, reading.backlog) == (GroupStatus.NO_GROUP, 0)
+    reading = await measure_backlog(redis, STREAM, "nobody", 5, MissingGroupPolicy.ZERO)
+    assert (reading.status, reading.backlog, reading.headroom, reading.missing_group) == (
+        GroupStatus.NO_GROUP, 1, 4, "nobody",
+    )  # fmt: skip
     assert "does not exist" in caplog.text
+
+
+async def test_missing_group_wait_policy_leaves_no_headroom(redis: Redis) -> None:
+    await redis.xadd(STREAM, {"task": "t1"})
+    reading = await measure_backlog(redis, STREAM, "nobody", 5)  # the default policy: wait
+    assert (reading.status, reading.backlog, reading.headroom, reading.missing_group) == (
+        GroupStatus.NO_GROUP, 0, 0, "nobody",
+    )  # fmt: skip
 
 
 async def test_missing_group_error_policy_raises(redis: Redis) -> None:
@@ -80,7 +93,9 @@ async def test_missing_group_error_policy_raises(redis: Redis) -> None:
 
 async def test_missing_stream_is_zero_under_the_zero_policy_and_an_error_under_error(redis: Redis) -> None:
     reading = await measure_backlog(redis, STREAM, "g", 5, MissingGroupPolicy.ZERO)
-    assert (reading.status, reading.backlog) == (GroupStatus.NO_STREAM, 0)
+    assert (reading.status, reading.backlog, reading.headroom) == (GroupStatus.NO_STREAM, 0, 5)
+    reading = await measure_backlog(redis, STREAM, "g", 5, MissingGroupPolicy.WAIT)
+    assert (reading.status, reading.headroom, reading.missing_group) == (GroupStatus.NO_STREAM, 0, "g")
     with pytest.raises(MissingConsumerGroupError):
         await measure_backlog(redis, STREAM, "g", 5, MissingGroupPolicy.ERROR)
 

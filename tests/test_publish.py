@@ -28,6 +28,9 @@ async def hold(redis: Redis, n: int, start: int = 0) -> None:
 
 
 async def publish(redis: Redis, token: int, seq: int, batch: int = 10, threshold: int = 100, **kw):  # type: ignore[no-untyped-def]
+    """``publish_batch`` on ``KEYS`` as owner ``me``; tests that make no group take ``zero`` (the
+    stream's entries count as the missing group's backlog)."""
+    kw.setdefault("missing_group", MissingGroupPolicy.ZERO)
     return await publish_batch(
         redis,
         KEYS,
@@ -110,8 +113,9 @@ async def test_a_retry_after_the_lease_lapsed_still_returns_the_recorded_result(
     await hold(redis, 30)
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
     first = await publish_batch(
-        redis, KEYS, GROUP, token=grant.token, seq=1, batch_size=10, threshold=100, owner="a", lease_ms=50
-    )
+        redis, KEYS, GROUP, token=grant.token, seq=1, batch_size=10, threshold=100, owner="a", lease_ms=50,
+        missing_group=MissingGroupPolicy.ZERO,
+    )  # fmt: skip
     await asyncio.sleep(0.1)
     assert not await redis.exists(KEYS.claim)  # the lease lapsed (a worker down longer than the lease)
     again = await publish(redis, grant.token, 1)
@@ -201,11 +205,13 @@ async def test_a_publish_moves_about_its_byte_budget_of_large_tasks(redis: Redis
     await held.pause(redis, KEYS)
     for i in range(8):
         await held.enqueue_task(redis, KEYS, {"task": f"t{i}", "body": b"x" * 100 * 1024})
+    await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
     moves = []
     for seq in range(1, 10):
         result = await publish(redis, grant.token, seq, batch=100, threshold=1000, max_bytes=250 * 1024)
         moves.append((result.status, result.moved))
+        await redis.xgroup_setid(KEYS.stream, GROUP, "$")  # consumed: the next count reads no large task
         assert result.moved_bytes >= 100 * 1024 * result.moved
         if result.status is PublishStatus.COMPLETED:
             break

@@ -46,6 +46,8 @@ class FleetPhase(StrEnum):
     THROTTLED = "throttled"
     STALLED = "stalled"
     REDIS_UNAVAILABLE = "redis_unavailable"
+    WAITING_FOR_GROUP = "waiting_for_group"
+    """The stream or a required consumer group does not exist yet (``missing_group: wait``)."""
     STOPPING = "stopping"
 
 

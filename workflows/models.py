@@ -14,10 +14,10 @@ from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_GROUPS
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
 from xmc_resumption.redisclient.memory import DEFAULT_MEMORY_FRACTION
-from xmc_resumption.redisclient.results import MissingGroupPolicy
+from xmc_resumption.redisclient.results import IdleConsumer, MissingGroupPolicy
 from xmc_resumption.workflows.throttle import MAX_RATE
 
 WORKFLOW_TYPE = "ResumptionWorkflow"
@@ -101,8 +101,15 @@ class ResumptionInput(BaseModel):
         experiment_id: the experiment ``E`` to resume; stream: the task stream's key. Both become
             parts of keys: 1 to 200 letters, digits and ``. _ : / @ + = -``
             (``redisclient.keys.validate_name``, the one rule every entry point applies).
-        consumer_group: the consumer group whose backlog throttles the replay; a name by the same rule
-            (it reaches XINFO, logs and the UI).
+        consumer_group: the consumer group that must exist before anything moves (see
+            ``missing_group``), measured first, and the label of the metrics; a name by the same
+            rule (it reaches XINFO, logs and the UI).
+        consumer_groups: the groups whose backlog bounds the replay, each of which must exist,
+            ``consumer_group`` among them (1..64 distinct names; ``[consumer_group]`` is the seed's
+            one-group rule); None (the default): every group of the stream, at most 64, re-read at
+            each measurement, so a group created during the replay bounds it from then on. The
+            replay waits while the largest backlog among them is at the threshold; the progress
+            names the group that holds it back (``limiting_group``; docs/memory.md).
         batch_size: the most tasks one publish moves (entries, 1..10,000).
         max_backlog_threshold: at or above this backlog (entries) the replay waits; at most
             100,000, since counting the lag reads up to this many entries inside a Lua script,
@@ -124,8 +131,12 @@ class ResumptionInput(BaseModel):
             the lag reads about this many bytes of entries at most (more undelivered bytes than
             that count as a full backlog: the replay waits), and one publish moves about this many
             bytes at most, so large tasks never block Redis for long.
-        missing_group: a missing consumer group counts as backlog 0 with a warning (``zero``), or
-            fails the run (``error``).
+        missing_group: what a missing stream or required group means (``MissingGroupPolicy``):
+            ``wait`` (the default) moves nothing and waits in phase ``waiting_for_group`` (a durable
+            timer of ``throttle_seconds`` per check; stall detection and ``max_stall_seconds``
+            apply); ``zero`` counts the stream's entries as its backlog, so at most the threshold
+            goes in, and a group created later at ``$`` never sees those tasks; ``error`` fails
+            the run.
         turns_per_run: continue-as-new after this many turns (or earlier when Temporal suggests it)
             to keep each run's history small.
         carry: set by the workflow itself when it continues as new.
@@ -147,6 +158,7 @@ class ResumptionInput(BaseModel):
     experiment_id: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
     stream: str = Field(default=DEFAULT_STREAM, min_length=1, max_length=MAX_NAME_LENGTH)
     consumer_group: str = Field(default=DEFAULT_GROUP, min_length=1, max_length=MAX_NAME_LENGTH)
+    consumer_groups: list[str] | None = Field(default=None, min_length=1, max_length=MAX_GROUPS)
     batch_size: int = Field(default=100, ge=1, le=10_000)
     max_backlog_threshold: int = Field(default=500, ge=1, le=100_000)
     throttle_seconds: float = Field(default=10.0, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
@@ -158,7 +170,7 @@ class ResumptionInput(BaseModel):
     stall_window_seconds: float = Field(default=300.0, gt=0, le=7 * MAX_WAIT_SECONDS, allow_inf_nan=False)
     max_stall_seconds: float | None = Field(default=None, gt=0, le=30 * MAX_WAIT_SECONDS, allow_inf_nan=False)
     max_bytes_per_call: int = Field(default=DEFAULT_BYTE_BUDGET, ge=64 * 1024, le=64 * 1024 * 1024)
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT
     turns_per_run: int = Field(default=500, ge=1, le=10_000)
     carry: Carry | None = None
     max_memory_fraction: float | None = Field(default=DEFAULT_MEMORY_FRACTION, gt=0, le=1, allow_inf_nan=False)
@@ -169,8 +181,21 @@ class ResumptionInput(BaseModel):
     def _key_name(cls, value: str, info: ValidationInfo) -> str:
         return validate_name(str(info.field_name), value)
 
+    @field_validator("consumer_groups")
+    @classmethod
+    def _group_names(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or ():
+            validate_name("consumer_groups", name)
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("consumer_groups names a group twice")
+        return value
+
     @model_validator(mode="after")
     def _waits_fit(self) -> ResumptionInput:
+        if self.consumer_groups is not None and self.consumer_group not in self.consumer_groups:
+            raise ValueError(
+                f"consumer_groups must include consumer_group {self.consumer_group!r} (the group that must exist)"
+            )
         if self.max_wait_seconds is not None and self.max_wait_seconds < self.min_wait_seconds:
             raise ValueError(
                 f"max_wait_seconds ({self.max_wait_seconds:g}) must not be below "
@@ -195,6 +220,12 @@ class ResumptionInput(BaseModel):
             return self.max_wait_seconds
         return self.throttle_seconds
 
+    def groups_text(self) -> str:
+        """The groups that bound the replay, for the UI: ``every group of the stream`` or their names."""
+        if self.consumer_groups is None:
+            return "every group of the stream"
+        return ", ".join(f"`{g}`" for g in self.consumer_groups)
+
     def ui_summary(self) -> str:
         """One line for the start's ``static_summary`` (Temporal UI, "User Metadata")."""
         return f"Resume experiment {self.experiment_id} into {self.stream} (group {self.consumer_group})"
@@ -203,7 +234,7 @@ class ResumptionInput(BaseModel):
         """Markdown for the start's ``static_details``: the settings this resumption runs with."""
         return (
             f"Replays the held tasks of **{self.experiment_id}** into `{self.stream}`, throttled by the "
-            f"backlog of consumer group `{self.consumer_group}`.\n\n"
+            f"largest backlog of {self.groups_text()} (group `{self.consumer_group}` must exist).\n\n"
             f"- threshold: {self.max_backlog_threshold} entries (waits at or above it)\n"
             f"- batch: up to {self.batch_size} tasks per publish\n"
             f"- pacing: {self._pacing_text()}; claim lease: {self.claim_lease_seconds:g} s\n"
@@ -289,6 +320,9 @@ class Phase(StrEnum):
     PUBLISHING = "publishing"
     RELEASING = "releasing"
     REDIS_UNAVAILABLE = "redis_unavailable"
+    WAITING_FOR_GROUP = "waiting_for_group"
+    """The stream or a required consumer group does not exist (``missing_group: wait``): nothing
+    moves; ``throttle_reason`` names the stream and the group."""
     DONE = "done"
 
 
@@ -299,7 +333,9 @@ class Progress(BaseModel):
         experiment_id, token: what is being resumed and under which fencing token (0 before the claim).
         phase: what the workflow is doing now.
         replayed: tasks moved so far (entries); remaining: held tasks left at the last check (entries).
-        backlog, pending, lag: the last backlog reading (entries); threshold: the bound (entries).
+        backlog, pending, lag: the last backlog reading (entries) of ``limiting_group``, the group
+            with the largest backlog, which holds the replay back (None before a reading);
+            threshold: the bound (entries).
         policy: the throttle policy.
         throttles: throttle waits so far; throttle_reason: why the last one was taken.
         throttles_in_a_row: throttle waits since tasks last moved.
@@ -311,7 +347,10 @@ class Progress(BaseModel):
         low_watermark: the backlog the adaptive policy waits for (entries), None under ``fixed``.
         stalled: True when the backlog has not gone down, and no task moved, for
             ``stall_window_seconds``: the consumers are not draining (stopped workers, or a PEL
-            holding entries nobody acknowledges); stall_reason says what was seen.
+            holding entries nobody acknowledges); stall_reason says what was seen, naming the
+            missing group while one is waited for, and the consumers that hold pending entries
+            while idle for the stall window (``idle_consumers``, read when the stall is found and
+            once per stall window after).
         stalled_seconds: how long the backlog has not gone down (seconds, at the last reading).
         redis_waits: waits for an unavailable Redis (faults that outlasted the retries);
             last_error: the last such fault.
@@ -330,6 +369,7 @@ class Progress(BaseModel):
     backlog: int | None = None
     pending: int | None = None
     lag: int | None = None
+    limiting_group: str | None = None
     threshold: int
     policy: ThrottlePolicy = ThrottlePolicy.FIXED
     throttles: int = 0
@@ -343,6 +383,7 @@ class Progress(BaseModel):
     stalled: bool = False
     stalled_seconds: float = 0.0
     stall_reason: str | None = None
+    idle_consumers: list[IdleConsumer] = []
     redis_waits: int = 0
     last_error: str | None = None
     set_aside: int = 0
@@ -361,7 +402,8 @@ class Progress(BaseModel):
             f"**{self.experiment_id}**: {self.phase.value}" + (f" ({self.outcome.value})" if self.outcome else ""),
             "",  # a blank line, so that markdown renders the list below as a list
             f"- replayed: {self.replayed}, remaining: {unknown if self.remaining is None else self.remaining}",
-            f"- backlog: {unknown if self.backlog is None else self.backlog} / threshold {self.threshold}",
+            f"- backlog: {unknown if self.backlog is None else self.backlog} / threshold {self.threshold}"
+            + (f" (group `{self.limiting_group}`)" if self.limiting_group else ""),
             f"- pacing: {self.policy.value}"
             + (f", drain ~{self.drain_rate:,.0f}/s" if self.drain_rate is not None else "")
             + (f", low watermark {self.low_watermark}" if self.low_watermark is not None else ""),
@@ -369,6 +411,8 @@ class Progress(BaseModel):
         ]
         if self.wait_plan:
             lines.append(f"- wait: {self.wait_plan}")
+        if self.phase is Phase.WAITING_FOR_GROUP:
+            lines.append(f"- **waiting for a consumer group**: {self.throttle_reason}")
         if self.stalled:
             lines.append(f"- **stalled** for {self.stalled_seconds:,.0f} s: {self.stall_reason}")
         if self.redis_waits:
@@ -381,7 +425,7 @@ class Progress(BaseModel):
         if self.stopping:
             lines.append("- **stopping**: paused by the pause Update at the next turn")
         lines.append(f"- turns: {self.turns}, run {self.runs}, fencing token {self.token}")
-        if self.phase in (Phase.THROTTLED, Phase.STALLED) and self.throttled_until:
+        if self.phase in (Phase.THROTTLED, Phase.STALLED, Phase.WAITING_FOR_GROUP) and self.throttled_until:
             lines.append(f"- waiting until {self.throttled_until.isoformat(timespec='seconds')}")
         return "\n".join(lines)
 

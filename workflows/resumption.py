@@ -42,13 +42,21 @@ with workflow.unsafe.imports_passed_through():
         CheckRequest,
         DrainWaitRequest,
         ExperimentRef,
+        IdleConsumersRequest,
         PublishRequest,
         ReleaseRequest,
         SetAsideRequest,
     )
     from xmc_resumption.activities.resumption import ResumptionActivities
     from xmc_resumption.redisclient.memory import memory_reason
-    from xmc_resumption.redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
+    from xmc_resumption.redisclient.results import (
+        BacklogReading,
+        ExperimentState,
+        GroupStatus,
+        MissingGroupPolicy,
+        PublishResult,
+        PublishStatus,
+    )
     from xmc_resumption.workflows import fleet, metrics
     from xmc_resumption.workflows.models import (
         WORKFLOW_TYPE,
@@ -85,6 +93,18 @@ CHAINED_PUBLISH = "chained-publish"
 publish without a check and a measurement in between (and, adaptive, one that filled it goes
 straight to the wait). Runs recorded before it (tests/histories/v0_*, v1_*) replay on the old path."""
 
+WAIT_FOR_GROUP = "wait-for-group"
+"""``workflow.patched`` ID of the ``waiting_for_group`` wait: under ``missing_group: wait`` a missing
+stream or required group is waited for on a durable timer of ``throttle_seconds`` in its own phase
+(runs recorded before it never met a missing group under that policy, which did not exist)."""
+
+NAME_IDLE_CONSUMERS = "name-idle-consumers"
+"""``workflow.patched`` ID of the read of idle consumers (``XINFO CONSUMERS``, one local activity)
+when a replay is stalled: runs recorded before it replay without."""
+
+IDLE_CONSUMERS_SHOWN = 5
+"""The most idle consumers a stall reason names."""
+
 REDIS_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
     backoff_coefficient=2.0,
@@ -114,6 +134,11 @@ with temporalio 1.35)."""
 def _result_adapter(activity: Callable[..., Any]) -> TypeAdapter[Any]:
     """A pydantic adapter for the return type of activity method ``activity``."""
     return TypeAdapter(typing.get_type_hints(activity)["return"])
+
+
+def _in_group(reason: str, group: str) -> str:
+    """A throttle reason naming the group that holds the replay back (when the reading names one)."""
+    return f"{reason} in group {group}" if group else reason
 
 
 def _permanent(err: BaseException) -> bool:
@@ -184,6 +209,10 @@ class ResumptionWorkflow:
         """The fleet phase last upserted and when (workflow time); None before the first upsert."""
         self._fleet_counts: tuple[int, int | None] = (0, None)
         """The (replayed, remaining) last upserted."""
+        self._stall_base: str | None = None
+        """The stall reason without the idle consumers (``_observe``)."""
+        self._idle_read_at: datetime | None = None
+        """When the idle consumers were last read (workflow time); None: not during this stall."""
 
     # -- control: validated Updates (workflows/models.py Control); a rejected one leaves no event
 
@@ -294,7 +323,12 @@ class ResumptionWorkflow:
     @workflow.run
     async def run(self, inp: ResumptionInput) -> ResumptionResult:
         """Run the resumption loop; see the class docstring."""
-        self._ref = ExperimentRef(experiment_id=inp.experiment_id, stream=inp.stream, consumer_group=inp.consumer_group)
+        self._ref = ExperimentRef(
+            experiment_id=inp.experiment_id,
+            stream=inp.stream,
+            consumer_group=inp.consumer_group,
+            consumer_groups=inp.consumer_groups,
+        )
         meter = workflow.metric_meter().with_additional_attributes(
             {"stream": inp.stream, "consumer_group": inp.consumer_group}
         )
@@ -422,9 +456,11 @@ class ResumptionWorkflow:
         if ended is not None:
             return ended
         reading = await self._measure()
+        if self._waits_for_group(reading.status):
+            return await self._wait_for_group(reading.status, reading.missing_group)
         if reading.headroom == 0:
             reason = wait_reason(reading.pending, reading.lag, reading.capped, reading.threshold, reading.bytes_capped)
-            return await self._wait(reading.backlog, reason)
+            return await self._wait(reading.backlog, _in_group(reason, reading.limiting_group))
         return await self._publish()
 
     async def _check(self) -> ResumptionResult | None:
@@ -447,8 +483,37 @@ class ResumptionWorkflow:
             return self._finish(Outcome.PAUSED)
         return None
 
+    def _waits_for_group(self, status: GroupStatus) -> bool:
+        """True when the stream or a required group is missing under ``missing_group: wait``."""
+        return (
+            status is not GroupStatus.OK
+            and self._input.missing_group is MissingGroupPolicy.WAIT
+            and workflow.patched(WAIT_FOR_GROUP)
+        )
+
+    def _missing_text(self, status: GroupStatus, group: str) -> str | None:
+        """Why no group can be measured, naming the stream and the group; None when both exist."""
+        inp = self._input
+        group = group or inp.consumer_group
+        if status is GroupStatus.NO_STREAM:
+            text = f"stream {inp.stream} does not exist, so neither does consumer group {group}"
+        elif status is GroupStatus.NO_GROUP:
+            text = f"consumer group {group} does not exist on stream {inp.stream}"
+        else:
+            return None
+        if inp.missing_group is MissingGroupPolicy.ZERO:
+            return text + " (missing_group zero: the stream's entries count as its backlog)"
+        return text + f" (missing_group {inp.missing_group.value}: nothing moves until it exists)"
+
+    async def _wait_for_group(self, status: GroupStatus, group: str) -> ResumptionResult | None:
+        """The stream or a required group is missing under ``missing_group: wait``: nothing moved.
+        Wait in phase ``waiting_for_group`` on a durable timer of ``throttle_seconds``, then back to
+        the check. Stall detection applies: a group that never comes ends the run ``stalled``."""
+        reason = self._missing_text(status, group) or "waiting for the consumer group"
+        return await self._wait(0, reason, self._input.throttle_seconds, Phase.WAITING_FOR_GROUP)
+
     async def _measure(self) -> BacklogReading:
-        """Step 2: the consumer group's backlog, capped against the threshold."""
+        """Step 2: the consumer groups' largest backlog, capped against the threshold."""
         inp = self._input
         self._set_phase(Phase.MEASURING)
         reading = await self._call(
@@ -459,17 +524,36 @@ class ResumptionWorkflow:
                 missing_group=inp.missing_group,
                 max_bytes=inp.max_bytes_per_call,
             ),
-            summary=f"measure backlog of {inp.consumer_group} on {inp.stream}",
+            summary=f"measure backlog of {inp.groups_text().replace('`', '')} on {inp.stream}",
         )
-        self._observe(reading.pending, reading.lag, reading.capped, reading.last_delivered_id)
+        self._observe(
+            reading.pending,
+            reading.lag,
+            reading.capped,
+            reading.last_delivered_id,
+            group=reading.limiting_group,
+            missing=self._missing_text(reading.status, reading.missing_group),
+        )
         return reading
 
-    def _observe(self, pending: int, lag: int, capped: bool, last_delivered_id: str, moved: int = 0) -> None:
-        """Record a backlog reading (``pending + lag`` measured before a move of ``moved`` entries
-        in the same step) in the progress, the pacer and the stall watch."""
+    def _observe(
+        self,
+        pending: int,
+        lag: int,
+        capped: bool,
+        last_delivered_id: str,
+        moved: int = 0,
+        *,
+        group: str = "",
+        missing: str | None = None,
+    ) -> None:
+        """Record a backlog reading (``pending + lag`` of the limiting ``group``, measured before a
+        move of ``moved`` entries in the same step) in the progress, the pacer and the stall watch;
+        ``missing`` says which stream or group is missing, if any (``_missing_text``)."""
         p, now = self._progress, workflow.now()
         backlog = pending + lag
         p.backlog, p.pending, p.lag = backlog + moved, pending, lag + moved
+        p.limiting_group = group or None
         self._backlog_gauge.set(backlog + moved)
         self._pacer.observe(backlog, backlog + moved, capped, now)
         p.drain_rate, p.low_watermark = self._pacer.rate, self._pacer.low_watermark
@@ -482,17 +566,72 @@ class ResumptionWorkflow:
                 extra={"experiment_id": p.experiment_id, "backlog": backlog, "pending": pending},
             )
         p.stalled = stalled
-        p.stall_reason = (
-            f"backlog {backlog} (pending {pending}) not going down, last-delivered-id {last_delivered_id or 'none'}"
+        in_group = f" of group {group}" if group else ""
+        self._stall_base = (
+            (missing or f"backlog {backlog}{in_group} (pending {pending}) not going down, "
+             f"last-delivered-id {last_delivered_id or 'none'}")
             if stalled
             else None
+        )  # fmt: skip
+        if not stalled:
+            p.idle_consumers, self._idle_read_at = [], None
+        self._show_stall()
+
+    def _show_stall(self) -> None:
+        """The stall reason: what was seen, and the idle consumers holding pending entries, if read."""
+        p = self._progress
+        idle = "; ".join(c.describe() for c in p.idle_consumers)
+        p.stall_reason = self._stall_base and (
+            self._stall_base + (f"; pending entries held by idle consumers: {idle}" if idle else "")
         )
 
-    async def _wait(self, backlog: int, reason: str, seconds: float | None = None) -> ResumptionResult | None:
+    async def _name_idle_consumers(self) -> None:
+        """A stall: read which consumers of the limiting group hold pending entries while idle for
+        the stall window (one ``XINFO CONSUMERS``), for the stall reason. At the stall's start, then
+        at most once per stall window; never while a group is missing. Best effort: a failed read
+        (e.g. an ACL rule without ``xinfo|consumers``) is logged and the reason goes without."""
+        inp, p, now = self._input, self._progress, workflow.now()
+        window = timedelta(seconds=inp.stall_window_seconds)
+        if self._idle_read_at is not None and now - self._idle_read_at < window:
+            return
+        if not workflow.patched(NAME_IDLE_CONSUMERS):
+            return
+        self._idle_read_at = now
+        group = p.limiting_group or inp.consumer_group
+        try:
+            p.idle_consumers = await self._call(
+                ResumptionActivities.idle_consumers,
+                IdleConsumersRequest(
+                    ref=self._ref,
+                    groups=[group],
+                    min_idle_ms=round(inp.stall_window_seconds * 1000),
+                    limit=IDLE_CONSUMERS_SHOWN,
+                ),
+                summary=f"stalled: which consumers of {group} hold pending entries while idle",
+            )
+        except FAILED_CALL as err:
+            workflow.logger.warning(
+                "idle consumers not read", extra={"experiment_id": inp.experiment_id, "error": str(err)}
+            )
+            return
+        self._show_stall()
+        if p.idle_consumers:
+            workflow.logger.warning(
+                "stalled: pending entries held by idle consumers",
+                extra={"experiment_id": inp.experiment_id, "consumers": self._progress.stall_reason},
+            )
+
+    async def _wait(
+        self, backlog: int, reason: str, seconds: float | None = None, phase: Phase | None = None
+    ) -> ResumptionResult | None:
         """Step 3: wait while the backlog is at or over the threshold, as the pacer plans it (or a
-        durable timer of ``seconds`` when given), then back to the top of the loop. Returns the
-        result when a stall outlasted ``max_stall_seconds`` (the run ends ``stalled``), else None."""
+        durable timer of ``seconds`` when given), in ``phase`` (default: throttled, or stalled),
+        then back to the top of the loop. A stalled replay first names the idle consumers holding
+        pending entries. Returns the result when a stall outlasted ``max_stall_seconds`` (the run
+        ends ``stalled``), else None."""
         inp, p = self._input, self._progress
+        if p.stalled and phase is not Phase.WAITING_FOR_GROUP:
+            await self._name_idle_consumers()
         if self._stall.over_limit(p.stalled_seconds):
             await self._release(back_to_paused=True)
             return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
@@ -517,7 +656,7 @@ class ResumptionWorkflow:
         )
         timer = plan.kind is WaitKind.TIMER
         p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
-        self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
+        self._set_phase(phase or (Phase.STALLED if p.stalled else Phase.THROTTLED))
         if not timer:
             await self._poll(plan, reason)
         elif not self._wake:  # an Update accepted earlier in this turn: no wait at all
@@ -553,7 +692,14 @@ class ResumptionWorkflow:
             start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),
         )
         r = drain.reading
-        self._observe(r.pending, r.lag, r.capped, r.last_delivered_id)
+        self._observe(
+            r.pending,
+            r.lag,
+            r.capped,
+            r.last_delivered_id,
+            group=r.limiting_group,
+            missing=self._missing_text(r.status, r.missing_group),
+        )
 
     async def _publish(self) -> ResumptionResult | None:
         """Step 4: publish the next batch through the atomic script. Returns the result when the
@@ -593,9 +739,18 @@ class ResumptionWorkflow:
             PublishStatus.COMPLETED,
             PublishStatus.THROTTLED,
             PublishStatus.MEMORY,
+            PublishStatus.WAITING_FOR_GROUP,
         ):
             # the script measured the backlog before its move
-            self._observe(result.pending, result.lag, result.capped, result.last_delivered_id, result.moved)
+            self._observe(
+                result.pending,
+                result.lag,
+                result.capped,
+                result.last_delivered_id,
+                result.moved,
+                group=result.limiting_group,
+                missing=self._missing_text(result.group_status, result.missing_group),
+            )
         if result.moved:
             p.throttles_in_a_row = 0
             self._pacer.published(workflow.now())
@@ -635,7 +790,10 @@ class ResumptionWorkflow:
             case PublishStatus.THROTTLED:
                 # the backlog grew between the measurement and the publish
                 reason = wait_reason(result.pending, result.lag, result.capped, p.threshold, result.bytes_capped)
-                return await self._wait(result.backlog, reason)
+                return await self._wait(result.backlog, _in_group(reason, result.limiting_group))
+            case PublishStatus.WAITING_FOR_GROUP if self._waits_for_group(result.group_status):
+                # the stream or a required group went missing: nothing moved or written
+                return await self._wait_for_group(result.group_status, result.missing_group)
             case PublishStatus.MEMORY:
                 # Redis's used memory reached max_memory_fraction of maxmemory: nothing moved. A
                 # durable timer of throttle_seconds whatever the policy (the backlog may be low, so
@@ -657,8 +815,15 @@ class ResumptionWorkflow:
                     # filled up to the threshold: the adaptive wait measures the drain itself
                     return await self._wait(
                         result.backlog + result.moved,
-                        wait_reason(
-                            result.pending, result.lag + result.moved, result.capped, p.threshold, result.bytes_capped
+                        _in_group(
+                            wait_reason(
+                                result.pending,
+                                result.lag + result.moved,
+                                result.capped,
+                                p.threshold,
+                                result.bytes_capped,
+                            ),
+                            result.limiting_group,
                         ),
                     )
                 # else (fixed): the next turn measures again, as the seed's rule does
@@ -790,6 +955,8 @@ class ResumptionWorkflow:
                 return fleet.FleetPhase.THROTTLED
             case Phase.REDIS_UNAVAILABLE:
                 return fleet.FleetPhase.REDIS_UNAVAILABLE
+            case Phase.WAITING_FOR_GROUP:
+                return fleet.FleetPhase.WAITING_FOR_GROUP
         return fleet.FleetPhase.REPLAYING
 
     def _show_in_fleet(self) -> None:

@@ -61,6 +61,7 @@ from xmc_resumption.errors import (
     workflow_failure_message,
 )
 from xmc_resumption.ops import (
+    DEFAULT_IDLE_SECONDS,
     MAX_LISTED,
     experiment_status,
     fleet_phases,
@@ -196,10 +197,25 @@ class EntryIdType(click.ParamType):
         return str(value)
 
 
+class GroupsType(click.ParamType):
+    """Consumer group names separated by commas (``a,b``), each by ``validate_name``'s rule."""
+
+    name = "groups"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[str]:
+        if isinstance(value, list):
+            return value
+        try:
+            return [validate_name("consumer group", name) for name in str(value).split(",")]
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
 EXPERIMENT_ID = NameType("experiment_id")
 STREAM_NAME = NameType("stream")
 GROUP_NAME = NameType("consumer_group")
 """Consumer group names follow the same rule: not keys, but they reach XINFO, the logs and the UI."""
+GROUP_NAMES = GroupsType()
 
 
 def _bounds(name: str) -> str:
@@ -232,7 +248,14 @@ class InputOption:
 
 
 INPUT_OPTIONS = (
-    InputOption("--group", "consumer_group", click.STRING, "the consumer group whose backlog throttles the replay"),
+    InputOption("--group", "consumer_group", click.STRING, "the consumer group that must exist before anything moves"),
+    InputOption(
+        "--groups",
+        "consumer_groups",
+        GROUP_NAMES,
+        "the groups whose largest backlog bounds the replay, comma-separated, --group among them",
+        "every group of the stream",
+    ),
     InputOption("--batch", "batch_size", click.INT, "most tasks one publish moves (entries)"),
     InputOption("--threshold", "max_backlog_threshold", click.INT, "at or above this backlog the replay waits"),
     InputOption("--throttle-seconds", "throttle_seconds", click.FLOAT, "one fixed throttle wait (seconds)"),
@@ -270,7 +293,8 @@ INPUT_OPTIONS = (
         "--missing-group",
         "missing_group",
         click.Choice([p.value for p in MissingGroupPolicy]),
-        "a missing consumer group: zero (backlog 0, warning) or error (the run fails)",
+        "a missing stream or group: wait (nothing moves until it exists), zero (the stream's entries "
+        "count as its backlog), or error (the run fails)",
     ),
     InputOption("--max-bytes-per-call", "max_bytes_per_call", click.INT, "byte budget of one Redis script"),
     InputOption("--turns-per-run", "turns_per_run", click.INT, "continue-as-new after this many turns"),
@@ -396,7 +420,16 @@ def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     "status",
     "state, held tasks, claim, fencing token and backlog in Redis; and the resumption in Temporal, if any",
 )
-@click.option("--group", type=GROUP_NAME, default=DEFAULT_GROUP, show_default=True, help="the consumer group")
+@click.option(
+    "--group", type=GROUP_NAME, default=DEFAULT_GROUP, show_default=True, help="the consumer group that must exist"
+)
+@click.option(
+    "--groups",
+    type=GROUP_NAMES,
+    default=None,
+    show_default="every group of the stream",
+    help="the groups whose backlog bounds a replay, comma-separated, --group among them",
+)
 @click.option(
     "--threshold",
     type=THRESHOLD_TYPE,
@@ -404,14 +437,34 @@ def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     show_default=True,
     help="count the backlog up to this many entries",
 )
-def status(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, group: str, threshold: int) -> None:
+@click.option(
+    "--idle-seconds",
+    type=click.FloatRange(0, 30 * 86_400),
+    default=DEFAULT_IDLE_SECONDS,
+    show_default=True,
+    help="name the consumers holding pending entries while idle this long (seconds)",
+)
+def status(
+    ctx: click.Context,
+    experiment_id: str,
+    stream: str,
+    as_json: bool,
+    group: str,
+    groups: list[str] | None,
+    threshold: int,
+    idle_seconds: float,
+) -> None:
     """``xmc status E``: ``ops.experiment_status`` from Redis, and ``ops.live_run`` from Temporal
     when it can be reached (else ``run`` holds the one-line reason)."""
+    if groups is not None and group not in groups:
+        raise click.BadParameter(f"must include --group {group}", ctx, param_hint="'--groups'")
 
     async def go() -> dict[str, object]:
         redis = _settings(ctx).redis()
         try:
-            doc = await experiment_status(redis, ExperimentKeys(stream, experiment_id), group, threshold)
+            doc = await experiment_status(
+                redis, ExperimentKeys(stream, experiment_id), group, threshold, groups, idle_seconds
+            )
         finally:
             await redis.aclose()
         try:
@@ -443,14 +496,15 @@ def _status_text(doc: Mapping[str, Any]) -> str:
     elif doc["exists"]:
         lines.append("  claim: none")
     lines.append(f"  fencing token: {doc['fence']}")
-    b = doc["backlog"]
-    lag = f"{b['lag']}{'+' if b['capped'] else ''}"
-    side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
-    group = "" if b["status"] == "ok" else f"; consumer group: {b['status']}"
-    lines.append(
-        f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered, {side} "
-        f"{b['threshold']} (counted up to --threshold){group}"
-    )
+    lines += _backlog_lines(doc["backlog"])
+    idle = doc.get("idle_consumers")
+    if idle:
+        lines.append(
+            "  idle consumers holding pending entries: "
+            + "; ".join(
+                f"{c['group']}/{c['consumer']} holds {c['pending']}, idle {c['idle_ms'] / 1000:.0f}s" for c in idle
+            )
+        )
     memory = doc.get("redis_memory")
     if memory:
         limit = f"of {memory['maxmemory']:,} bytes" if memory["maxmemory"] else "(no maxmemory)"
@@ -460,8 +514,38 @@ def _status_text(doc: Mapping[str, Any]) -> str:
         )
     lines.append("  " + _run_text(doc.get("run")))
     known = {"experiment_id", "stream", "exists", "state", "orphaned", "held", "set_aside", "claim", "fence"}
-    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in known | {"backlog", "run", "redis_memory"}]
+    lines += [
+        f"  {k}: {v}" for k, v in doc.items() if k not in known | {"backlog", "run", "redis_memory", "idle_consumers"}
+    ]
     return "\n".join(lines)
+
+
+def _backlog_lines(b: Mapping[str, Any]) -> list[str]:
+    """``xmc status``'s backlog: the largest among the groups, the group that has it, each group's
+    part (when there are several) and a missing stream or group."""
+
+    def part(g: Mapping[str, Any]) -> str:
+        if g.get("missing"):
+            return "missing"
+        lag = f"{g['lag']}{'+' if g['capped'] else ''}" if g.get("counted", True) else "not counted"
+        return f"{g['pending']} pending + {lag} undelivered"
+
+    groups = b.get("groups") or []
+    limiting = next((g for g in groups if g["name"] == b.get("limiting_group")), None)
+    if b["status"] != "ok" and b.get("missing_group"):
+        what = "stream" if b["status"] == "no_stream" else "consumer group"
+        name = b["missing_group"] if what == "consumer group" else "(so no group)"
+        lines = [f"  backlog: {what} {name} missing: a replay waits for it under missing_group wait"]
+    else:
+        side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
+        shown = part(limiting) if limiting else part({**b, "counted": True})
+        lines = [
+            f"  backlog of {b.get('limiting_group') or b['group']}: {shown}, {side} {b['threshold']} "
+            f"(counted up to --threshold)" + (f"; the largest of {len(groups)} groups" if len(groups) > 1 else "")
+        ]
+    if len(groups) > 1:
+        lines += [f"    group {g['name']}: {part(g)}" for g in groups]
+    return lines
 
 
 def _run_text(run: Mapping[str, Any] | None) -> str:
@@ -475,6 +559,12 @@ def _run_text(run: Mapping[str, Any] | None) -> str:
         text += (
             f": {progress['phase']}, replayed {progress['replayed']}, remaining {_or(progress['remaining'])}, "
             f"backlog {_or(progress['backlog'])}/{progress['threshold']}"
+            + (f" of {progress['limiting_group']}" if progress.get("limiting_group") else "")
+            + (
+                f", waiting for a consumer group: {progress['throttle_reason']}"
+                if progress["phase"] == Phase.WAITING_FOR_GROUP.value
+                else ""
+            )
             + (
                 f", STALLED {progress['stalled_seconds']:.0f}s: {progress['stall_reason']}"
                 if progress["stalled"]
@@ -927,6 +1017,8 @@ class Watcher:
     async def _not_draining(self, redis: RedisClient, p: Progress) -> str | None:
         """Why no consumer seems to drain the stream, or None."""
         group, stream = self._inp.consumer_group, self._inp.stream
+        if p.phase is Phase.WAITING_FOR_GROUP:
+            return f"waiting: {p.throttle_reason}"
         if p.stalled:
             return f"no consumer is draining {group}: {p.stall_reason} (stalled for {p.stalled_seconds:.0f}s)"
         still = (p.replayed, p.backlog)

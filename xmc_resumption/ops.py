@@ -5,7 +5,7 @@ control Updates of a running one."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -18,9 +18,10 @@ from xmc_resumption.errors import KeyContentError, OperatorError, one_line
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.consumers import idle_consumers
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, validate_name
 from xmc_resumption.redisclient.memory import read_memory
-from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.redisclient.results import ExperimentState, GroupStatus
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import (
     WORKFLOW_TYPE,
@@ -79,8 +80,27 @@ async def has_keys(redis: RedisClient, keys: ExperimentKeys) -> bool:
     return bool(await redis.exists(*every))
 
 
-async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str, threshold: int) -> dict[str, object]:
-    """State, held tasks (entries), claim, last fencing token and the group's backlog, as a dict.
+DEFAULT_IDLE_SECONDS = 60.0
+"""``xmc status`` names the consumers that hold pending entries while idle for this long (seconds)."""
+
+
+async def experiment_status(
+    redis: RedisClient,
+    keys: ExperimentKeys,
+    group: str,
+    threshold: int,
+    groups: Sequence[str] | None = None,
+    idle_seconds: float = DEFAULT_IDLE_SECONDS,
+) -> dict[str, object]:
+    """State, held tasks (entries), claim, last fencing token, the consumer groups' backlog and the
+    idle consumers holding pending entries, as a dict.
+
+    ``backlog`` is the reading of the groups that bound a replay (``groups``, or every group of the
+    stream when None; ``group`` must exist): the largest backlog, the group that has it
+    (``limiting_group``), the first missing group (``missing_group``) and ``groups``, each group's
+    part. ``idle_consumers`` lists the consumers of those groups holding pending entries while idle
+    for at least ``idle_seconds`` (``XINFO CONSUMERS``; ``redisclient.consumers``), the most
+    pending first.
 
     An experiment with no key at all on this stream has state ``unknown`` and ``exists`` False:
     it was never paused nor resumed here (a typo, or another ``--stream``), which an absent state
@@ -96,8 +116,13 @@ async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str
         KeyContentError: a key holds the wrong type or a value the contract does not know.
     """
     reading = await _read_key(
-        redis, keys.stream, "a stream (the task stream)", measure_backlog(redis, keys.stream, group, threshold)
+        redis,
+        keys.stream,
+        "a stream (the task stream)",
+        measure_backlog(redis, keys.stream, group, threshold, groups=groups),
     )
+    present = [g.name for g in reading.groups if not g.missing]
+    idle = await idle_consumers(redis, keys.stream, present, round(idle_seconds * 1000)) if present else []
     state, held_tasks = await state_and_held(redis, keys)
     claim = await _read_key(redis, keys.claim, "a hash (token, owner)", fencing.claim_info(redis, keys))
     fence = await _read_key(
@@ -116,12 +141,16 @@ async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str
         "set_aside": await _read_key(redis, keys.dead, "a stream (the set-aside tasks)", redis.xlen(keys.dead)),
         "backlog": {
             "group": group,
+            "limiting_group": reading.limiting_group,
             "pending": reading.pending,
             "lag": reading.lag,
             "capped": reading.capped,
             "status": reading.status.value,
+            "missing_group": reading.missing_group if reading.status is not GroupStatus.OK else None,
             "threshold": threshold,
+            "groups": [g.model_dump() for g in reading.groups],
         },
+        "idle_consumers": [c.model_dump() for c in idle],
         "redis_memory": (await read_memory(redis, keys.stream)).model_dump(),
     }
 

@@ -1,10 +1,11 @@
-"""Backlog measurement of a consumer group (DESIGN.md section 4).
+"""Backlog measurement of the consumer groups of a stream (DESIGN.md section 4, docs/memory.md).
 
-backlog = pending (the group's PEL size) + entries after the group's last-delivered-id. Both are
-read in one Lua script (``lua/backlog.lua``), so the reading is consistent; the XRANGE behind the
-lag is capped at ``threshold - pending + 1`` entries and skipped when pending alone reaches the
-threshold. XINFO GROUPS' own ``lag`` field is logged, never used: on Redis 7.0 it is NULL or wrong
-after XDEL, XTRIM, XGROUP SETID and for groups created at ``$`` (see tests/cases/backlog.json).
+backlog(g) = pending (the group's PEL size) + entries after the group's last-delivered-id, for
+every group of the stream (or the groups named); the replay is bounded by the largest. All of it
+is read in one Lua script (``lua/backlog.lua``), so the reading is consistent; the XRANGE behind
+each lag is capped at ``threshold - pending + 1`` entries and skipped when pending alone reaches
+the threshold. XINFO GROUPS' own ``lag`` field is logged, never used: on Redis 7.0 it is NULL or
+wrong after XDEL, XTRIM, XGROUP SETID and for groups created at ``$`` (see tests/cases/backlog.json).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.keys import validate_name
 from xmc_resumption.redisclient.results import BacklogReading, DrainWait, GroupStatus, MissingGroupPolicy
 from xmc_resumption.redisclient.scripts import run_script
 
@@ -38,10 +41,41 @@ def validate_byte_budget(max_bytes: int) -> None:
         raise ValueError(f"byte budget must be in [1, {MAX_BYTE_BUDGET}] bytes, got {max_bytes}")
 
 
+MAX_THRESHOLD = 1_000_000
+"""The largest threshold the scripts accept (entries; ``lua/backlog.lua``): a count reads up to
+this many entries per group inside a script. The workflow input allows at most 100,000."""
+
+MAX_GROUPS = 64
+"""The most consumer groups one reading measures (``lua/backlog.lua``): each costs up to a
+threshold's worth of entries read inside the script. A stream with more groups must name the
+ones that bound the replay."""
+
+
 def validate_threshold(threshold: int) -> None:
-    """Raise ``ValueError`` unless ``threshold`` (entries) is at least 1."""
-    if threshold < 1:
-        raise ValueError(f"threshold must be >= 1 entry, got {threshold}")
+    """Raise ``ValueError`` unless ``threshold`` (entries) is in [1, ``MAX_THRESHOLD``]."""
+    if not 1 <= threshold <= MAX_THRESHOLD:
+        raise ValueError(f"threshold must be 1..{MAX_THRESHOLD:,} entries, got {threshold}")
+
+
+def validate_groups(group: str, groups: Sequence[str] | None) -> None:
+    """Raise ``ValueError`` unless ``groups`` is None (every group of the stream) or names 1 to
+    ``MAX_GROUPS`` distinct groups by ``validate_name``'s rule, ``group`` among them."""
+    validate_name("consumer_group", group)
+    if groups is None:
+        return
+    for name in groups:
+        validate_name("consumer_groups", name)
+    if not 1 <= len(groups) <= MAX_GROUPS or len(set(groups)) != len(groups):
+        raise ValueError(f"consumer_groups must name 1..{MAX_GROUPS} distinct groups, got {len(groups)}")
+    if group not in groups:
+        raise ValueError(f"consumer_groups must include consumer_group {group!r} (the group that must exist)")
+
+
+def groups_arg(group: str, groups: Sequence[str] | None) -> str:
+    """The scripts' groups argument: ``*`` for every group of the stream, else the names separated
+    by single spaces (checked by ``validate_groups``; a name holds no space)."""
+    validate_groups(group, groups)
+    return "*" if groups is None else " ".join(groups)
 
 
 async def measure_backlog(
@@ -49,52 +83,68 @@ async def measure_backlog(
     stream: str,
     group: str,
     threshold: int,
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
     max_bytes: int = DEFAULT_BYTE_BUDGET,
+    groups: Sequence[str] | None = None,
 ) -> BacklogReading:
-    """Measure the backlog of consumer group ``group`` on ``stream``.
+    """Measure the backlog of the consumer groups of ``stream``: the largest bounds the replay.
 
     Args:
         client: an asyncio Redis client (any ``decode_responses`` setting).
         stream: the task stream's key.
-        group: the consumer group's name.
-        threshold: the throttle threshold in entries (>= 1); the count stops just past it.
-        missing_group: what a missing group means: ``zero`` logs a warning and reports 0;
-            ``error`` raises, for a missing stream too (it has no group).
-        max_bytes: the count reads about this many bytes of entries at most; when the entries
-            after the last-delivered-id pass it first, the reading is ``bytes_capped`` with
+        group: the consumer group that must exist (measured first).
+        threshold: the throttle threshold in entries (1..``MAX_THRESHOLD``); each count stops just
+            past it, and once one group's backlog reaches it the others' lags are not counted.
+        missing_group: what a missing stream or required group means (``MissingGroupPolicy``):
+            ``wait`` reports it with headroom 0; ``zero`` counts the stream's entries as the
+            group's backlog, with a warning; ``error`` raises.
+        max_bytes: each count reads about this many bytes of entries at most; when the entries
+            after a last-delivered-id pass it first, the reading is ``bytes_capped`` with
             headroom 0 (large tasks: the undelivered part is bounded in bytes too).
+        groups: the groups that bound the replay, ``group`` among them, each required to exist;
+            None: every group of the stream (at most ``MAX_GROUPS``).
 
     Returns:
-        The reading: exact when ``backlog < threshold``, else ``>= threshold`` with ``capped``
-        (or ``bytes_capped``, headroom 0). A missing stream is a backlog of 0 under ``zero``.
+        The reading of the limiting group (the largest backlog): exact when ``backlog <
+        threshold``, else ``>= threshold`` with ``capped`` (or ``bytes_capped``, headroom 0).
 
     Raises:
-        ValueError: threshold < 1, or a byte budget out of bounds.
-        MissingConsumerGroupError: the group (or the stream) does not exist and the policy is ``error``.
-        redis.exceptions.ResponseError: e.g. WRONGTYPE when ``stream`` is not a stream.
+        ValueError: a threshold, byte budget or groups list out of bounds.
+        MissingConsumerGroupError: a required group (or the stream) does not exist and the policy
+            is ``error``.
+        redis.exceptions.ResponseError: e.g. WRONGTYPE when ``stream`` is not a stream; an
+            ``XMCGROUPS`` reply when ``groups`` is None and the stream has more than
+            ``MAX_GROUPS`` groups.
         redis.exceptions.ConnectionError, TimeoutError: Redis is unreachable. No error is ever
             turned into a backlog of 0.
     """
     validate_threshold(threshold)
     validate_byte_budget(max_bytes)
-    raw = json.loads(await run_script(client, "measure", [stream], [group, threshold, max_bytes]))
+    args = [group, threshold, max_bytes, missing_group.value, groups_arg(group, groups)]
+    raw = json.loads(await run_script(client, "measure", [stream], args))
     # Lua turns a NULL reply into false, and cjson encodes that as JSON false
     raw["xinfo_lag"] = raw["xinfo_lag"] if raw["xinfo_lag"] is not False else None
     reading = BacklogReading.model_validate({**raw, "threshold": threshold})
     if reading.xinfo_lag is not None and not reading.capped and reading.xinfo_lag != reading.lag:
         log.debug(
             "XINFO lag disagrees with the counted lag",
-            extra={"stream": stream, "group": group, "xinfo_lag": reading.xinfo_lag, "lag": reading.lag},
+            extra={
+                "stream": stream,
+                "group": reading.limiting_group,
+                "xinfo_lag": reading.xinfo_lag,
+                "lag": reading.lag,
+            },
         )
     if reading.status is not GroupStatus.OK and missing_group is MissingGroupPolicy.ERROR:
-        raise MissingConsumerGroupError(stream, group)
-    if reading.status is GroupStatus.NO_GROUP:
+        raise MissingConsumerGroupError(stream, reading.missing_group or group)
+    if reading.status is not GroupStatus.OK and missing_group is MissingGroupPolicy.ZERO:
         log.warning(
-            "consumer group %r does not exist on stream %r: backlog taken as 0",
-            group,
+            "consumer group %r does not exist on stream %r: its backlog is the stream's %s%s entries",
+            reading.missing_group,
             stream,
-            extra={"stream": stream, "group": group},
+            reading.lag,
+            "+" if reading.capped else "",
+            extra={"stream": stream, "group": reading.missing_group},
         )
     return reading
 
@@ -113,8 +163,9 @@ async def wait_for_drain(
     min_seconds: float,
     max_seconds: float,
     poll_seconds: float,
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
     max_bytes: int = DEFAULT_BYTE_BUDGET,
+    groups: Sequence[str] | None = None,
 ) -> DrainWait:
     """Poll the backlog until it is at or below ``low_watermark``: a short wait that reacts within
     ``poll_seconds`` instead of a durable timer's granularity.
@@ -129,6 +180,7 @@ async def wait_for_drain(
         low_watermark: the backlog to wait for (entries, 0 <= low_watermark < threshold).
         min_seconds, max_seconds: bounds of the poll (seconds, 0 <= min <= max <= 60).
         poll_seconds: the interval between readings (seconds, 0 < poll_seconds <= 1).
+        missing_group, max_bytes, groups: as ``measure_backlog``.
 
     Raises:
         ValueError: an argument out of its bounds (or not finite).
@@ -148,7 +200,7 @@ async def wait_for_drain(
     start = time.monotonic()
     polls = 0
     while True:
-        reading = await measure_backlog(client, stream, group, threshold, missing_group, max_bytes)
+        reading = await measure_backlog(client, stream, group, threshold, missing_group, max_bytes, groups)
         now = time.monotonic()
         polls += 1
         elapsed = now - start

@@ -10,7 +10,9 @@ script atomically, so a retried or zombie call can never duplicate, lose or over
 
 from __future__ import annotations
 
-from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byte_budget, validate_threshold
+from collections.abc import Sequence
+
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, groups_arg, validate_byte_budget, validate_threshold
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.fencing import validate_lease
@@ -32,25 +34,28 @@ async def publish_batch(
     threshold: int,
     owner: str,
     lease_ms: int,
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO,
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
     max_bytes: int = DEFAULT_BYTE_BUDGET,
     max_memory_fraction: float | None = None,
     fair_share: bool = False,
+    groups: Sequence[str] | None = None,
 ) -> PublishResult:
-    """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
+    """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream, where
+    backlog is the largest among the groups measured (``redisclient.backlog``).
 
     Args:
         client: an asyncio Redis client.
         keys: the experiment's keys; the task stream is ``keys.stream``.
-        group: the consumer group whose backlog bounds the move.
+        group: the consumer group that must exist; its backlog bounds the move.
         token: the caller's fencing token.
         seq: the caller's turn number (>= 1), strictly increasing per token: the idempotency key.
         batch_size: the most entries one call moves (>= 1).
         threshold: the backlog bound in entries (>= 1); the move never takes the backlog past it.
         owner: the claim's owner, stored when the claim hash is written.
         lease_ms: the claim's lease, extended by a successful call (milliseconds).
-        missing_group: a missing group counts as backlog 0 (``zero``) or refuses (``error``; a
-            missing stream has no group, so it refuses too).
+        missing_group: a missing stream or required group moves nothing (``wait``: status
+            ``waiting_for_group``), counts the stream's entries as its backlog (``zero``: at most
+            the threshold goes in), or refuses (``error``).
         max_bytes: the backlog count and the move each read about this many bytes at most: the
             move stops once the tasks moved reach it (at least one task moves), so a batch of
             large tasks takes several calls instead of blocking Redis (``status`` stays
@@ -61,15 +66,18 @@ async def publish_batch(
         fair_share: move at most this experiment's share of the headroom among the active
             fair-share replayers of the stream, weighted (``redisclient.weights``, ``lua/fair.lua``);
             the result's ``headroom`` is then that share.
+        groups: the groups whose backlog bounds the move, ``group`` among them, each required
+            to exist; None: every group of the stream (``redisclient.backlog.measure_backlog``).
 
     Returns:
         What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
         and the experiment is running again.
 
     Raises:
-        ValueError: a non-positive seq, batch_size, threshold or lease_ms; a byte budget or memory
-            fraction out of bounds.
-        MissingConsumerGroupError: the group (or the stream) is missing and the policy is ``error``.
+        ValueError: a non-positive seq, batch_size, threshold or lease_ms; a byte budget, memory
+            fraction or groups list out of bounds.
+        MissingConsumerGroupError: a required group (or the stream) is missing and the policy is
+            ``error``.
         redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream); a
             ``ResponseError`` starting ``XMCEVICTION`` when ``maxmemory-policy`` is not
             ``noeviction`` (nothing moved).
@@ -81,15 +89,16 @@ async def publish_batch(
     validate_threshold(threshold)
     validate_lease(lease_ms)
     validate_byte_budget(max_bytes)
+    spec = groups_arg(group, groups)
     raw = await run_script(
         client,
         "publish",
         [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish,
          weights_key(keys.stream), replayers_key(keys.stream)],
         [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
-         fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id],
+         fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id, spec],
     )  # fmt: skip
     result = PublishResult.model_validate_json(raw)
     if result.status is PublishStatus.NO_GROUP:
-        raise MissingConsumerGroupError(keys.stream, group)
+        raise MissingConsumerGroupError(keys.stream, result.missing_group or group)
     return result

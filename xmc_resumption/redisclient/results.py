@@ -31,23 +31,63 @@ class GroupStatus(StrEnum):
     NO_GROUP = "no_group"
 
 
-class BacklogReading(BaseModel):
-    """One backlog measurement of a consumer group (DESIGN.md section 4).
+class GroupBacklog(BaseModel):
+    """One consumer group's part of a backlog reading (``lua/backlog.lua``).
 
     Attributes:
-        status: whether the stream and the group exist.
+        name: the group.
+        pending: its PEL size (entries).
+        lag: entries after its last-delivered-id, counted by a capped XRANGE (entries); for a
+            missing group under ``zero``, the stream's entries, counted the same way.
+        capped, bytes_capped: the count stopped at the cap, or at the byte budget.
+        counted: False when its lag was not counted, because an earlier group's backlog already
+            reached the threshold (or a required group is missing under ``wait`` or ``error``):
+            then ``lag`` is 0 and the backlog at least ``pending``.
+        missing: the group does not exist (or the stream does not).
+    """
+
+    name: str
+    pending: int
+    lag: int
+    capped: bool
+    bytes_capped: bool = False
+    counted: bool = True
+    missing: bool = False
+
+    @property
+    def backlog(self) -> int:
+        """pending + lag (entries): exact when counted and not capped."""
+        return self.pending + self.lag
+
+
+class BacklogReading(BaseModel):
+    """One backlog measurement of the consumer groups of a stream (DESIGN.md section 4, docs/memory.md).
+
+    The replay is bounded by the largest backlog among the groups measured (every group of the
+    stream, or the ones named); ``pending``, ``lag``, ``capped``, ``bytes_capped``, ``lag_bytes``,
+    ``last_delivered_id`` and ``xinfo_lag`` are those of that group, ``limiting_group``.
+
+    Attributes:
+        status: ``ok``, or ``no_stream`` / ``no_group`` when the stream or a required group (the
+            consumer group, or every named one) does not exist: ``missing_group`` names it.
         pending: entries delivered to the group and not yet acknowledged (its PEL size).
         lag: entries after the group's last-delivered-id, counted by a capped XRANGE.
         capped: True when the count stopped at the cap, so the true backlog may be larger
             (it is then at least the threshold).
         headroom: ``threshold - backlog``, at least 0 (entries): what a publish may add. The throttle
-            rule is computed once, in ``lua/backlog.lua``; 0 means the replay must wait.
+            rule is computed once, in ``lua/backlog.lua``; 0 means the replay must wait (always 0
+            while a required group is missing under ``wait`` or ``error``).
         bytes_capped: the lag count stopped at the byte budget: the entries after the
             last-delivered-id hold more bytes than one script reads, so headroom is 0.
         lag_bytes: bytes of the entries read counting the lag.
         last_delivered_id: the group's last-delivered-id ('' without a group).
         xinfo_lag: XINFO GROUPS' own ``lag`` field, for logs only (None when Redis reports NULL).
         threshold: the threshold (entries) the measurement was capped against.
+        limiting_group: the group with the largest backlog, the one that holds the replay back
+            ('' in readings recorded before it existed).
+        missing_group: the first required group not found ('' when none).
+        groups: every group measured, the required one first (empty in readings recorded before it
+            existed).
     """
 
     status: GroupStatus
@@ -60,6 +100,9 @@ class BacklogReading(BaseModel):
     last_delivered_id: str
     xinfo_lag: int | None
     threshold: int
+    limiting_group: str = ""
+    missing_group: str = ""
+    groups: list[GroupBacklog] = []
 
     @model_validator(mode="before")
     @classmethod
@@ -120,6 +163,8 @@ class PublishStatus(StrEnum):
     FENCE_LOST = "fence_lost"
     STALE = "stale"
     NO_GROUP = "no_group"
+    WAITING_FOR_GROUP = "waiting_for_group"
+    """The stream or a required group is missing under ``missing_group: wait``: nothing moved or written."""
     MEMORY = "memory"
     """Redis's used memory reached the call's fraction of ``maxmemory``: nothing moved (a wait)."""
 
@@ -145,6 +190,9 @@ class PublishResult(BaseModel):
             refused before measuring), so ``headroom - moved`` is what is left after it.
         last_delivered_id: the group's last-delivered-id at the measurement ('' when not measured).
         group_status: the backlog measurement's status.
+        limiting_group: the group whose backlog bounded the move (the largest; '' when the script
+            refused before measuring, and in results recorded before it existed).
+        missing_group: the first required group not found ('' when none).
         last_seq: with ``stale``, the seq of the last publish recorded for the token.
         used_memory, maxmemory: Redis's ``INFO memory`` as the script read it before the move
             (bytes; maxmemory 0 means no limit; both 0 when the script refused before reading
@@ -165,6 +213,8 @@ class PublishResult(BaseModel):
     headroom: int = 0
     last_delivered_id: str = ""
     group_status: GroupStatus
+    limiting_group: str = ""
+    missing_group: str = ""
     last_seq: int = 0
     used_memory: int = 0
     maxmemory: int = 0
@@ -210,16 +260,44 @@ class SetAside(BaseModel):
 
 
 class MissingGroupPolicy(StrEnum):
-    """What a missing consumer group means for the backlog.
+    """What a missing stream or required consumer group means for the replay (docs/memory.md).
 
-    ``zero``: backlog 0 with a warning (the seed's rule: nobody consumes yet, so nothing is
-    pending); tasks replayed then wait in the stream for a group created at ``0``, but a group
-    created later at ``$`` never sees them. ``error``: raise ``MissingConsumerGroupError`` and
-    publish nothing, for a missing stream too (it has no group).
+    ``wait`` (the default): nothing moves while it is missing; the replay waits in phase
+    ``waiting_for_group`` (stall detection and ``max_stall_seconds`` apply) and goes on once the
+    group exists, so a group created later, at ``$`` too, sees every task.
+    ``zero``: the missing group's backlog is the stream's own entries (counted like a lag, from the
+    stream's start), so at most ``threshold`` tasks go into a stream no group reads, with a
+    warning. Its cost: a group created later at ``$`` never sees the tasks moved before it (up to
+    ``threshold``); one created at ``0`` sees them.
+    ``error``: raise ``MissingConsumerGroupError`` and publish nothing, for a missing stream too
+    (it has no group): the run fails and hands the experiment back as paused.
     """
 
+    WAIT = "wait"
     ZERO = "zero"
     ERROR = "error"
+
+
+class IdleConsumer(BaseModel):
+    """A consumer holding pending entries and idle for a while (``XINFO CONSUMERS``;
+    ``redisclient.consumers``): entries it read and has not acknowledged stay in its group's
+    backlog until it acknowledges them or another consumer claims them.
+
+    Attributes:
+        group: its consumer group.
+        consumer: its name.
+        pending: entries it holds (read, not acknowledged).
+        idle_ms: milliseconds since it last interacted with Redis (read, claim), as Redis reports.
+    """
+
+    group: str
+    consumer: str
+    pending: int
+    idle_ms: int
+
+    def describe(self) -> str:
+        """One phrase, e.g. ``taskiq/worker-1 holds 50 pending, idle 12s``."""
+        return f"{self.group}/{self.consumer} holds {self.pending} pending, idle {self.idle_ms / 1000:.0f}s"
 
 
 class RedisMemory(BaseModel):

@@ -3,21 +3,25 @@
 -- KEYS[6] publish record (the idempotency record: token, seq, result, and `moved`, the tasks this
 --         token moved in all, the authority for the run's count; it does not lapse with the lease)
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
--- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group,
--- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
+-- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group (it must exist),
+-- ARGV[6] missing-group policy ('wait' | 'zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
 -- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most,
 -- ARGV[10] memory fraction: '' (off) or 0 < f <= 1: nothing moves while used_memory >= f x maxmemory
 -- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua); ARGV[11] fair share
---         ('1' on, '0' off), ARGV[12] experiment ID
+--         ('1' on, '0' off), ARGV[12] experiment ID,
+-- ARGV[13] groups whose backlog bounds the move ('*': every group of the stream; else names
+--          separated by single spaces, ARGV[5] among them; backlog.lua)
+-- Every argument is checked before the first write (an XMCARG error reply: nothing written).
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
 --   fencing: a token other than the fence counter's moves nothing ('fenced'; 'fence_lost' when the
 --            counter is below the token: Redis lost data, e.g. restarted without persistence);
 --   idempotency: a repeated seq returns the recorded result, an older seq moves nothing ('stale');
 --   pause: a paused experiment moves nothing ('paused');
---   group: under the 'error' policy a missing group, or a missing stream (so no group), moves nothing;
---   bound: moves at most min(batch, headroom) entries, headroom = threshold - backlog from the shared
---          backlog rule ('throttled' when that is 0); with the fair share on, headroom is the
+--   group: a missing stream or required group moves nothing under 'wait' ('waiting_for_group', nothing
+--          written) and 'error' ('no_group'); under 'zero' the stream's entries count as its backlog;
+--   bound: moves at most min(batch, headroom) entries, headroom = threshold - the largest backlog of
+--          the groups from the shared backlog rule ('throttled' when that is 0); with the fair share on, headroom is the
 --          caller's share of it (fair.lua), and the caller's lease among the replayers is renewed;
 --   memory: a maxmemory-policy other than noeviction fails the call (XMCEVICTION, memory.lua); with
 --           headroom left, Redis's used memory at or above the fraction of maxmemory moves nothing
@@ -30,10 +34,25 @@
 -- Tokens are decimal strings compared exactly (tokens.lua).
 -- Returns JSON {status, moved, moved_bytes, poison_id ('' or the entry that stopped the move),
 -- total_moved (this token's tasks moved in all), backlog, remaining, pending, lag, capped, bytes_capped,
--- headroom, last_delivered_id, group_status, last_seq, used_memory, maxmemory}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale';
+-- headroom, last_delivered_id, group_status, limiting_group, missing_group, last_seq, used_memory, maxmemory}:
+-- backlog (of the limiting group) and headroom as measured before the move; last_seq is the recorded seq, with 'stale';
 -- used_memory and maxmemory (bytes) as read before the move (0 when the script refused before reading them).
-local token, seq = ARGV[1], tonumber(ARGV[2])
-local batch, threshold, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[9])
+-- the arguments, checked before anything is read or written
+local token = ARGV[1]
+if type(token) ~= 'string' or not string.match(token, '^%d+$') or #token > 19 then
+  xmc_arg_error('token must be a decimal integer of 1..19 digits', token)
+end
+local seq = xmc_arg_int('seq', ARGV[2], 1, 2 ^ 53)
+local batch = xmc_arg_int('batch size', ARGV[3], 1, 1000000)
+local args = xmc_backlog_args(ARGV[5], ARGV[6], ARGV[13], ARGV[4], ARGV[9])
+local threshold, budget = args.threshold, args.budget
+xmc_arg_int('lease', ARGV[7], 1, 2 ^ 53)
+if type(ARGV[8]) ~= 'string' or ARGV[8] == '' or #ARGV[8] > 1000 then
+  xmc_arg_error('owner must be 1..1000 bytes', ARGV[8])
+end
+local fraction = xmc_memory_fraction(ARGV[10])
+if ARGV[11] ~= '0' and ARGV[11] ~= '1' then xmc_arg_error('fair share must be 0 or 1', ARGV[11]) end
+xmc_arg_name('experiment ID', ARGV[12])
 -- field names and values of one entry that XADD can take from a script: Lua's unpack stops near
 -- 8,000 values (LUAI_MAXCSTACK), so a longer entry is never passed to it
 local XMC_MAX_VALUES = 7990
@@ -55,7 +74,8 @@ local function reply(status, moved, b, remaining, last_seq, moved_bytes)
                        total_moved = counting and (total + moved) or nil, backlog = b.pending + b.lag, remaining = remaining,
                        pending = b.pending, lag = b.lag, capped = b.capped, bytes_capped = b.bytes_capped or false,
                        headroom = b.headroom, last_delivered_id = b.last_delivered_id or '',
-                       group_status = b.status, last_seq = last_seq or 0,
+                       group_status = b.status, limiting_group = b.limiting_group or '',
+                       missing_group = b.missing_group or '', last_seq = last_seq or 0,
                        used_memory = memory.used_memory, maxmemory = memory.maxmemory})
 end
 local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
@@ -79,9 +99,11 @@ if redis.call('GET', KEYS[3]) == 'paused' then
   return reply('paused', 0, none, redis.call('XLEN', KEYS[2]))
 end
 
-local b = xmc_backlog(KEYS[1], ARGV[5], threshold, budget)
-if b.status ~= 'ok' and ARGV[6] == 'error' then
+local b = xmc_backlog(KEYS[1], args)
+if b.status ~= 'ok' and args.policy == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
+elseif b.status ~= 'ok' and args.policy == 'wait' then
+  return reply('waiting_for_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
 -- fair share (fair.lua): the headroom this caller may take; reads only, validated before any write
 local fair = ARGV[11] == '1' and xmc_fair_read(KEYS[7], KEYS[8], ARGV[12], ARGV[7]) or nil
@@ -91,7 +113,7 @@ local room = math.min(batch, b.headroom)
 -- memory guard (memory.lua): reads only, before the first write -----------------------------------
 memory = xmc_memory()
 xmc_require_noeviction(memory)
-local memory_full = xmc_memory_full(memory, xmc_memory_fraction(ARGV[10])) and room > 0
+local memory_full = xmc_memory_full(memory, fraction) and room > 0
 if memory_full then room = 0 end
 -- end of the memory guard ----------------------------------------------------------------------------
 local moved, moved_bytes = 0, 0
