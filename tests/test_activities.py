@@ -69,7 +69,9 @@ async def test_out_of_memory_is_retried(redis: Redis) -> None:
         with pytest.raises(OutOfMemoryError):  # raised as is: Temporal's retry policy retries it
             await ActivityEnvironment().run(
                 ResumptionActivities(redis).publish_batch,
-                PublishRequest(ref=REF, token=1, seq=1, batch_size=5, threshold=5, owner="me", lease_ms=1000),
+                PublishRequest(
+                    ref=REF, token=1, seq=1, batch_size=5, threshold=5, owner="me", lease_ms=1000, missing_group="zero"
+                ),
             )
     finally:
         await redis.config_set("maxmemory", "0")

@@ -38,6 +38,7 @@ async def hold_with_poison(redis: Redis, e: str, n: int, at: int) -> tuple[Exper
 async def test_the_publish_stops_before_a_poison_task_and_writes_nothing_half_done(redis: Redis) -> None:
     keys, names, poison_id = await hold_with_poison(redis, "E1", 6, at=3)
     grant = await fencing.acquire_claim(redis, keys, "me", 60_000)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     result = await publish_batch(
         redis, keys, GROUP, token=grant.token, seq=1, batch_size=10, threshold=100, owner="me", lease_ms=60_000
     )

@@ -55,7 +55,7 @@ async def test_every_group_is_measured_and_the_largest_backlog_bounds(redis: Red
     reading = await measure_backlog(redis, STREAM, GROUP, 100)
     parts = {g.name: (g.pending, g.lag, g.capped, g.counted) for g in reading.groups}
     assert parts == {GROUP: (0, 0, False, True), "audit": (8, 8, False, True), "late": (0, 5, False, True)}
-    assert [g.name for g in reading.groups][0] == GROUP  # the required group is measured first
+    assert reading.groups[0].name == GROUP  # the required group is measured first
     assert (reading.limiting_group, reading.backlog, reading.headroom, reading.status) == ("audit", 16, 84, "ok")
     # named groups: the seed's one-group rule, and any subset
     one = await measure_backlog(redis, STREAM, GROUP, 100, groups=[GROUP])
@@ -211,7 +211,7 @@ async def test_every_publish_argument_is_checked_before_the_first_write(
 
 
 async def test_measure_arguments_are_checked_and_too_many_groups_refused(redis: Redis) -> None:
-    with pytest.raises(ResponseError, match="^XMCARG missing-group policy"):
+    with pytest.raises(ResponseError, match=r"^XMCARG missing-group policy"):
         await run_script(redis, "measure", [STREAM], [GROUP, "5", "4096", "ignore", "*"])
     with pytest.raises(ValueError, match="consumer_groups must include consumer_group"):
         await measure_backlog(redis, STREAM, GROUP, 5, groups=["audit"])
@@ -300,9 +300,7 @@ async def test_a_group_that_never_comes_ends_the_run_stalled_naming_it(
     names = await hold_tasks(redis, e, 5)
     await redis.xgroup_create(STREAM, "audit", id="$", mkstream=True)  # another group, not the one required
     async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(
-            ts_env.client, task_queue, experiment_id=e, stall_window_seconds=20, max_stall_seconds=60
-        )
+        handle = await start(ts_env.client, task_queue, experiment_id=e, stall_window_seconds=20, max_stall_seconds=60)
         result = await asyncio.wait_for(handle.result(), 30)
         progress = await handle.query("progress")
     assert (result.outcome, result.replayed, result.remaining) == (Outcome.STALLED, 0, 5)

@@ -40,7 +40,7 @@ from xmc_resumption.redisclient.backlog import MAX_BYTE_BUDGET
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.redisclient.publish import publish_batch
-from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
+from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.settings import Settings
 from xmc_resumption.worker import check_redis
@@ -65,7 +65,7 @@ async def memory(redis: Redis) -> AsyncIterator[Redis]:
 
 
 async def publish(redis: Redis, token: int, seq: int, **kw: object):  # type: ignore[no-untyped-def]
-    args: dict[str, object] = {"batch_size": 100, "threshold": 1_000, **kw}
+    args: dict[str, object] = {"batch_size": 100, "threshold": 1_000, "missing_group": MissingGroupPolicy.ZERO, **kw}
     return await publish_batch(redis, KEYS, GROUP, token=token, seq=seq, owner="me", lease_ms=60_000, **args)  # type: ignore[arg-type]
 
 
@@ -160,7 +160,7 @@ async def test_a_fraction_out_of_bounds_is_refused_before_any_write(memory: Redi
         await publish(memory, grant.token, 1, max_memory_fraction=1.5)
     before = await snapshot(memory)
     for bad in ("0", "1.01", "nan", "x"):  # the script checks too, whoever calls it
-        args = [grant.token, 1, 10, 100, GROUP, "zero", 60_000, "me", MIB, bad]
+        args = [grant.token, 1, 10, 100, GROUP, "zero", 60_000, "me", MIB, bad, "0", KEYS.experiment_id, "*"]
         with pytest.raises(ResponseError, match=r"^XMCARG max memory fraction must be a number with 0 < f <= 1"):
             await run_script(memory, "publish", [STREAM, *PUBLISH_KEYS], args)
     assert await snapshot(memory) == before
@@ -176,10 +176,12 @@ async def test_a_publish_moves_at_most_its_byte_budget_plus_one_task(redis: Redi
     for i, size in enumerate(sizes):
         await held.enqueue_task(redis, KEYS, {"task": f"t{i}", "payload": "x" * size})
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     seq, moved_in_all, calls = 0, 0, []
     while True:
         seq += 1
         result = await publish(redis, grant.token, seq, max_bytes=budget)
+        await redis.xgroup_setid(STREAM, GROUP, "$")  # consumed: the next count reads no large task
         entries = (await redis.xrange(STREAM))[moved_in_all:]
         moved_bytes = [sum(len(k) + len(v) for k, v in f.items()) for _, f in entries]  # fields and values
         assert result.moved == len(entries) >= 1
@@ -246,6 +248,7 @@ async def test_the_replay_waits_while_memory_is_high_then_goes_on(ts_env, memory
                 task_queue,
                 experiment_id=e,
                 max_memory_fraction=0.01,
+                missing_group="zero",  # no group: the stream's entries (none yet) are the backlog
                 throttle_seconds=1,
                 throttle_policy="adaptive",  # a memory wait is a timer whatever the policy, never a drain poll
             )

@@ -43,7 +43,7 @@ from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, GroupStatus, PublishResult, PublishStatus
-from xmc_resumption.workflows.models import Outcome, ResumptionResult
+from xmc_resumption.workflows.models import Outcome, Phase, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
@@ -68,7 +68,8 @@ async def test_throttle_waits_then_replays_everything(ts_env, redis, redis_url, 
         handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=3)
         progress = await wait_for(handle, throttled)
         assert (progress.backlog, progress.pending, progress.lag) == (5, 0, 5)
-        assert progress.throttle_reason == "backlog 5 >= 5 (pending 0 + lag 5)"
+        assert progress.throttle_reason == "backlog 5 >= 5 (pending 0 + lag 5) in group xmc-workers"
+        assert progress.limiting_group == GROUP
         assert await redis.xlen(STREAM) == 5  # nothing published while throttled
         stop, seen = asyncio.Event(), []
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
@@ -427,19 +428,29 @@ async def test_an_exception_in_workflow_code_fails_the_run_and_hands_back(ts_env
 
 
 @pytest.mark.parametrize("deleted", ["group", "stream"])
-async def test_the_group_or_the_stream_deleted_mid_run_under_the_zero_policy(
+async def test_the_group_or_the_stream_deleted_mid_run_is_waited_for(
     ts_env, redis, redis_url, task_queue, deleted
 ) -> None:
-    """The seed's rule: a missing group (or stream, which takes its group with it) is a backlog of
-    0 with a warning, so the replay goes on and every held task lands once, in order."""
+    """The default policy (``wait``): a group (or stream, which takes its group with it) deleted
+    mid-run stops the replay in ``waiting_for_group``; once the group is back, at ``$``, every
+    held task lands once, in order, and the group sees them all. (The seed's rule took the
+    missing group for a backlog of 0 and moved everything into a stream no group read.)"""
     async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
         if deleted == "group":
             await redis.xgroup_destroy(STREAM, GROUP)
         else:
             await redis.delete(STREAM)
+        await run.handle.execute_update(ResumptionWorkflow.set_throttle_seconds, 5.0)  # wakes the wait
+        progress = await wait_for(run.handle, lambda p: p.phase is Phase.WAITING_FOR_GROUP)
+        assert GROUP in (progress.throttle_reason or "") and progress.replayed == 0
+        await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+        stop, seen = asyncio.Event(), []
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
         result = await asyncio.wait_for(run.handle.result(), 20)
+        stop.set()
+        await consumer
     assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 10, 0)
-    assert (await stream_tasks(redis))[-10:] == run.names
+    assert (await stream_tasks(redis))[-10:] == run.names == seen
 
 
 async def test_the_group_deleted_mid_run_under_the_error_policy_fails_and_hands_back(

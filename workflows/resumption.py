@@ -457,6 +457,8 @@ class ResumptionWorkflow:
             return ended
         reading = await self._measure()
         if self._waits_for_group(reading.status):
+            if self._progress.remaining == 0:
+                return await self._publish()  # nothing held, nothing to wait for: the publish completes
             return await self._wait_for_group(reading.status, reading.missing_group)
         if reading.headroom == 0:
             reason = wait_reason(reading.pending, reading.lag, reading.capped, reading.threshold, reading.bytes_capped)

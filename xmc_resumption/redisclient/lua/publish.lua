@@ -19,7 +19,8 @@
 --   idempotency: a repeated seq returns the recorded result, an older seq moves nothing ('stale');
 --   pause: a paused experiment moves nothing ('paused');
 --   group: a missing stream or required group moves nothing under 'wait' ('waiting_for_group', nothing
---          written) and 'error' ('no_group'); under 'zero' the stream's entries count as its backlog;
+--          written, unless nothing is held: then it completes) and 'error' ('no_group'); under 'zero'
+--          the stream's entries count as its backlog;
 --   bound: moves at most min(batch, headroom) entries, headroom = threshold - the largest backlog of
 --          the groups from the shared backlog rule ('throttled' when that is 0); with the fair share on, headroom is the
 --          caller's share of it (fair.lua), and the caller's lease among the replayers is renewed;
@@ -102,7 +103,8 @@ end
 local b = xmc_backlog(KEYS[1], args)
 if b.status ~= 'ok' and args.policy == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
-elseif b.status ~= 'ok' and args.policy == 'wait' then
+elseif b.status ~= 'ok' and args.policy == 'wait' and redis.call('XLEN', KEYS[2]) > 0 then
+  -- (nothing held: nothing to wait for; the move below moves nothing and completes)
   return reply('waiting_for_group', 0, b, redis.call('XLEN', KEYS[2]))
 end
 -- fair share (fair.lua): the headroom this caller may take; reads only, validated before any write
