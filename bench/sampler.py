@@ -62,7 +62,7 @@ async def sample(redis: Redis, stream: str, group: str, held_key: str, stop: asy
     previous: float | None = None
     previous_idle = False
     while not stop.is_set():
-        reading = await measure_backlog(redis, stream, group, EXACT_THRESHOLD)
+        reading = await measure_backlog(redis, stream, group, EXACT_THRESHOLD, groups=[group])
         held = int(await redis.xlen(held_key))
         now = time.monotonic()
         if previous is not None:

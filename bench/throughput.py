@@ -1,21 +1,28 @@
 """Figure a: throughput with no throttling, the whole workflow against the bare atomic move.
 
-No consumer group on the stream, so under ``missing_group: zero`` the backlog is 0, and the
-threshold is at its maximum (100,000): nothing throttles. The workflow's tasks/s (start -> result)
-is divided by the tasks/s of ``publish_batch`` called in a tight loop from Python with the same
-seq/token protocol (a claim from ``acquire_claim``, then seq 1, 2, ... until ``completed``) against
-the same Redis, with the same N and batch. Runs alternate (workflow, bare, workflow, bare, ...) and
-the best of each is kept. To show where a turn's time goes, the turn's other two Redis calls
-(``check_claim``, ``measure_backlog``) are timed bare too: Redis ms per turn = bare publish +
-check + measure; the rest of the workflow's ms per turn is Temporal's (local activities, workflow
-tasks, the SDK).
+A consumer group that has read everything (``caught_up``: its last-delivered-id moved to the
+stream's end every millisecond, so a count reads at most the last millisecond's publishes) and the
+threshold at its maximum (100,000): nothing throttles. (A missing group did this under the seed's
+rule; now a missing group is waited for, or under ``zero`` the whole stream counts.) The
+workflow's tasks/s (start -> result) is divided by the tasks/s of ``publish_batch`` called in a
+tight loop from Python with the same seq/token protocol (a claim from ``acquire_claim``, then seq
+1, 2, ... until ``completed``) against the same Redis, with the same N and batch. Runs alternate
+(workflow, bare, workflow, bare, ...) and the best of each is kept. To show where a turn's time
+goes, the turn's other two Redis calls (``check_claim``, ``measure_backlog``) are timed bare too:
+Redis ms per turn = bare publish + check + measure; the rest of the workflow's ms per turn is
+Temporal's (local activities, workflow tasks, the SDK).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+
+from redis.asyncio import Redis
 
 from bench.env import BenchEnv
 from bench.replay import WorkflowRun, build_input, run_resumption
@@ -41,6 +48,30 @@ class MoveTiming:
     largest_run_events: int = 0
 
 
+CAUGHT_UP_EVERY_S = 0.001
+"""How often ``caught_up`` moves the group's last-delivered-id to the stream's end (seconds)."""
+
+
+@contextlib.asynccontextmanager
+async def caught_up(redis: Redis, stream: str) -> AsyncIterator[None]:
+    """While in the block, the stream's consumer group (``DEFAULT_GROUP``, created at its end) has
+    read everything: ``XGROUP SETID $`` every ``CAUGHT_UP_EVERY_S``, one O(1) command."""
+    await redis.xgroup_create(stream, DEFAULT_GROUP, id="$", mkstream=True)
+    stop = asyncio.Event()
+
+    async def keep() -> None:
+        while not stop.is_set():
+            await redis.xgroup_setid(stream, DEFAULT_GROUP, "$")
+            await asyncio.sleep(CAUGHT_UP_EVERY_S)
+
+    task = asyncio.create_task(keep())
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
 def _experiment(tag: str) -> ExperimentKeys:
     return ExperimentKeys(DEFAULT_STREAM, f"bench-{tag}-{uuid.uuid4().hex[:8]}")
 
@@ -50,14 +81,10 @@ async def workflow_move(env: BenchEnv, count: int, batch: int) -> MoveTiming:
     keys = _experiment("a-wf")
     await hold_tasks(env.redis, keys, count)
     inp = build_input(
-        {
-            "experiment_id": keys.experiment_id,
-            "batch_size": batch,
-            "max_backlog_threshold": MAX_THRESHOLD,
-            "missing_group": "zero",
-        }
+        {"experiment_id": keys.experiment_id, "batch_size": batch, "max_backlog_threshold": MAX_THRESHOLD}
     )
-    run: WorkflowRun = await run_resumption(env, inp)
+    async with caught_up(env.redis, keys.stream):
+        run: WorkflowRun = await run_resumption(env, inp)
     check = await check_replay(env.redis, keys, count)
     await env.redis.delete(keys.stream)
     return MoveTiming(run.wall_s, run.result.turns, check.exactly_once, run.events, run.largest_run_events)
@@ -67,27 +94,28 @@ async def bare_move(env: BenchEnv, count: int, batch: int) -> MoveTiming:
     """Replay ``count`` held tasks by calling ``publish_batch`` in a tight loop; returns its timing."""
     keys = _experiment("a-bare")
     await hold_tasks(env.redis, keys, count)
-    started = time.monotonic()
-    grant = await acquire_claim(env.redis, keys, owner="bench", lease_ms=LEASE_MS)
-    seq = 0
-    while True:
-        seq += 1
-        result = await publish_batch(
-            env.redis,
-            keys,
-            DEFAULT_GROUP,
-            token=grant.token,
-            seq=seq,
-            batch_size=batch,
-            threshold=MAX_THRESHOLD,
-            owner="bench",
-            lease_ms=LEASE_MS,
-        )
-        if result.status is PublishStatus.COMPLETED:
-            break
-        if result.status is not PublishStatus.PUBLISHED:
-            raise RuntimeError(f"bare publish ended {result.status.value}")
-    wall = time.monotonic() - started
+    async with caught_up(env.redis, keys.stream):
+        started = time.monotonic()
+        grant = await acquire_claim(env.redis, keys, owner="bench", lease_ms=LEASE_MS)
+        seq = 0
+        while True:
+            seq += 1
+            result = await publish_batch(
+                env.redis,
+                keys,
+                DEFAULT_GROUP,
+                token=grant.token,
+                seq=seq,
+                batch_size=batch,
+                threshold=MAX_THRESHOLD,
+                owner="bench",
+                lease_ms=LEASE_MS,
+            )
+            if result.status is PublishStatus.COMPLETED:
+                break
+            if result.status is not PublishStatus.PUBLISHED:
+                raise RuntimeError(f"bare publish ended {result.status.value}")
+        wall = time.monotonic() - started
     check = await check_replay(env.redis, keys, count)
     await env.redis.delete(keys.stream)
     return MoveTiming(wall, seq, check.exactly_once)
@@ -95,7 +123,7 @@ async def bare_move(env: BenchEnv, count: int, batch: int) -> MoveTiming:
 
 async def redis_ms_per_turn(env: BenchEnv, calls: int = 200) -> dict[str, float]:
     """Mean ms of a turn's other two Redis calls made bare from Python (``check_claim`` and
-    ``measure_backlog``, as in a's unthrottled turns: no group), to split the workflow's ms per turn
+    ``measure_backlog``, as in a's unthrottled turns: a caught-up group), to split the workflow's ms per turn
     into Redis work and the rest (local activities, workflow tasks, the SDK)."""
     keys = _experiment("a-turn")
     await hold_tasks(env.redis, keys, 1)
@@ -104,11 +132,12 @@ async def redis_ms_per_turn(env: BenchEnv, calls: int = 200) -> dict[str, float]
     for _ in range(calls):
         await check_claim(env.redis, keys, grant.token, "bench", LEASE_MS)
     check_ms = (time.monotonic() - started) / calls * 1000
-    started = time.monotonic()
-    for _ in range(calls):
-        await measure_backlog(env.redis, keys.stream, DEFAULT_GROUP, MAX_THRESHOLD)
-    measure_ms = (time.monotonic() - started) / calls * 1000
-    await env.redis.delete(keys.held, keys.state, keys.claim)
+    async with caught_up(env.redis, keys.stream):
+        started = time.monotonic()
+        for _ in range(calls):
+            await measure_backlog(env.redis, keys.stream, DEFAULT_GROUP, MAX_THRESHOLD)
+        measure_ms = (time.monotonic() - started) / calls * 1000
+    await env.redis.delete(keys.held, keys.state, keys.claim, keys.stream)
     return {"check_claim_ms": check_ms, "measure_backlog_ms": measure_ms}
 
 

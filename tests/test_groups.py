@@ -6,6 +6,7 @@ phase, the time-skipping test server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import pytest
@@ -13,7 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import GROUP, STREAM, hold_tasks, resumption_worker, start, stream_tasks, wait_for
+from tests.helpers import GROUP, STREAM, hold_tasks, resumption_worker, start, stream_tasks, wait_for, xmc_process
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.backlog import MAX_GROUPS, measure_backlog
 from xmc_resumption.redisclient.consumers import idle_consumers
@@ -309,3 +310,44 @@ async def test_a_group_that_never_comes_ends_the_run_stalled_naming_it(
     )
     assert await held.get_state(redis, keys) == "paused"
     assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names and await redis.xlen(STREAM) == 0
+
+
+# --- the CLI: xmc status and xmc resume name the groups -------------------------------------------------
+
+
+async def test_xmc_status_shows_each_group_the_limiting_one_and_idle_consumers(redis: Redis, redis_url: str) -> None:
+    await three_groups(redis)
+    await held.pause(redis, KEYS)
+    await asyncio.sleep(0.2)  # audit's consumer a1 holds 8 entries, idle since its read
+    ran = await asyncio.to_thread(xmc_process, redis_url, "status", KEYS.experiment_id, "--idle-seconds", "0.1")
+    assert ran.returncode == 0, ran.stderr
+    assert "  backlog of audit: 8 pending + 8 undelivered, under 500 (counted up to --threshold); the largest of 3" in (
+        ran.stdout
+    )
+    assert "    group late: 0 pending + 5 undelivered" in ran.stdout
+    assert "  idle consumers holding pending entries: audit/a1 holds 8, idle " in ran.stdout
+    named = await asyncio.to_thread(
+        xmc_process, redis_url, "status", KEYS.experiment_id, "--groups", f"{GROUP},late", "--json"
+    )
+    doc = json.loads(named.stdout)
+    assert [g["name"] for g in doc["backlog"]["groups"]] == [GROUP, "late"]
+    assert (doc["backlog"]["limiting_group"], doc["backlog"]["lag"], doc["idle_consumers"]) == ("late", 5, [])
+    bad = await asyncio.to_thread(xmc_process, redis_url, "status", KEYS.experiment_id, "--groups", "late")
+    assert bad.returncode == 2 and "must include --group xmc-workers" in bad.stderr
+    await redis.xgroup_destroy(STREAM, GROUP)
+    missing = await asyncio.to_thread(xmc_process, redis_url, "status", KEYS.experiment_id)
+    assert f"  backlog: consumer group {GROUP} missing: a replay waits for it under missing_group wait" in (
+        missing.stdout
+    )
+
+
+async def test_xmc_resume_takes_the_groups_and_checks_them_before_anything_starts(redis: Redis, redis_url: str) -> None:
+    await hold(redis, 2)
+    for groups, says in (("audit", "consumer_groups must include consumer_group"), ("a b", "consumer group")):
+        ran = await asyncio.to_thread(xmc_process, redis_url, "resume", KEYS.experiment_id, "--groups", groups)
+        assert ran.returncode == 2 and says in ran.stderr, ran.stderr
+    # a valid list passes the input's rule; the start then needs Temporal (a refused port here)
+    ran = await asyncio.to_thread(
+        xmc_process, redis_url, "resume", KEYS.experiment_id, "--groups", f"{GROUP},audit", "--missing-group", "wait"
+    )
+    assert ran.returncode == 2 and "cannot reach Temporal" in ran.stderr, ran.stderr
