@@ -114,7 +114,7 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     acts, env = ResumptionActivities(user), ActivityEnvironment()
 
     await held.pause(user, keys)
-    ids = [(await held.enqueue_task(user, keys, {"task": f"t{i}"}))[1] for i in range(5)]
+    ids = [(await held.enqueue_task(user, keys, {"task": f"t{i}"})).entry_id for i in range(5)]
     grant = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w1", lease_ms=60_000, request_id="r1"))
     assert (grant.token, grant.held) == (1, 5)
     assert not (await env.run(acts.check_claim, CheckRequest(ref=ref, token=1, owner="w1", lease_ms=60_000))).fenced
@@ -123,7 +123,7 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
         ref=ref, threshold=10, low_watermark=0, min_seconds=0, max_seconds=0.1, poll_seconds=0.05
     )
     assert (await env.run(acts.wait_for_drain, drained)).reached
-    aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=1, entry_id=ids[0].decode()))
+    aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=1, entry_id=ids[0]))
     assert (aside.status.value, aside.dead) == ("set_aside", 1)
     published = await env.run(
         acts.publish_batch,

@@ -27,7 +27,6 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
 import annotated_types
@@ -43,11 +42,10 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
-    WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
+from xmc_resumption.client import MAX_ENQUEUE_TASKS, NothingToResumeError, ResumeError, XmcClient
 from xmc_resumption.demo import DemoOptions, run_demo
 from xmc_resumption.errors import (
     EXIT_BROKEN_PIPE,
@@ -57,30 +55,18 @@ from xmc_resumption.errors import (
     RunFailedError,
     one_line,
     operator_message,
-    update_failure_message,
     workflow_failure_message,
 )
-from xmc_resumption.ops import (
-    MAX_LISTED,
-    experiment_status,
-    fleet_phases,
-    fleet_query,
-    held_experiments,
-    list_resumptions,
-    live_run,
-    refuse_evicting_redis,
-    running_handle,
-    start_resumption,
-    state_and_held,
-)
-from xmc_resumption.redisclient import deadletter, held
+from xmc_resumption.ops import MAX_LISTED, fleet_phases, fleet_query
+from xmc_resumption.redisclient import deadletter
 from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.held import Task
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, as_text, validate_name
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy
-from xmc_resumption.settings import Settings, connect_temporal
+from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import (
-    Control,
+    TASK_QUEUE,
     ControlChange,
     EffectiveSettings,
     Phase,
@@ -146,6 +132,11 @@ def _settings(ctx: click.Context) -> Settings:
     return state.settings
 
 
+def _client(ctx: click.Context, stream: str) -> XmcClient:
+    """The client of a command: the settings' Redis and task queue, the command's stream."""
+    return XmcClient.from_settings(_settings(ctx), stream=stream)
+
+
 class Interrupted(Exception):
     """Ctrl-C during a command; raised instead of ``KeyboardInterrupt`` so that Click does not
     print a line of its own before ``main``'s one."""
@@ -198,6 +189,8 @@ class EntryIdType(click.ParamType):
 
 EXPERIMENT_ID = NameType("experiment_id")
 STREAM_NAME = NameType("stream")
+TASK_QUEUE_NAME = click.STRING
+"""A task queue: any non-empty text (the worker's ``XMC_TASK_QUEUE`` rule: 1..1000 characters)."""
 GROUP_NAME = NameType("consumer_group")
 """Consumer group names follow the same rule: not keys, but they reach XINFO, the logs and the UI."""
 
@@ -350,14 +343,11 @@ def cli() -> None:
 
 @_experiment_command(cli, "pause", "pause an experiment: its new tasks are held")
 def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) -> None:
-    """``xmc pause E``: set the state ``paused`` (``redisclient.held.pause``); producers hold."""
+    """``xmc pause E``: set the state ``paused`` (``XmcClient.pause``); producers hold."""
 
     async def go() -> None:
-        redis = _settings(ctx).redis()
-        try:
-            await held.pause(redis, ExperimentKeys(stream, experiment_id))
-        finally:
-            await redis.aclose()
+        async with _client(ctx, stream) as client:
+            await client.pause(experiment_id)
 
     _run(go())
     _emit(
@@ -372,18 +362,19 @@ def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) ->
     "--count", type=click.IntRange(1, MAX_TASKS_ENQUEUED), default=100, show_default=True, help="tasks to enqueue"
 )
 def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, count: int) -> None:
-    """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script."""
+    """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script
+    (``XmcClient.enqueue_many``, ``MAX_ENQUEUE_TASKS`` a call)."""
 
     async def go() -> dict[str, int]:
-        redis = _settings(ctx).redis()
-        keys = ExperimentKeys(stream, experiment_id)
         where: dict[str, int] = {}
-        try:
-            for i in range(count):
-                dest, _ = await held.enqueue_task(redis, keys, {"task": f"{experiment_id}:{i:06d}", "n": i})
-                where[dest] = where.get(dest, 0) + 1
-        finally:
-            await redis.aclose()
+        async with _client(ctx, stream) as client:
+            for first in range(0, count, MAX_ENQUEUE_TASKS):
+                tasks: list[Task] = [
+                    {"task": f"{experiment_id}:{i:06d}", "n": i}
+                    for i in range(first, min(count, first + MAX_ENQUEUE_TASKS))
+                ]
+                for done in await client.enqueue_many(experiment_id, tasks):
+                    where[done.destination] = where.get(done.destination, 0) + 1
         return where
 
     where = _run(go())
@@ -405,24 +396,13 @@ def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     help="count the backlog up to this many entries",
 )
 def status(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, group: str, threshold: int) -> None:
-    """``xmc status E``: ``ops.experiment_status`` from Redis, and ``ops.live_run`` from Temporal
-    when it can be reached (else ``run`` holds the one-line reason)."""
+    """``xmc status E``: ``XmcClient.status``: Redis's side, and the run in Temporal when it can
+    be reached (else ``run`` holds the one-line reason)."""
 
     async def go() -> dict[str, object]:
-        redis = _settings(ctx).redis()
-        try:
-            doc = await experiment_status(redis, ExperimentKeys(stream, experiment_id), group, threshold)
-        finally:
-            await redis.aclose()
-        try:
-            client = await connect_temporal()
-            doc["run"] = await live_run(client, experiment_id, QUERY_TIMEOUT_SECONDS / 2)
-        except Exception as err:  # the Redis part stands; say why the Temporal part is missing
-            message = operator_message(err, _app(ctx).settings)
-            if message is None:
-                raise
-            doc["run"] = {"error": message}
-        return doc
+        async with _client(ctx, stream) as client:
+            status = await client.status(experiment_id, group=group, threshold=threshold)
+        return status.model_dump(mode="json")
 
     doc = _run(go())
     _emit(as_json, doc, _status_text(doc))
@@ -554,11 +534,9 @@ def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_jso
     Found by SCAN (never KEYS), so it is safe on a busy Redis."""
 
     async def go() -> tuple[list[dict[str, object]], bool]:
-        redis = _settings(ctx).redis()
-        try:
-            return await held_experiments(redis, stream, limit)
-        finally:
-            await redis.aclose()
+        async with _client(ctx, stream) as client:
+            found, truncated = await client.held(limit=limit)
+        return [row.model_dump(mode="json", exclude_unset=True) for row in found], truncated
 
     rows, truncated = _run(go())
     if orphaned:
@@ -621,8 +599,11 @@ def list_cmd(
     query = fleet_query(running=running, phase=phase, experiment_id=experiment_id, stream=stream)
 
     async def go() -> list[dict[str, object]]:
-        _settings(ctx)
-        return await list_resumptions(await connect_temporal(), query, limit)
+        async with _client(ctx, stream or DEFAULT_STREAM) as client:
+            found = await client.list_resumptions(
+                running=running, phase=phase, experiment_id=experiment_id, stream=stream, limit=limit
+            )
+        return [row.model_dump(mode="json") for row in found]
 
     rows = _run(go())
     table = _table(
@@ -644,68 +625,116 @@ def list_cmd(
     _emit(as_json, {"query": query, "resumptions": rows}, table if rows else f"no resumption matches {query}")
 
 
-@_experiment_command(
-    cli, "resume", "start ResumptionWorkflow for the experiment (ID resumption-<E>); --wait shows its progress"
+@cli.command(
+    "resume", short_help="start ResumptionWorkflow for each experiment (ID resumption-<E>); --wait shows progress"
 )
+@click.argument("experiment_ids", metavar="EXPERIMENT_ID...", nargs=-1, required=True, type=EXPERIMENT_ID)
+@click.option("--stream", type=STREAM_NAME, default=DEFAULT_STREAM, show_default=True, help="the task stream")
+@_json_option
 @_input_options
-@click.option("--wait", is_flag=True, help="show progress until the run ends, then print its result")
+@click.option(
+    "--task-queue",
+    type=TASK_QUEUE_NAME,
+    default=None,
+    show_default="XMC_TASK_QUEUE, else " + TASK_QUEUE,
+    help="the task queue the workers poll",
+)
+@click.option("--wait", is_flag=True, help="show progress until the runs end, then print their results")
 @click.option("--quiet", "-q", is_flag=True, help="with --wait: no progress display (warnings still shown)")
-@click.option("--force", is_flag=True, help="start even if the experiment is running and holds nothing")
+@click.option("--force", is_flag=True, help="start even if an experiment is running and holds nothing")
+@click.pass_context
 def resume(
     ctx: click.Context,
-    experiment_id: str,
+    experiment_ids: tuple[str, ...],
     stream: str,
     as_json: bool,
+    task_queue: str | None,
     wait: bool,
     quiet: bool,
     force: bool,
     **fields: Any,
 ) -> None:
-    """Start a resumption. Options left out take ResumptionInput's defaults; the whole input is
-    validated by the model before anything is read or started (one rule: the workflow's).
-    Refused (exit 2) when the experiment is running and holds nothing, or a resumption of it
-    already runs. With --wait: progress every second on stderr (a bar on a terminal, a line every
-    few seconds otherwise), a warning when no consumer drains the stream or no worker answers;
-    exit 1 when the run ends without a result (failed, terminated, cancelled)."""
+    """Start a resumption of each experiment (XmcClient.resume_many). Options left out take
+    ResumptionInput's defaults; every input is validated by the model, and every experiment
+    checked, before anything starts: a refusal (exit 2) starts none. Refused: an experiment that is
+    running and holds nothing, a Redis that may evict keys. A run already going is reported (exit 2)
+    after the others have started. One line per started run. With --wait: progress every second on
+    stderr for each run in turn (a bar on a terminal, a line every few seconds otherwise), a warning
+    when no consumer drains the stream or no worker answers; exit 1 when a run ends without a result
+    (failed, terminated, cancelled). --json: one document, and with several experiments
+    {"resumptions": [...]}."""
     given = {name: value for name, value in fields.items() if value is not None}
-    inp = ResumptionInput.model_validate({"experiment_id": experiment_id, "stream": stream, **given})
-    doc = _run(_resume(ctx, inp, wait=wait, quiet=quiet or as_json, force=force, as_json=as_json))
-    if not as_json and doc.get("result"):
-        print(_result_text(doc["result"]))
-    elif as_json:
-        _emit(True, doc, "")
+    inputs = [
+        ResumptionInput.model_validate({"experiment_id": e, "stream": stream, **given})
+        for e in dict.fromkeys(experiment_ids)
+    ]
+    docs, failed, refused = _run(
+        _resume(ctx, inputs, task_queue, wait=wait, quiet=quiet or as_json, force=force, as_json=as_json)
+    )
+    if as_json:
+        _emit(True, docs[0] if len(inputs) == 1 and docs else {"resumptions": docs}, "")
+    else:
+        for doc in docs:
+            if doc.get("result"):
+                prefix = "" if len(inputs) == 1 else f"{doc['workflow_id']}: "
+                print(prefix + _result_text(doc["result"]))
+    for message in failed:
+        print(f"{ctx.command_path}: {message}", file=sys.stderr, flush=True)
+    if refused is not None:
+        raise refused
+    if failed:
+        ctx.exit(EXIT_RUN_FAILED)
 
 
 async def _resume(
-    ctx: click.Context, inp: ResumptionInput, *, wait: bool, quiet: bool, force: bool, as_json: bool
-) -> dict[str, Any]:
+    ctx: click.Context,
+    inputs: list[ResumptionInput],
+    task_queue: str | None,
+    *,
+    wait: bool,
+    quiet: bool,
+    force: bool,
+    as_json: bool,
+) -> tuple[list[dict[str, Any]], list[str], ResumeError | None]:
+    """Start the runs; with ``wait`` follow each to its end. Returns (one document per started
+    run, the one-line messages of runs that ended without a result, the error of runs that did not
+    start)."""
     settings = _settings(ctx)
-    redis = settings.redis()
-    keys = ExperimentKeys(inp.stream, inp.experiment_id)
-    try:
-        state, waiting = await state_and_held(redis, keys)
-        await refuse_evicting_redis(redis, keys)
-    finally:
-        await redis.aclose()
-    if state is ExperimentState.RUNNING and not waiting and not force:
-        raise OperatorError(
-            f"experiment {inp.experiment_id} is running and holds no tasks on {inp.stream}: nothing to resume "
-            "(--force starts the workflow anyway)"
-        )
-    client = await connect_temporal()
-    handle = await start_resumption(client, inp, settings.task_queue)
-    doc: dict[str, Any] = {
-        "workflow_id": handle.id,
-        "run_id": handle.result_run_id,
-        "input": inp.model_dump(mode="json"),
-    }
-    if not as_json:
-        print(f"started {handle.id} (run {handle.result_run_id})", flush=True)
-    if wait:
-        _app(ctx).interrupted_note = f"{handle.id} keeps running (xmc stop {inp.experiment_id} stops it)"
-        watcher = Watcher(ctx, client, settings, inp, quiet=quiet)
-        doc["result"] = (await watcher.run(handle.id)).model_dump(mode="json")
-    return doc
+    queue = task_queue or settings.task_queue
+    refused: ResumeError | None = None
+    async with _client(ctx, inputs[0].stream) as client:
+        try:
+            handles = await client.resume_many(inputs, force=force, task_queue=queue)
+        except NothingToResumeError as err:
+            raise OperatorError(f"{err} (--force starts the workflow anyway)") from err
+        except ResumeError as err:
+            handles, refused = err.started, err
+        by_id = {workflow_id_for(inp.experiment_id): inp for inp in inputs}
+        docs: list[dict[str, Any]] = []
+        for handle in handles:
+            inp = by_id[handle.id]
+            docs.append(
+                {"workflow_id": handle.id, "run_id": handle.result_run_id, "input": inp.model_dump(mode="json")}
+            )
+            if not as_json:
+                print(f"started {handle.id} (run {handle.result_run_id})", flush=True)
+        failed: list[str] = []
+        if wait and handles:
+            stops = "; ".join(f"xmc stop {by_id[h.id].experiment_id}" for h in handles)
+            running = ", ".join(h.id for h in handles)
+            _app(ctx).interrupted_note = (
+                f"{running} keeps running ({stops} stops it)"
+                if len(handles) == 1
+                else f"{running} keep running ({stops} stop them)"
+            )
+            temporal = await client.temporal()
+            for doc in docs:
+                watcher = Watcher(ctx, temporal, settings, by_id[doc["workflow_id"]], queue, quiet=quiet)
+                try:
+                    doc["result"] = (await watcher.run(doc["workflow_id"])).model_dump(mode="json")
+                except RunFailedError as err:
+                    failed.append(str(err))
+    return docs, failed, refused
 
 
 def _result_text(result: Mapping[str, Any]) -> str:
@@ -752,9 +781,8 @@ def set_cmd(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     change = ControlChange.model_validate(given)
 
     async def go() -> EffectiveSettings:
-        _settings(ctx)
-        handle = await running_handle(await connect_temporal(), experiment_id)
-        return await _update(handle, Control.CONFIGURE, change, timeout)
+        async with _client(ctx, stream) as client:
+            return await client.configure(experiment_id, change, update_timeout=timeout)
 
     effective = _run(go())
     _emit(as_json, effective.model_dump(mode="json"), _effective_text(workflow_id_for(experiment_id), effective))
@@ -773,10 +801,10 @@ def stop(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, wai
     short. xmc resume goes on from where it stopped."""
 
     async def go() -> dict[str, Any]:
-        _settings(ctx)
-        handle = await running_handle(await connect_temporal(), experiment_id)
-        effective = await _update(handle, Control.PAUSE, None, timeout)
-        doc: dict[str, Any] = {"workflow_id": handle.id, "settings": effective.model_dump(mode="json")}
+        async with _client(ctx, stream) as client:
+            stopping = await client.stop(experiment_id, update_timeout=timeout)
+        handle = stopping.handle
+        doc: dict[str, Any] = {"workflow_id": handle.id, "settings": stopping.settings.model_dump(mode="json")}
         if wait:
             try:
                 doc["result"] = (await handle.result()).model_dump(mode="json")
@@ -789,32 +817,6 @@ def stop(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, wai
     if "result" in doc:
         text = f"{doc['workflow_id']} stopped\n{_result_text(doc['result'])}"
     _emit(as_json, doc, text)
-
-
-async def _update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, seconds: float) -> EffectiveSettings:
-    """Run Update ``name`` on the running resumption; at most ``seconds``.
-
-    Raises:
-        OperatorError: the validator rejected it, the run ended meanwhile, or no worker answered.
-    """
-    args = [] if arg is None else [arg]
-    try:
-        return await asyncio.wait_for(
-            handle.execute_update(
-                name.value, args=args, result_type=EffectiveSettings, rpc_timeout=timedelta(seconds=seconds)
-            ),
-            seconds,
-        )
-    except WorkflowUpdateFailedError as err:
-        raise OperatorError(update_failure_message(err, handle.id)) from err
-    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
-        raise OperatorError(
-            f"no worker answered the {name.value} Update of {handle.id} within {seconds:g}s: is a worker running?"
-        ) from err
-    except RPCError as err:
-        if err.status is RPCStatusCode.NOT_FOUND:
-            raise OperatorError(f"{handle.id} ended before the {name.value} Update: {one_line(err.message)}") from err
-        raise
 
 
 def _effective_text(workflow_id: str, s: EffectiveSettings) -> str:
@@ -835,8 +837,18 @@ class Watcher:
     the threshold, nothing replayed, for ``drain_warning_seconds``) and once when no worker
     answers the query for ``NO_WORKER_WARNING_SECONDS``. It never waits silently."""
 
-    def __init__(self, ctx: click.Context, client: Client, settings: Settings, inp: ResumptionInput, *, quiet: bool):
+    def __init__(
+        self,
+        ctx: click.Context,
+        client: Client,
+        settings: Settings,
+        inp: ResumptionInput,
+        task_queue: str,
+        *,
+        quiet: bool,
+    ):
         self._ctx, self._client, self._settings, self._inp, self._quiet = ctx, client, settings, inp, quiet
+        self._task_queue = task_queue
         self.drain_warning_seconds = max(MIN_DRAIN_WARNING_SECONDS, 2.5 * inp.longest_wait_seconds)
         self._console = Console(stderr=True)
         self._bar: ProgressBar | None = None
@@ -878,7 +890,7 @@ class Watcher:
                             "worker",
                             f"no worker has answered {workflow_id}'s progress query for "
                             f"{NO_WORKER_WARNING_SECONDS:g}s: is a worker polling task queue "
-                            f"{self._settings.task_queue}?",
+                            f"{self._task_queue}?",
                         )
                     continue
                 answered = time.monotonic()
