@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 class LosingProxy:
@@ -88,10 +88,8 @@ class LosingProxy:
 
     def close(self) -> None:
         self._closing = True
-        try:
+        with suppress(OSError):
             self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone does not)
-        except OSError:
-            pass
         self._server.close()
         _close(*self._sockets)
         self._accepter.join(timeout=5)
@@ -111,8 +109,6 @@ def losing_proxy(upstream: int) -> Iterator[LosingProxy]:
 
 def _close(*socks: socket.socket) -> None:
     for sock in socks:
-        try:
+        with suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         sock.close()

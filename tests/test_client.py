@@ -155,15 +155,15 @@ async def test_keys_of_the_wrong_type_and_a_corrupt_record_are_refused(client: X
         await client.enqueue("C7", {"task": "a"})
     await redis.delete(keys.idempotency_previous)
     await redis.hset(keys.idempotency, "k", "not an entry")
-    with pytest.raises(ResponseError, match='XMCCORRUPT the idempotency record of .* holds "not an entry"'):
+    with pytest.raises(ResponseError, match=r'XMCCORRUPT the idempotency record of .* holds "not an entry"'):
         await client.enqueue_many("C7", [{"task": "a"}, {"task": "b"}], idempotency_keys=[None, "k"])
     assert await redis.xlen(keys.held) == 0  # task 1, without a key, was not written either
 
 
 def test_tasks_are_checked_in_python_before_a_call() -> None:
-    with pytest.raises(ValueError, match="1..1000 tasks, got 0"):
+    with pytest.raises(ValueError, match=r"1\.\.1000 tasks, got 0"):
         held.enqueue_args([])
-    with pytest.raises(ValueError, match="1..1000 tasks, got 1001"):
+    with pytest.raises(ValueError, match=r"1\.\.1000 tasks, got 1001"):
         held.enqueue_args([{"f": "v"}] * 1001)
     with pytest.raises(ValueError, match="2 idempotency keys for 1 tasks"):
         held.enqueue_args([{"f": "v"}], ["a", "b"])
