@@ -5,6 +5,8 @@ record's bounds, the enqueue script's refusals before any write, and the blockin
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit
 
@@ -16,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from tests.proxy import LosingProxy, losing_proxy
+from tests.secure import ROOT
 from xmc_resumption.client import Enqueued, XmcClient, XmcSyncClient
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.deadletter import MAX_TASK_FIELDS
@@ -24,6 +27,13 @@ from xmc_resumption.redisclient.scripts import run_script, source
 from xmc_resumption.settings import Settings
 
 STREAM = "xmc-tasks-stream"
+
+
+def run_module_code(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with this interpreter as a script of the user's, with only ``env`` (plus PATH)."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **env}
+    )
 
 
 def port_of(url: str) -> int:
@@ -312,3 +322,22 @@ async def test_the_async_client_reads_status_and_held(client: XmcClient, redis: 
     assert [(r.experiment_id, r.condition) for r in rows] == [("A1", "paused")]
     with pytest.raises(ValueError, match="experiment_id 'a b'"):
         await client.pause("a b")
+
+
+def docs_example(heading: str, language: str) -> str:
+    """The first ``language`` code block after ``heading`` in docs/producers.md."""
+    doc = (ROOT / "docs" / "producers.md").read_text()
+    after = doc[doc.index(f"\n{heading}\n") :]
+    return after[
+        after.index(f"```{language}\n") + len(language) + 4 : after.index("\n```", after.index(f"```{language}\n"))
+    ]
+
+
+async def test_the_docs_python_producer_runs(redis: Redis, redis_url: str) -> None:
+    code = docs_example("## A producer in Python", "python")
+    proc = run_module_code(code, XMC_REDIS_URL=redis_url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["held False", "True True", "100 {'held'}"]
+    keys = ExperimentKeys(STREAM, "exp-42")
+    assert await redis.get(keys.state) == b"paused" and await redis.xlen(keys.held) == 101
+    assert await redis.hlen(keys.idempotency) == 101

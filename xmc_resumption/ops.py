@@ -150,7 +150,8 @@ async def refuse_evicting_redis(redis: RedisClient, keys: ExperimentKeys) -> Non
 async def start_resumption(
     client: Client, inp: ResumptionInput, task_queue: str
 ) -> WorkflowHandle[ResumptionWorkflow, ResumptionResult]:
-    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``.
+    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``, without any check
+    (``xmc_resumption.client.XmcClient.resume`` makes ``xmc resume``'s checks first, then calls this).
 
     Raises:
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.

@@ -13,7 +13,7 @@ from pydantic import BaseModel, model_validator
 
 
 class ExperimentState(StrEnum):
-    """An experiment's state (DESIGN.md section 3): absent key means running."""
+    """An experiment's state (the state machine: docs/producers.md): absent key means running."""
 
     RUNNING = "running"
     PAUSED = "paused"
