@@ -133,8 +133,9 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 def _client(ctx: click.Context, stream: str) -> XmcClient:
-    """The client of a command: the settings' Redis and task queue, the command's stream."""
-    return XmcClient.from_settings(_settings(ctx), stream=stream)
+    """The client of a command: the settings' Redis and task queue, the command's stream. It sends
+    nothing twice: a command reports a Redis fault at once (the operator runs it again)."""
+    return XmcClient.from_settings(_settings(ctx), stream=stream, retries=0)
 
 
 class Interrupted(Exception):
@@ -185,6 +186,14 @@ class EntryIdType(click.ParamType):
         if not re.fullmatch(r"\d+-\d+", str(value)):
             self.fail(f"not a stream entry ID (<ms>-<seq>): {str(value)[:40]!r}", param, ctx)
         return str(value)
+
+
+class ManyArgument(click.Argument):
+    """An argument taking one or more values: ``NAME...`` in the usage line, ``'NAME'`` in errors
+    (as a single argument names itself there)."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        return f"'{self.human_readable_name}'"
 
 
 EXPERIMENT_ID = NameType("experiment_id")
@@ -628,7 +637,7 @@ def list_cmd(
 @cli.command(
     "resume", short_help="start ResumptionWorkflow for each experiment (ID resumption-<E>); --wait shows progress"
 )
-@click.argument("experiment_ids", metavar="EXPERIMENT_ID...", nargs=-1, required=True, type=EXPERIMENT_ID)
+@click.argument("experiment_id", cls=ManyArgument, nargs=-1, required=True, type=EXPERIMENT_ID)
 @click.option("--stream", type=STREAM_NAME, default=DEFAULT_STREAM, show_default=True, help="the task stream")
 @_json_option
 @_input_options
@@ -645,7 +654,7 @@ def list_cmd(
 @click.pass_context
 def resume(
     ctx: click.Context,
-    experiment_ids: tuple[str, ...],
+    experiment_id: tuple[str, ...],
     stream: str,
     as_json: bool,
     task_queue: str | None,
@@ -666,7 +675,7 @@ def resume(
     given = {name: value for name, value in fields.items() if value is not None}
     inputs = [
         ResumptionInput.model_validate({"experiment_id": e, "stream": stream, **given})
-        for e in dict.fromkeys(experiment_ids)
+        for e in dict.fromkeys(experiment_id)
     ]
     docs, failed, refused = _run(
         _resume(ctx, inputs, task_queue, wait=wait, quiet=quiet or as_json, force=force, as_json=as_json)

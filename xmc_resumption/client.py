@@ -245,7 +245,12 @@ class XmcClient:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings | None = None, *, stream: str = DEFAULT_STREAM, temporal: Client | None = None
+        cls,
+        settings: Settings | None = None,
+        *,
+        stream: str = DEFAULT_STREAM,
+        temporal: Client | None = None,
+        retries: int = RETRIES,
     ) -> XmcClient:
         """A client on the Redis and task queue of ``settings`` (read from the environment when
         None), redis-py's own retries off; ``aclose`` closes its Redis client."""
@@ -256,6 +261,7 @@ class XmcClient:
             stream=stream,
             task_queue=settings.task_queue,
             settings=settings,
+            retries=retries,
             owns_redis=True,
         )
 
