@@ -8,12 +8,14 @@ in visibility's ``XmcExperimentId``).
 
 The workflow's meter skips replays, so a worker that replays a history after a restart does not
 count anything twice. The exporter adds ``namespace``, ``task_queue`` and ``workflow_type`` to
-what the workflow emits; ``HELD_REMAINING`` is the worker's (``activities.resumption``).
+what the workflow emits; ``HELD_REMAINING`` is the worker's (``activities/metrics.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
+from xmc_resumption.activities import metrics as activity_metrics
 
 REPLAYED = "xmc_resumption_replayed_tasks"
 """Counter (scraped ``xmc_resumption_replayed_tasks_total``): tasks moved into the task stream, as
@@ -28,9 +30,9 @@ OUTCOMES = "xmc_resumption_outcomes"
 BACKLOG = "xmc_resumption_backlog"
 """Gauge: the consumer group's backlog at the last reading (entries; capped readings give the
 lower bound the replay saw, at least the threshold)."""
-HELD_REMAINING = "xmc_resumption_held_remaining"
-"""Gauge (the worker's): held tasks left, summed over the experiments whose claims this worker
-extended within their lease (entries)."""
+HELD_REMAINING = activity_metrics.HELD_REMAINING
+"""Gauge (the worker's, ``activities/metrics.py``): held tasks left, summed over the experiments
+whose claims this worker extended within their lease (entries)."""
 
 WAIT_BUCKETS: Sequence[float] = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
 """Buckets of ``THROTTLE_WAIT`` (seconds): from a 50 ms poll to an hour-long timer (waits are
