@@ -69,9 +69,9 @@ async def test_never_takes_the_backlog_past_the_threshold(redis: Redis) -> None:
         await redis.xadd(KEYS.stream, {"task": f"other{i}"})
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
     result = await publish(redis, grant.token, 1, batch=100, threshold=8)
-    assert (result.status, result.moved, result.backlog) == (PublishStatus.PUBLISHED, 5, 3)
+    assert (result.status, result.moved, result.reading.backlog) == (PublishStatus.PUBLISHED, 5, 3)
     result = await publish(redis, grant.token, 2, batch=100, threshold=8)
-    assert (result.status, result.moved, result.backlog, result.remaining) == (PublishStatus.THROTTLED, 0, 8, 45)
+    assert (result.status, result.moved, result.reading.backlog, result.remaining) == (PublishStatus.THROTTLED, 0, 8, 45)
     assert (await measure_backlog(redis, KEYS.stream, GROUP, 8)).backlog == 8
 
 
@@ -228,7 +228,7 @@ async def test_a_backlog_larger_than_the_byte_budget_throttles(redis: Redis) -> 
     await hold(redis, 3)
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
     result = await publish(redis, grant.token, 1, batch=10, threshold=500, max_bytes=256 * 1024)
-    assert (result.status, result.moved, result.bytes_capped, result.headroom) == (PublishStatus.THROTTLED, 0, True, 0)
+    assert (result.status, result.moved, result.reading.bytes_capped, result.reading.headroom) == (PublishStatus.THROTTLED, 0, True, 0)
 
 
 @pytest.mark.parametrize("bad", [{"seq": 0}, {"batch": 0}, {"threshold": 0}, {"max_bytes": 0}])
