@@ -51,9 +51,9 @@ async def test_moves_oldest_first_and_completes(redis: Redis) -> None:
     await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
     first = await publish(redis, grant.token, 1)
-    assert (first.status, first.moved, first.remaining, first.backlog) == (PublishStatus.PUBLISHED, 10, 15, 0)
+    assert (first.status, first.moved, first.remaining, first.reading.backlog) == (PublishStatus.PUBLISHED, 10, 15, 0)
     second = await publish(redis, grant.token, 2)
-    assert (second.moved, second.backlog) == (10, 10)
+    assert (second.moved, second.reading.backlog) == (10, 10)
     third = await publish(redis, grant.token, 3)
     assert (third.status, third.moved, third.remaining) == (PublishStatus.COMPLETED, 5, 0)
     assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(25)]
@@ -289,8 +289,8 @@ async def test_exactly_once_in_order_under_consumers_and_racing_replayers(redis:
     assert await stream_tasks(redis) == expected
     assert sorted(consumed) == sorted(expected)
     assert sum(r.moved for r in results) == total_held + 100
-    assert all(r.backlog + r.moved <= threshold for r in results), [r for r in results if r.moved]
-    assert max(r.backlog + r.moved for r in results) == threshold  # the bound was reached, never passed
+    assert all(r.reading.backlog + r.moved <= threshold for r in results), [r for r in results if r.moved]
+    assert max(r.reading.backlog + r.moved for r in results) == threshold  # the bound was reached, never passed
 
 
 async def test_binary_values_a_1_mib_value_and_1000_fields_move_byte_for_byte(redis: Redis) -> None:

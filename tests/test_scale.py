@@ -102,7 +102,7 @@ async def test_share_is_the_weighted_part_of_the_headroom(group: Redis) -> None:
     assert set(await active_replayers(redis, STREAM)) == {"A", "B", "C"}
     # A: floor(20 * 1 / 5) = 4
     fourth = await fair_publish(redis, "A", a, 2)
-    assert (fourth.moved, fourth.backlog) == (4, 80)
+    assert (fourth.moved, fourth.reading.backlog) == (4, 80)
     # the bound is the threshold's, shared: 84 entries in the stream, each experiment in order
     tasks = [fields[b"task"].decode() for _, fields in await redis.xrange(STREAM)]
     assert len(tasks) == 84
