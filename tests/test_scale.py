@@ -98,7 +98,12 @@ async def test_share_is_the_weighted_part_of_the_headroom(group: Redis) -> None:
     # C weighs 3 of 1 + 1 + 3: floor(50 * 3 / 5) = 30 of the 50 left
     await set_weight(redis, STREAM, "C", 3)
     third = await fair_publish(redis, "C", c, 1)
-    assert (third.status, third.moved, third.reading.headroom, third.reading.backlog) == (PublishStatus.PUBLISHED, 30, 30, 50)
+    assert (third.status, third.moved, third.reading.headroom, third.reading.backlog) == (
+        PublishStatus.PUBLISHED,
+        30,
+        30,
+        50,
+    )
     assert set(await active_replayers(redis, STREAM)) == {"A", "B", "C"}
     # A: floor(20 * 1 / 5) = 4
     fourth = await fair_publish(redis, "A", a, 2)
