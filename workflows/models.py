@@ -57,7 +57,7 @@ class StartOptions(TypedDict):
 
 
 class Carry(BaseModel):
-    """State carried across continue-as-new; callers never set it.
+    """State carried across continue-as-new (``workflows/state.py`` ``RunState.carry``); callers never set it.
 
     Attributes:
         token: the fencing token taken by the first run; 0 while the claim is still to be taken
