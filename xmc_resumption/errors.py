@@ -53,9 +53,8 @@ class RunFailedError(OperatorError):
 
 
 class KeyContentError(OperatorError):
-    """A Redis key of the experiment holds something the key layout (``redisclient.keys``;
-    a producer's keys: docs/producers.md) does not allow: the wrong type, or a value that is no
-    state / no integer."""
+    """A Redis key of the experiment holds something the contract (docs/contract.md, "Redis keys") does not
+    allow: the wrong type, or a value that is no state / no integer."""
 
 
 def one_line(text: str, limit: int = MAX_DETAIL_CHARS) -> str:

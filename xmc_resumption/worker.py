@@ -1,4 +1,6 @@
-"""Run a Temporal worker for xmc-resumption: ``python worker.py``.
+"""Run a Temporal worker for xmc-resumption: ``python -m xmc_resumption.worker`` (``make worker``).
+
+From a checkout, ``python -m worker`` runs the same (the shim ``worker.py`` at the top).
 
 Registers ``ResumptionWorkflow`` and its activities on the task queue ``XMC_TASK_QUEUE`` (default
 ``xmc-resumption``). Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), Redis from
@@ -215,7 +217,7 @@ def cli() -> int:
         print(f"worker: {message}", file=sys.stderr)
         return EXIT_OPERATOR_ERROR
     finally:
-        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")
 
 
 if __name__ == "__main__":
