@@ -48,6 +48,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from xmc_resumption import __version__
 from xmc_resumption.demo import DemoOptions, run_demo
 from xmc_resumption.errors import (
     EXIT_BROKEN_PIPE,
@@ -341,6 +342,7 @@ UPDATE_TIMEOUT = click.FloatRange(0, 3_600, min_open=True)
 
 
 @click.group(help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="xmc", message="%(prog)s %(version)s")
 def cli() -> None:
     """The ``xmc`` group; see ``DESCRIPTION``."""
 
