@@ -67,10 +67,12 @@ SANDBOX_PASSTHROUGH = (
     "xmc_resumption.workflows.models",
 )
 """Modules that ``ResumptionWorkflow``'s sandbox takes from the worker process instead of
-importing them again for each run: the pydantic models of the contract (one class each, so the
-converter and the workflow agree on them), the activity and Redis modules the workflow names in
-its calls (they do I/O and must never run in workflow code), and redis-py, which imports parts of
-itself lazily while activities run (the sandbox would warn about each)."""
+importing them again for each run: pydantic and the contract's models (one class each, so the
+converter and the workflow agree on them), and the activity and Redis modules the workflow names in
+its calls, with redis-py under them (they do I/O, which never runs in workflow code). The workflow
+module passes them through where it imports them; on the runner they are passed through for every
+workflow module of the worker, e.g. a platform's parent workflow that imports the models without
+``workflow.unsafe.imports_passed_through()``."""
 
 
 def pydantic_converter(existing: DataConverter | None) -> DataConverter:
