@@ -7,9 +7,9 @@ module adds the process: the task queue ``XMC_TASK_QUEUE`` (default ``xmc-resump
 from envconfig (``TEMPORAL_ADDRESS``, ...), Redis from ``XMC_REDIS_URL`` (checked once before
 connecting to Temporal, ``check_redis``), Prometheus metrics on ``XMC_METRICS_BIND`` when set, log
 lines on stderr as JSON or text (``XMC_LOG_FORMAT``, default ``json``; ``setup_logging``), and the
-signals and the shutdown bound: SIGINT or SIGTERM stops
-polling, lets running activities finish (up to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS``
-at most); running workflows continue on any other worker, their durable timers intact.
+signals and the shutdown bound: SIGINT or SIGTERM stops polling, lets running activities finish (up
+to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS`` at most); running workflows continue on any
+other worker, their durable timers intact.
 
 Bad settings, an unreachable Temporal or a Redis that refuses the configuration (a database that
 does not exist, wrong credentials, an endpoint that is not Redis) print one line and exit 2
@@ -218,7 +218,7 @@ def cli() -> int:
         print(f"worker: {message}", file=sys.stderr)
         return EXIT_OPERATOR_ERROR
     finally:
-        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")
 
 
 if __name__ == "__main__":
