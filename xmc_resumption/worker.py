@@ -1,5 +1,6 @@
-"""Run a Temporal worker for xmc-resumption: ``python -m xmc_resumption.worker`` (``python -m worker``
-from a checkout).
+"""Run a Temporal worker for xmc-resumption: ``python -m xmc_resumption.worker`` (``make worker``).
+
+From a checkout, ``python -m worker`` runs the same (the shim ``worker.py`` at the top).
 
 A thin user of ``xmc_resumption.plugin.ResumptionPlugin``, which registers ``ResumptionWorkflow``
 and its activities, owns their Redis client and checks the namespace's search attributes; this
