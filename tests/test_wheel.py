@@ -159,7 +159,13 @@ def test_the_wheel_holds_one_import_package_and_the_xmc_command(installed: tuple
     assert entry_points.split() == ["[console_scripts]", "xmc", "=", "xmc_resumption.cli:main"]
     # what the package needs at run time beside its modules
     assert "xmc_resumption/py.typed" in names and "xmc_resumption/redisclient/lua/publish.lua" in names
-    assert {"xmc_resumption/workflows/resumption.py", "xmc_resumption/activities/resumption.py"} <= set(names)
+    sources = {  # every module and script of the source tree, under its installed name
+        ("" if top == "xmc_resumption" else "xmc_resumption/") + path.relative_to(ROOT).as_posix()
+        for top in ("xmc_resumption", "workflows", "activities")
+        for path in (ROOT / top).rglob("*")
+        if path.suffix in (".py", ".lua") and "__pycache__" not in path.parts
+    }
+    assert sources - set(names) == set(), "modules missing from the wheel (pyproject.toml's packages)"
     assert f"{info}/licenses/LICENSE" in names
 
 
