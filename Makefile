@@ -3,6 +3,7 @@
 #   make test   venv + install + the whole test suite (what CI runs through .ci/run); installs Debian's
 #               redis-server and chromium (for the web UI test) when missing, and the Node producer
 #               test's npm packages (tests/node, npm ci from its lock file, once)
+#   make wheel  the distribution's wheel in dist/ (offline: the venv's setuptools, no dependency)
 #   make bench  the benchmarks of issue 5 (fresh redis-server and dev server; ARGS=--smoke for a quick run)
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +11,7 @@ PY := $(VENV)/bin/python
 
 NODE_DEPS := tests/node/node_modules/.package-lock.json
 
-.PHONY: install node-deps demo test lint worker bench clean
+.PHONY: install node-deps demo test lint worker wheel bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,10 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+wheel: install
+	rm -rf build
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w dist .
+
 bench: install
 	scripts/ensure-redis-server
 	$(PY) -m bench $(ARGS)
@@ -49,4 +54,4 @@ worker: install
 	$(PY) -m worker
 
 clean:
-	rm -rf $(VENV) .xmc .pytest_cache .ruff_cache .mypy_cache tests/node/node_modules
+	rm -rf $(VENV) .xmc .pytest_cache .ruff_cache .mypy_cache build dist tests/node/node_modules

@@ -18,6 +18,7 @@ import annotated_types
 import click
 from pydantic import TypeAdapter
 
+from xmc_resumption import __version__
 from xmc_resumption.client import XmcClient
 from xmc_resumption.errors import (
     EXIT_BROKEN_PIPE,
@@ -275,6 +276,7 @@ UPDATE_TIMEOUT = click.FloatRange(0, 3_600, min_open=True)
 
 
 @click.group(help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="xmc", message="%(prog)s %(version)s")
 def cli() -> None:
     """The ``xmc`` group; see ``DESCRIPTION``."""
 
