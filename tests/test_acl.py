@@ -95,10 +95,10 @@ async def refusals(admin: Redis) -> list[str]:
     ]
 
 
-def test_the_readme_line_is_the_files_rule() -> None:
-    """The ``ACL SETUSER`` line an operator copies from the README grants exactly the file's rule."""
-    readme = (ROOT / "README.md").read_text()
-    [line] = [ln for ln in readme.splitlines() if ln.startswith(f"ACL SETUSER {ACL_USER} ")]
+def test_the_documented_line_is_the_files_rule() -> None:
+    """The ``ACL SETUSER`` line an operator copies from docs/security.md grants exactly the file's rule."""
+    page = (ROOT / "docs" / "security.md").read_text()
+    [line] = [ln for ln in page.splitlines() if ln.startswith(f"ACL SETUSER {ACL_USER} ")]
     tokens = [t for t in line.split()[3:] if t not in ("on", "off") and not t.startswith(">")]
     assert tokens == file_rule()
     for forbidden in ("+@all", "allkeys", "~*", "+flushall", "+config", "+keys", "+scan", "+eval "):
@@ -115,7 +115,7 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     acts, env = ResumptionActivities(user), ActivityEnvironment()
 
     await held.pause(user, keys)
-    ids = [(await held.enqueue_task(user, keys, {"task": f"t{i}"}))[1] for i in range(5)]
+    ids = [(await held.enqueue_task(user, keys, {"task": f"t{i}"})).entry_id for i in range(5)]
     grant = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w1", lease_ms=60_000, request_id="r1"))
     assert (grant.token, grant.held) == (1, 5)
     assert not (await env.run(acts.check_claim, CheckRequest(ref=ref, token=1, owner="w1", lease_ms=60_000))).fenced
@@ -124,7 +124,7 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
         ref=ref, threshold=10, low_watermark=0, min_seconds=0, max_seconds=0.1, poll_seconds=0.05
     )
     assert (await env.run(acts.wait_for_drain, drained)).reached
-    aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=1, entry_id=ids[0].decode()))
+    aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=1, entry_id=ids[0]))
     assert (aside.status.value, aside.dead) == ("set_aside", 1)
     published = await env.run(
         acts.publish_batch,

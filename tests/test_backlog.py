@@ -1,6 +1,6 @@
-"""Backlog measurement against a real redis-server: every case of tests/cases/backlog.json (copied
-from shared/cases; measured for the one group it names, the seed's rule), plus the cap and the
-error paths. Several groups: tests/test_groups.py."""
+"""Backlog measurement against a real redis-server: every case of tests/cases/backlog.json (the
+XINFO lag cases of docs/contract.md, "Backlog"; measured for the one group each names, the seed's
+rule), plus the cap and the error paths. Several groups: tests/test_groups.py."""
 
 from __future__ import annotations
 

@@ -129,15 +129,15 @@ async def test_zero_puts_at_most_the_threshold_into_a_stream_no_group_reads(redi
     threshold goes in, and a group created later at ``$`` sees none of those (the cost of zero)."""
     token = await hold(redis, 50)
     first = await publish(redis, token, 1, missing_group=MissingGroupPolicy.ZERO)
-    assert (first.status, first.moved, first.group_status, first.missing_group) == (
+    assert (first.status, first.moved, first.reading.status, first.reading.missing_group) == (
         PublishStatus.PUBLISHED, 10, GroupStatus.NO_STREAM, GROUP,
     )  # fmt: skip
     second = await publish(redis, token, 2, missing_group=MissingGroupPolicy.ZERO)
-    assert (second.status, second.moved, second.backlog) == (PublishStatus.THROTTLED, 0, 10)
+    assert (second.status, second.moved, second.reading.backlog) == (PublishStatus.THROTTLED, 0, 10)
     assert await redis.xlen(STREAM) == 10
     await redis.xgroup_create(STREAM, GROUP, id="$")  # a library's default: the group never sees them
     third = await publish(redis, token, 3, missing_group=MissingGroupPolicy.ZERO)
-    assert (third.moved, third.group_status) == (10, GroupStatus.OK)
+    assert (third.moved, third.reading.status) == (10, GroupStatus.OK)
     read = await redis.xreadgroup(GROUP, "c", {STREAM: ">"}, count=100)
     assert [f[b"task"] for _, f in read[0][1]] == [f"t{i}".encode() for i in range(10, 20)]
 
@@ -146,14 +146,15 @@ async def test_wait_moves_and_writes_nothing_until_the_group_exists(redis: Redis
     token = await hold(redis, 5)
     await redis.pexpire(KEYS.claim, 5_000)
     waiting = await publish(redis, token, 1)  # the default policy: wait
-    assert (waiting.status, waiting.moved, waiting.group_status, waiting.missing_group, waiting.remaining) == (
+    r = waiting.reading
+    assert (waiting.status, waiting.moved, r.status, r.missing_group, waiting.remaining) == (
         PublishStatus.WAITING_FOR_GROUP, 0, GroupStatus.NO_STREAM, GROUP, 5,
     )  # fmt: skip
     assert not await redis.exists(STREAM) and not await redis.exists(KEYS.publish)
     assert await redis.pttl(KEYS.claim) <= 5_000  # the lease was not touched
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     done = await publish(redis, token, 1)
-    assert (done.status, done.moved, done.limiting_group) == (PublishStatus.COMPLETED, 5, GROUP)
+    assert (done.status, done.moved, done.reading.limiting_group) == (PublishStatus.COMPLETED, 5, GROUP)
     assert len((await redis.xreadgroup(GROUP, "c", {STREAM: ">"}, count=100))[0][1]) == 5
 
 
@@ -163,17 +164,22 @@ async def test_the_publish_is_bounded_by_the_slowest_group_and_names_it(redis: R
     result = await publish_batch(
         redis, KEYS, GROUP, token=token, seq=1, batch_size=100, threshold=20, owner="me", lease_ms=60_000
     )
-    assert (result.moved, result.backlog, result.limiting_group, result.headroom) == (4, 16, "audit", 4)
+    assert (result.moved, result.reading.backlog, result.reading.limiting_group, result.reading.headroom) == (
+        4,
+        16,
+        "audit",
+        4,
+    )
     again = await publish_batch(
         redis, KEYS, GROUP, token=token, seq=2, batch_size=100, threshold=20, owner="me", lease_ms=60_000
     )
-    assert (again.status, again.moved, again.limiting_group) == (PublishStatus.THROTTLED, 0, "audit")
+    assert (again.status, again.moved, again.reading.limiting_group) == (PublishStatus.THROTTLED, 0, "audit")
     # named: audit left out, the move is bounded by the others (late: lag 5 + 4 moved)
     named = await publish_batch(
         redis, KEYS, GROUP, token=token, seq=3, batch_size=100, threshold=20, owner="me", lease_ms=60_000,
         groups=[GROUP, "late"],
     )  # fmt: skip
-    assert (named.moved, named.backlog, named.limiting_group) == (11, 9, "late")
+    assert (named.moved, named.reading.backlog, named.reading.limiting_group) == (11, 9, "late")
 
 
 @pytest.mark.parametrize(

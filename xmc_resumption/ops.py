@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
-from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.common import TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from xmc_resumption.errors import KeyContentError, OperatorError, one_line
+from xmc_resumption.errors import KeyContentError, OperatorError, one_line, update_failure_message
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.connection import RedisClient
@@ -25,6 +32,8 @@ from xmc_resumption.redisclient.results import ExperimentState, GroupStatus
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import (
     WORKFLOW_TYPE,
+    Control,
+    EffectiveSettings,
     Outcome,
     Progress,
     ResumptionInput,
@@ -170,7 +179,8 @@ async def refuse_evicting_redis(redis: RedisClient, keys: ExperimentKeys) -> Non
 async def start_resumption(
     client: Client, inp: ResumptionInput, task_queue: str
 ) -> WorkflowHandle[ResumptionWorkflow, ResumptionResult]:
-    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``.
+    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``, without any check
+    (``xmc_resumption.client.XmcClient.resume`` makes ``xmc resume``'s checks first, then calls this).
 
     Raises:
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
@@ -380,3 +390,30 @@ async def running_handle(client: Client, experiment_id: str) -> WorkflowHandle[A
         ended = desc.status.name.lower() if desc.status else "unknown"
         raise OperatorError(f"no resumption of {experiment_id} runs: {workflow_id} ended ({ended}, run {desc.run_id})")
     return handle  # no run ID: Updates reach the newest run of the chain
+
+
+async def run_update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, seconds: float) -> EffectiveSettings:
+    """Run Update ``name`` (with ``arg``, or none) on the running resumption; at most ``seconds``;
+    returns the settings the run goes on with.
+
+    Raises:
+        OperatorError: the validator rejected it, the run ended meanwhile, or no worker answered.
+    """
+    args = [] if arg is None else [arg]
+    try:
+        return await asyncio.wait_for(
+            handle.execute_update(
+                name.value, args=args, result_type=EffectiveSettings, rpc_timeout=timedelta(seconds=seconds)
+            ),
+            seconds,
+        )
+    except WorkflowUpdateFailedError as err:
+        raise OperatorError(update_failure_message(err, handle.id)) from err
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
+        raise OperatorError(
+            f"no worker answered the {name.value} Update of {handle.id} within {seconds:g}s: is a worker running?"
+        ) from err
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            raise OperatorError(f"{handle.id} ended before the {name.value} Update: {one_line(err.message)}") from err
+        raise

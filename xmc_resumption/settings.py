@@ -15,17 +15,20 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.retry import Retry as SyncRetry
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig, ClientConnectConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from xmc_resumption.redisclient.connection import ClusterClient, RedisClient
+from xmc_resumption.redisclient.connection import ClusterClient, RedisClient, SyncRedisClient
 from xmc_resumption.workflows import metrics
 from xmc_resumption.workflows.models import TASK_QUEUE
 
@@ -183,12 +186,33 @@ class Settings(BaseSettings):
         """The Redis URL for messages and logs, its password masked."""
         return redacted_url(self.redis_url)
 
-    def redis(self) -> RedisClient:
+    def redis(self, *, retries: int | None = None) -> RedisClient:
         """A new asyncio Redis client; bytes in, bytes out (task field maps move byte for byte).
-        With ``XMC_REDIS_CLUSTER`` a cluster client (``redis_cluster_client``)."""
+        With ``XMC_REDIS_CLUSTER`` a cluster client (``redis_cluster_client``).
+
+        Args:
+            retries: how often redis-py sends a command again after a connection error or a
+                timeout, at once; None keeps redis-py's default (``CLUSTER_RETRIES`` for a
+                cluster). 0 for a producer: a command resent after its reply was lost runs twice
+                (``xmc_resumption.client`` retries only what is idempotent).
+        """
         if self.redis_cluster:
-            return self.redis_cluster_client()
-        return Redis.from_url(self.redis_url, **self._client_kwargs())
+            return self.redis_cluster_client(retries=retries)
+        retry: dict[str, Any] = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
+        return Redis.from_url(self.redis_url, **retry, **self._client_kwargs())
+
+    def sync_redis(self, *, retries: int | None = None) -> SyncRedisClient:
+        """A new blocking Redis client with the same settings as ``redis`` (bytes, timeouts, TLS;
+        with ``XMC_REDIS_CLUSTER`` redis-py's blocking cluster client), for producers in sync code
+        (``xmc_resumption.client.XmcSyncClient``); ``retries`` as for ``redis``."""
+        if self.redis_cluster:
+            return SyncRedisCluster.from_url(
+                self.redis_url,
+                retry=SyncRetry(NoBackoff(), CLUSTER_RETRIES if retries is None else retries),
+                **self._client_kwargs(),
+            )
+        retry: dict[str, Any] = {} if retries is None else {"retry": SyncRetry(NoBackoff(), retries)}
+        return SyncRedis.from_url(self.redis_url, **retry, **self._client_kwargs())
 
     def _client_kwargs(self) -> dict[str, Any]:
         """What both clients are built with: bytes, the socket timeouts, health checks, TLS."""
@@ -200,7 +224,7 @@ class Settings(BaseSettings):
             **self.redis_tls_kwargs(),
         }
 
-    def redis_cluster_client(self) -> RedisCluster:
+    def redis_cluster_client(self, *, retries: int | None = None) -> RedisCluster:
         """A new asyncio Redis Cluster client (a ``ClusterClient``) seeded by ``XMC_REDIS_URL``;
         bytes in, bytes out.
 
@@ -213,7 +237,9 @@ class Settings(BaseSettings):
         that cannot be reached fails like a single Redis (``redisclient.connection.ClusterClient``).
         """
         return ClusterClient.from_url(
-            self.redis_url, retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES), **self._client_kwargs()
+            self.redis_url,
+            retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES if retries is None else retries),
+            **self._client_kwargs(),
         )
 
 
@@ -245,6 +271,30 @@ def temporal_connect_config() -> ClientConnectConfig:
     return config
 
 
+def prometheus_runtime(bind_address: str) -> Runtime:
+    """A Temporal SDK runtime serving Prometheus ``/metrics`` on ``bind_address`` (``host:port``) by
+    the metric conventions of ``workflows/metrics.py`` (docs/embedding.md): counters end in
+    ``_total`` (``counters_total_suffix``; the SDK's own ``temporal_*`` counters gain it too),
+    durations in seconds, and ``xmc_resumption_throttle_wait_seconds``'s buckets from 50 ms to an hour.
+
+    Pass it to ``Client.connect(runtime=...)``; a process needs one (each runtime has its own
+    threads and its own endpoint).
+
+    Raises:
+        ValueError: ``bind_address`` is not ``host:port``; the SDK's error when the port is taken.
+    """
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(
+                bind_address=bind_address,
+                counters_total_suffix=True,
+                durations_as_seconds=True,
+                histogram_bucket_overrides=metrics.BUCKET_OVERRIDES,
+            )
+        )
+    )
+
+
 async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
     """Connect to Temporal as configured by envconfig, with the pydantic data converter.
 
@@ -256,18 +306,7 @@ async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
         TemporalUnreachableError: the server cannot be reached, or the address is malformed.
     """
     config = temporal_connect_config()
-    runtime = None
-    if metrics_bind:
-        runtime = Runtime(
-            telemetry=TelemetryConfig(
-                metrics=PrometheusConfig(
-                    bind_address=metrics_bind,
-                    counters_total_suffix=True,
-                    durations_as_seconds=True,
-                    histogram_bucket_overrides=metrics.BUCKET_OVERRIDES,
-                )
-            )
-        )
+    runtime = prometheus_runtime(metrics_bind) if metrics_bind else None
     try:
         return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
     except (RuntimeError, ValueError) as err:  # the SDK's connect errors: unreachable, or a bad target URL

@@ -1,4 +1,4 @@
-"""Key layout of DESIGN.md section 3.
+"""Key layout of docs/contract.md, "Redis keys".
 
 Companion keys carry the stream's name as a hash tag, ``{S}:experiment:E:...``, so they hash to
 the same Redis Cluster slot as the stream ``S`` itself (Redis Cluster spec, "Hash tags") and one
@@ -97,6 +97,23 @@ class ExperimentKeys:
         return f"{self._prefix}:dead"
 
     @property
+    def idempotency(self) -> str:
+        """Hash key: the enqueue script's idempotency record, idempotency key -> ``<destination>
+        <entry ID>`` of the task's first enqueue (``lua/enqueue.lua``; bounded, with a TTL)."""
+        return f"{self._prefix}:idempotency"
+
+    @property
+    def idempotency_previous(self) -> str:
+        """Hash key: the idempotency record's previous generation (same layout)."""
+        return f"{self._prefix}:idempotency-previous"
+
+    @property
+    def enqueue_keys(self) -> list[str]:
+        """The enqueue script's KEYS, in order: the task stream, state, held stream and the two
+        generations of the idempotency record (docs/producers.md)."""
+        return [self.stream, self.state, self.held, self.idempotency, self.idempotency_previous]
+
+    @property
     def fence(self) -> str:
         """Integer key: the last fencing token issued (``INCR``)."""
         return f"{self._prefix}:fence"
@@ -115,6 +132,8 @@ _TYPES = {
     "publish": "hash",
     "acquired": "list",
     "dead": "stream",
+    "idempotency": "hash",
+    "idempotency-previous": "hash",
 }
 
 
@@ -127,7 +146,7 @@ def wrong_type(key: str, actual: str) -> str | None:
 
 def expected_type(key: str) -> str:
     """The Redis type a key of the layout holds (``TYPE`` reply): an experiment's key by its last
-    part (DESIGN.md section 3), any other key (the task stream) ``stream``."""
+    part (docs/contract.md, "Redis keys"), any other key (the task stream) ``stream``."""
     if key.startswith("{") and ":experiment:" in key:
         return _TYPES.get(key.rsplit(":", 1)[1], "stream")
     if key.startswith("{") and key.endswith(("}:weights", "}:replayers")):

@@ -17,11 +17,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from redis.commands.core import AsyncScript
+from redis.commands.core import AsyncScript, Script
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.connection import RedisClient, SyncRedisClient
 from xmc_resumption.redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
@@ -118,7 +118,27 @@ async def run_script(client: RedisClient, name: str, keys: list[str], args: list
     except ResponseError as err:
         reply = _SCRIPT_SUFFIX.sub("", str(err))
         if reply.startswith("WRONGTYPE"):
-            found = [wrong_type(key, as_text(await client.type(key))) for key in keys]
-            wrong = [text for text in found if text]
-            reply = "WRONGTYPE " + ("; ".join(wrong) if wrong else reply.removeprefix("WRONGTYPE "))
+            reply = _wrong_type_reply(reply, keys, [as_text(await client.type(key)) for key in keys])
         raise type(err)(reply) from err
+
+
+def run_script_sync(client: SyncRedisClient, name: str, keys: list[str], args: list[Any]) -> Any:
+    """``run_script`` on a blocking client (``redis.Redis`` or ``redis.cluster.RedisCluster``):
+    the same checks, the same error replies. The script is registered once per client."""
+    check_one_slot(name, keys)
+    registered: dict[str, Script] = client.__dict__.setdefault("_xmc_scripts", {})
+    if name not in registered:
+        registered[name] = client.register_script(source(name))
+    try:
+        return registered[name](keys=keys, args=args)
+    except ResponseError as err:
+        reply = _SCRIPT_SUFFIX.sub("", str(err))
+        if reply.startswith("WRONGTYPE"):
+            reply = _wrong_type_reply(reply, keys, [as_text(client.type(key)) for key in keys])  # type: ignore[arg-type]
+        raise type(err)(reply) from err
+
+
+def _wrong_type_reply(reply: str, keys: list[str], types: list[str]) -> str:
+    """A WRONGTYPE reply naming each key of ``keys`` whose ``TYPE`` (``types``) is not its layout's."""
+    wrong = [text for key, kind in zip(keys, types, strict=True) if (text := wrong_type(key, kind))]
+    return "WRONGTYPE " + ("; ".join(wrong) if wrong else reply.removeprefix("WRONGTYPE "))

@@ -1,5 +1,6 @@
--- Backlog of the consumer groups of a stream (DESIGN.md section 4). This file is a fragment:
--- scripts.py prepends it to every script that measures the backlog, so the rule lives in one place.
+-- Backlog of the consumer groups of a stream (docs/contract.md, "Backlog"; docs/memory.md). This
+-- file is a fragment: scripts.py prepends it to every script that measures the backlog, so the rule
+-- lives in one place.
 --
 -- backlog(g) = pending (the group's PEL size, from XINFO GROUPS)
 --            + entries whose ID is greater than the group's last-delivered-id (XRANGE, exclusive start)

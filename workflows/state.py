@@ -1,0 +1,260 @@
+"""``RunState``: all of a resumption run's state in one object, built from the input's ``Carry``
+and packed back into one for continue-as-new (the samples' ``safe_message_handlers`` pattern).
+
+Workflow code only (deterministic: no I/O, no clock). ``Carry`` (``workflows/models.py``) stays the
+wire form: it is part of the input contract, and recorded histories' continue-as-new inputs hold it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+
+from xmc_resumption.redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy, PublishResult
+from xmc_resumption.workflows.models import (
+    Carry,
+    ControlChange,
+    Progress,
+    ResumptionInput,
+    ResumptionResult,
+    ThrottlePolicy,
+)
+from xmc_resumption.workflows.throttle import Pacer, StallWatch
+
+
+@dataclass
+class RunState:
+    """What one run of ``ResumptionWorkflow`` knows and changes.
+
+    Attributes:
+        input: the input, as changed by accepted control Updates (carried: it is the next run's).
+        progress: the ``progress`` query's answer; holds the token and the counters.
+        pacer: the throttle policy's state (drain rate, reaction time).
+        stall: the stall watch's state.
+        seq: the last publish sequence number used (the publish script's idempotency key).
+        owner: the claim's owner (the workflow ID of the first run); request_id: the acquire's
+            idempotency key; started_at: when the first run started (workflow time, UTC). All
+            three are set by ``begin`` ('' and None until then).
+        publish_next: the last publish left headroom: the next turn publishes without a check
+            and a measurement.
+        nothing_held: the claim found the experiment running and holding nothing: the run ends
+            ``nothing_held``.
+        stopping: the ``pause`` Update was accepted: the run ends ``paused`` at its next turn.
+        failed: the run is failing (a fault retrying cannot mend, or a fault of the workflow code).
+        wake: an accepted Update ends the durable throttle wait in progress, if any.
+        stall_base: the stall reason without the idle consumers (``observe``), None when not stalled.
+        idle_read_at: when the idle consumers were last read during this stall (workflow time).
+    """
+
+    input: ResumptionInput
+    progress: Progress
+    pacer: Pacer
+    stall: StallWatch
+    seq: int = 0
+    owner: str = ""
+    request_id: str = ""
+    started_at: datetime | None = None
+    publish_next: bool = False
+    nothing_held: bool = False
+    stopping: bool = False
+    failed: bool = False
+    wake: bool = False
+    stall_base: str | None = None
+    idle_read_at: datetime | None = None
+
+    @classmethod
+    def of(cls, inp: ResumptionInput) -> RunState:
+        """The state a run starts from: ``inp.carry``'s when it continues a resumption, else fresh.
+        The owner, request ID and start time are ``begin``'s."""
+        carry = inp.carry
+        return cls(
+            input=inp,
+            progress=Progress(
+                experiment_id=inp.experiment_id,
+                threshold=inp.max_backlog_threshold,
+                policy=inp.throttle_policy,
+                token=carry.token if carry else 0,
+                replayed=carry.replayed if carry else 0,
+                throttles=carry.throttles if carry else 0,
+                turns=carry.turns if carry else 0,
+                runs=carry.runs + 1 if carry else 1,
+                drain_rate=carry.drain_rate if carry else None,
+            ),
+            pacer=Pacer(
+                adaptive=inp.throttle_policy is ThrottlePolicy.ADAPTIVE,
+                threshold=inp.max_backlog_threshold,
+                throttle_seconds=inp.throttle_seconds,
+                min_wait=inp.min_wait_seconds,
+                max_wait=inp.longest_wait_seconds,
+                rate=carry.drain_rate if carry else None,
+                reaction=carry.reaction_seconds if carry else None,
+            ),
+            stall=StallWatch(
+                inp.stall_window_seconds,
+                inp.max_stall_seconds,
+                progress_at=carry.progress_at if carry else None,
+                last=carry.stall_reading if carry else None,
+            ),
+            seq=carry.seq if carry else 0,
+        )
+
+    def begin(
+        self, workflow_id: str, continued_run_id: str | None, now: datetime, draw_request_id: Callable[[], str]
+    ) -> None:
+        """Set the owner, the start time and the request ID: the carry's in a continued run (one
+        with a ``continued_run_id``), else ``workflow_id``, ``now`` and one ``draw_request_id()``
+        (drawn once per resumption and carried: every try of the acquire, in any run, is one
+        request).
+
+        Raises:
+            ApplicationError: non-retryable, type ``InvalidInput``: a caller set ``carry``.
+        """
+        carry = self.input.carry
+        if carry is not None and continued_run_id is None:
+            raise ApplicationError(
+                "carry: set by the workflow itself when it continues as new; leave it out of the input",
+                type="InvalidInput",
+                non_retryable=True,
+            )
+        self.owner = carry.owner if carry else workflow_id
+        self.started_at = carry.started_at if carry else now
+        self.request_id = carry.request_id if carry else draw_request_id()
+
+    @property
+    def token(self) -> int:
+        """The fencing token this resumption holds; 0 until the claim is taken."""
+        return self.progress.token
+
+    def observe(self, reading: BacklogReading, now: datetime, moved: int = 0) -> bool:
+        """Fold a backlog ``reading`` taken at workflow time ``now``, before a move of ``moved``
+        entries in the same step, into the progress, the pacer and the stall watch; returns True
+        when the reading starts a stall. The stall reason names the limiting group, or the missing
+        stream or group (``missing_text``)."""
+        p = self.progress
+        pending, lag, last_delivered_id = reading.pending, reading.lag, reading.last_delivered_id
+        backlog = pending + lag
+        p.backlog, p.pending, p.lag = backlog + moved, pending, lag + moved
+        p.limiting_group = reading.limiting_group or None
+        self.pacer.observe(backlog, backlog + moved, reading.capped, now)
+        p.drain_rate, p.low_watermark = self.pacer.rate, self.pacer.low_watermark
+        p.stalled_seconds = self.stall.observe(now, backlog, pending, last_delivered_id, moved)
+        stalled = self.stall.stalled(p.stalled_seconds)
+        started = stalled and not p.stalled
+        p.stalled = stalled
+        group = f" of group {reading.limiting_group}" if reading.limiting_group else ""
+        self.stall_base = (
+            (self.missing_text(reading) or f"backlog {backlog}{group} (pending {pending}) not going down, "
+             f"last-delivered-id {last_delivered_id or 'none'}")
+            if stalled
+            else None
+        )  # fmt: skip
+        if not stalled:
+            p.idle_consumers, self.idle_read_at = [], None
+        self.show_stall()
+        return started
+
+    def show_stall(self) -> None:
+        """Set the stall reason: what was seen, then the idle consumers holding pending entries, if read."""
+        p = self.progress
+        idle = "; ".join(c.describe() for c in p.idle_consumers)
+        p.stall_reason = self.stall_base and (
+            self.stall_base + (f"; pending entries held by idle consumers: {idle}" if idle else "")
+        )
+
+    def missing_text(self, reading: BacklogReading) -> str | None:
+        """Why no group can be measured, naming the stream and the group; None when both exist."""
+        inp = self.input
+        group = reading.missing_group or inp.consumer_group
+        if reading.status is GroupStatus.NO_STREAM:
+            text = f"stream {inp.stream} does not exist, so neither does consumer group {group}"
+        elif reading.status is GroupStatus.NO_GROUP:
+            text = f"consumer group {group} does not exist on stream {inp.stream}"
+        else:
+            return None
+        if inp.missing_group is MissingGroupPolicy.ZERO:
+            return text + " (missing_group zero: the stream's entries count as its backlog)"
+        return text + f" (missing_group {inp.missing_group.value}: nothing moves until it exists)"
+
+    def count(self, result: PublishResult) -> int:
+        """Take a publish's counts into the progress; returns the tasks newly counted (entries).
+        Redis's count is the authority: publishes whose history was lost are in it too (a stale
+        reply after a lost history adds what this run never saw)."""
+        p = self.progress
+        counted = p.replayed
+        p.replayed = result.total_moved if result.total_moved is not None else p.replayed + result.moved
+        p.remaining = result.remaining
+        return p.replayed - counted
+
+    def refuse(self, change: ControlChange) -> None:
+        """Refuse a control change once the run is ending, or one that breaks a bound or a rule of
+        ``ResumptionInput`` (an Update's validator).
+
+        Raises:
+            ApplicationError: type ``ResumptionEnding``, or ``InvalidControl`` with one line naming
+                the field.
+        """
+        if self.progress.outcome is not None or self.stopping:
+            raise ApplicationError("the resumption is ending; nothing to change", type="ResumptionEnding")
+        try:
+            change.applied_to(self.input)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(x) for x in first["loc"]) or "input"
+            raise ApplicationError(f"{field}: {first['msg']}", type="InvalidControl") from None
+
+    def apply(self, change: ControlChange) -> ResumptionInput:
+        """Apply a change ``refuse`` let through to the input, the pacer and the progress, and wake
+        a durable throttle wait; returns the new input."""
+        inp = self.input = change.applied_to(self.input)
+        pacer, p = self.pacer, self.progress
+        pacer.adaptive = inp.throttle_policy is ThrottlePolicy.ADAPTIVE
+        pacer.threshold, pacer.throttle_seconds = inp.max_backlog_threshold, inp.throttle_seconds
+        pacer.max_wait = inp.longest_wait_seconds
+        p.threshold, p.policy = inp.max_backlog_threshold, inp.throttle_policy
+        p.settings_changes += 1
+        self.wake = True
+        return inp
+
+    def result(self) -> ResumptionResult:
+        """The run's result, once ``progress.outcome`` is set."""
+        p = self.progress
+        assert p.outcome is not None, "set the outcome first"
+        return ResumptionResult(
+            experiment_id=p.experiment_id,
+            outcome=p.outcome,
+            replayed=p.replayed,
+            remaining=p.remaining or 0,
+            throttles=p.throttles,
+            turns=p.turns,
+            runs=p.runs,
+            token=p.token,
+            set_aside=p.set_aside,
+        )
+
+    def carry(self) -> Carry:
+        """What the next run needs, for continue-as-new."""
+        p = self.progress
+        assert self.started_at is not None, "begin() sets it before the first turn"
+        return Carry(
+            token=p.token,
+            request_id=self.request_id,
+            owner=self.owner,
+            seq=self.seq,
+            replayed=p.replayed,
+            throttles=p.throttles,
+            turns=p.turns,
+            runs=p.runs,
+            started_at=self.started_at,
+            drain_rate=self.pacer.rate,
+            reaction_seconds=self.pacer.reaction,
+            progress_at=self.stall.progress_at,
+            stall_reading=self.stall.last,
+        )
+
+    def next_input(self) -> ResumptionInput:
+        """The input of the next run: the current input (with accepted changes) and ``carry()``."""
+        return self.input.model_copy(update={"carry": self.carry()})
