@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=int, default=500, help="max_backlog_threshold (default 500)")
     parser.add_argument("--audit-rate", type=float, default=50.0, help="the audit group's tasks/s (default 50)")
     rows = asyncio.run(run(parser.parse_args(argv)))
-    gc.collect()  # sdk-python#300 (TEMPORAL_NOTES.md)
+    gc.collect()  # sdk-python#300: a process that used the SDK may abort at exit without it
     print(json.dumps(rows, indent=2))
     return 0
 

@@ -61,7 +61,7 @@ class GroupBacklog(BaseModel):
 
 
 class BacklogReading(BaseModel):
-    """One backlog measurement of the consumer groups of a stream (DESIGN.md section 4, docs/memory.md).
+    """One backlog measurement of the consumer groups of a stream (docs/contract.md, "Backlog"; docs/memory.md).
 
     The replay is bounded by the largest backlog among the groups measured (every group of the
     stream, or the ones named); ``pending``, ``lag``, ``capped``, ``bytes_capped``, ``lag_bytes``,
