@@ -1,8 +1,9 @@
-"""Record workflow histories for the replay test: ``python -m tests.record_histories``.
+"""Record workflow histories for the replay test: ``python -m tests.record_histories [NAME...]``.
 
-Runs one scenario per outcome on a fresh dev server and redis-server and writes each history as
-JSON to ``tests/histories/``. Re-record only for a deliberate, versioned change of the workflow;
-the old files stay, so that runs started by the old code still replay.
+Runs one scenario per outcome (or only the scenarios named) on a fresh dev server and
+redis-server and writes each history as JSON to ``tests/histories/``. Re-record only for a
+deliberate, versioned change of the workflow; the old files stay, so that runs started by the old
+code still replay. A new scenario is recorded alone, by name, so no old file is overwritten.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -88,6 +90,24 @@ async def stopped(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await handle.result()
 
 
+async def waited_for_group(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """The group deleted during the throttle wait (``missing_group: wait``): the replay waits in
+    ``waiting_for_group`` until it is back, at ``$``, then completes."""
+    await wait_for(handle, throttled)
+    await redis.xgroup_destroy(STREAM, GROUP)
+    await wait_for(handle, lambda p: p.phase is Phase.WAITING_FOR_GROUP, timeout=30)
+    await redis.xgroup_create(STREAM, GROUP, id="$")
+    await completed(redis, handle, e)
+
+
+async def stalled_naming_consumers(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """A consumer reads the backlog and never acknowledges: the replay stalls, names it (the idle
+    consumers' read) and ends ``stalled`` at ``max_stall_seconds``."""
+    await wait_for(handle, throttled)
+    await redis.xreadgroup(GROUP, "dead-1", {STREAM: ">"}, count=5)
+    await handle.result()
+
+
 async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await wait_for(handle, throttled)
     await handle.cancel()
@@ -111,10 +131,19 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 3},
     ),
+    "waited_for_group": (waited_for_group, {"max_backlog_threshold": 5, "batch_size": 4, "throttle_seconds": 1}),
+    "stalled_naming_consumers": (
+        stalled_naming_consumers,
+        {"max_backlog_threshold": 5, "throttle_seconds": 1, "stall_window_seconds": 2, "max_stall_seconds": 6},
+    ),
 }
 
 
-async def record() -> None:
+async def record(names: list[str]) -> None:
+    """Record the scenarios ``names`` (every one when empty)."""
+    unknown = set(names) - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
     OUT.mkdir(exist_ok=True)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=installed_binary("temporal"),
@@ -125,6 +154,8 @@ async def record() -> None:
         with local_redis() as url:
             redis = Redis.from_url(url)
             for name, (scenario, fields) in SCENARIOS.items():
+                if names and name not in names:
+                    continue
                 await redis.flushall()
                 e = f"E{uuid.uuid4().hex[:6]}"
                 await hold_tasks(redis, e, 12)
@@ -149,5 +180,5 @@ async def record() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(record())
+    asyncio.run(record(sys.argv[1:]))
     gc.collect()
