@@ -82,6 +82,9 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
     if name in ("cancelled_during_wait", "controlled_by_update", "stopped_by_update"):
         # the cancel, or the accepted Update, ended the timer
         assert any(e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED for e in history.events)
+    # the stall named the consumer holding the backlog (one XINFO CONSUMERS, not every turn)
+    assert ("idle_consumers" in kinds) == (name == "stalled_naming_consumers")
+    assert kinds.count("idle_consumers") < kinds.count("timer")
     updates = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
     assert len(updates) == (1 if name in ("controlled_by_update", "stopped_by_update") else 0)
     # the fleet view's upserts (the SDK upserts TemporalChangeVersion for each patch too): claiming,
@@ -92,6 +95,7 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
         if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
     ]
     phases = [json.loads(fields["XmcPhase"].data) for fields in upserts if "XmcPhase" in fields]
+    assert ("waiting_for_group" in phases) == (name == "waited_for_group")
     if path.stem == name:
         assert phases[:3] == ["claiming", "replaying", "throttled"]
         assert phases[-1] == (outcome or ("cancelled" if name == "cancelled_during_wait" else "replaying"))
