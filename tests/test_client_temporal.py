@@ -19,7 +19,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import fill_backlog, hold_tasks, resumption_worker, stream_tasks, wait_for
+from tests.helpers import GROUP, STREAM, fill_backlog, hold_tasks, resumption_worker, stream_tasks, wait_for
 from xmc_resumption.client import FleetRow, NothingToResumeError, ResumeError, XmcClient, XmcSyncClient
 from xmc_resumption.errors import OperatorError
 from xmc_resumption.settings import Settings
@@ -113,7 +113,8 @@ async def test_resume_stop_configure_status_and_list(
     done, stopped = ids("R", 2)
     names = await hold_tasks(redis, done, 20)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await client.resume(done)  # no group yet: the backlog counts 0 (the 'zero' policy)
+        # no group yet: under 'zero' the stream's entries (fewer than the threshold) are the backlog
+        handle = await client.resume(done, missing_group="zero")
         result = await handle.result()
         assert (result.outcome.value, result.replayed, result.remaining) == ("completed", 20, 0)
         assert await stream_tasks(redis) == names
@@ -160,6 +161,7 @@ async def test_the_sync_client_resumes_and_waits_on_its_own_event_loop(
     try:
         await asyncio.to_thread(sync.pause, experiment)
         await asyncio.to_thread(sync.enqueue_many, experiment, [{"task": f"t{i}"} for i in range(10)])
+        await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)  # the consumers' group
         async with resumption_worker(dev_env.client, task_queue, redis_url):
             [handle] = await asyncio.to_thread(sync.resume_many, [experiment])
             result = await asyncio.to_thread(sync.result, handle)

@@ -106,7 +106,7 @@ async def test_on_the_client_it_hosts_the_replay_beside_the_workers_own_workflow
     async with worker:
         result = await client.execute_workflow(
             ResumeExperimentParent.run,
-            args=[ResumptionInput(experiment_id=e, batch_size=7), task_queue],
+            args=[ResumptionInput(experiment_id=e, batch_size=7, missing_group="zero"), task_queue],
             id=f"parent-{e}",
             task_queue=task_queue,
         )
@@ -131,7 +131,10 @@ async def test_on_a_worker_only_on_the_time_skipping_server(
             ts_env.client, task_queue=task_queue, plugins=[ResumptionPlugin(Settings(redis_url=redis_url))]
         ):
             result = await ts_env.client.execute_workflow(
-                ResumptionWorkflow.run, ResumptionInput(experiment_id=e), id=f"resumption-{e}", task_queue=task_queue
+                ResumptionWorkflow.run,
+                ResumptionInput(experiment_id=e, missing_group="zero"),  # no group: 5 tasks, under the threshold
+                id=f"resumption-{e}",
+                task_queue=task_queue,
             )
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 5)
     assert await stream_tasks(redis) == names
