@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 
 import xmc_resumption
-from tests.helpers import ROOT, hold_tasks, scrape, stream_tasks, worker_polling
+from tests.helpers import GROUP, ROOT, STREAM, hold_tasks, scrape, stream_tasks, worker_polling
 from xmc_resumption.services import free_port
 
 BUILT_FROM = ("pyproject.toml", "README.md", "LICENSE", "xmc_resumption", "workflows", "activities")
@@ -213,6 +213,7 @@ async def test_the_applications_worker_replays_as_the_child_of_its_own_workflow(
         await worker_polling(client, APP_TASK_QUEUE)
         e = f"E{uuid.uuid4().hex[:6]}"
         names = await hold_tasks(redis, e, 30)
+        await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)  # the consumers' group: the replay waits for it
         said = await asyncio.wait_for(
             client.execute_workflow(
                 "ResumeExperiment", e, id=f"platform-{e}", task_queue=APP_TASK_QUEUE, result_type=str
