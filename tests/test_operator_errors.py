@@ -101,8 +101,8 @@ def test_bad_arguments_are_one_line(args: list[str], expected: str) -> None:
 
 def test_bad_resume_input_names_the_field() -> None:
     one_line_error(
-        run("xmc_resumption", "resume", "E6", "--batch", "0", XMC_REDIS_URL=dead_url()),
-        "xmc resume: invalid ResumptionInput: batch_size: Input should be greater than or equal to 1",
+        run("xmc_resumption", "resume", "E6", "--throttle-seconds", "200", XMC_REDIS_URL=dead_url()),
+        "xmc resume: invalid ResumptionInput: claim_lease_seconds (120) must be longer than throttle_seconds (200)",
     )
 
 

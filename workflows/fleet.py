@@ -15,6 +15,8 @@ from enum import StrEnum
 
 from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
 
+from xmc_resumption.workflows.models import Outcome
+
 EXPERIMENT_ID = SearchAttributeKey.for_keyword("XmcExperimentId")
 """The experiment being resumed (Keyword)."""
 STREAM = SearchAttributeKey.for_keyword("XmcStream")
@@ -52,6 +54,14 @@ class FleetPhase(StrEnum):
 FAILED = "failed"
 """``XmcPhase`` and ``XmcOutcome`` of a run that failed (a fault retrying cannot mend, or a fault of
 the workflow code): the experiment was handed back as paused; the run has no ``Outcome``."""
+
+
+def phase_values() -> list[str]:
+    """Every value ``XmcPhase`` takes (``ResumptionWorkflow._fleet_phase`` sets it): a ``FleetPhase``
+    while running, an ``Outcome`` once ended, ``FAILED`` for a failed run; each once, in that order.
+    ``xmc list --phase`` takes its choices from here."""
+    values = [p.value for p in FleetPhase] + [o.value for o in Outcome] + [FAILED]
+    return list(dict.fromkeys(values))
 
 
 def dev_server_args() -> list[str]:

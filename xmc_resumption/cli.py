@@ -22,17 +22,14 @@ import asyncio
 import gc
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-import annotated_types
 import click
-from pydantic import TypeAdapter, ValidationError
 from redis.exceptions import RedisError, ResponseError, WatchError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -63,7 +60,6 @@ from xmc_resumption.errors import (
 from xmc_resumption.ops import (
     MAX_LISTED,
     experiment_status,
-    fleet_phases,
     fleet_query,
     held_experiments,
     list_resumptions,
@@ -73,12 +69,14 @@ from xmc_resumption.ops import (
     start_resumption,
     state_and_held,
 )
+from xmc_resumption.params import EntryIdType, FiniteFloat, NameType, field_type
 from xmc_resumption.redisclient import deadletter, held
 from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, as_text, validate_name
-from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, as_text
+from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.settings import Settings, connect_temporal
+from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import (
     Control,
     ControlChange,
@@ -170,120 +168,65 @@ def _warn(ctx: click.Context, message: str) -> None:
 # --- parameters ---------------------------------------------------------------------------------
 
 
-class NameType(click.ParamType):
-    """A name that becomes part of a key (an experiment ID, a stream): ``validate_name``'s rule."""
-
-    name = "name"
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        try:
-            return validate_name(self.what, str(value))
-        except ValueError as err:
-            self.fail(str(err), param, ctx)
-
-
-class EntryIdType(click.ParamType):
-    """A stream entry ID, ``<ms>-<seq>``."""
-
-    name = "entry-id"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        if not re.fullmatch(r"\d+-\d+", str(value)):
-            self.fail(f"not a stream entry ID (<ms>-<seq>): {str(value)[:40]!r}", param, ctx)
-        return str(value)
-
-
 EXPERIMENT_ID = NameType("experiment_id")
 STREAM_NAME = NameType("stream")
 GROUP_NAME = NameType("consumer_group")
 """Consumer group names follow the same rule: not keys, but they reach XINFO, the logs and the UI."""
 
 
-def _bounds(name: str) -> str:
-    """The bounds ``ResumptionInput`` puts on field ``name``, for help texts (``>= 1, <= 10000``)."""
-    parts = []
-    for m in ResumptionInput.model_fields[name].metadata:
-        for kind, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-            bound = getattr(m, kind, None)
-            if isinstance(m, annotated_types.BaseMetadata) and bound is not None:
-                parts.append(f"{sign} {bound:g}")
-    return ", ".join(parts)
-
-
-def _field_adapter(name: str) -> TypeAdapter[Any]:
-    """``ResumptionInput``'s rule for one field (type and bounds), to check a value alone."""
-    info = ResumptionInput.model_fields[name]
-    return TypeAdapter(Annotated[info.annotation, *info.metadata])  # type: ignore[arg-type,name-defined]
-
-
 @dataclass(frozen=True)
 class InputOption:
-    """A ``resume`` option that sets one ``ResumptionInput`` field (its default, bounds and rule
-    come from the model)."""
+    """A ``resume`` option that sets one ``ResumptionInput`` field: its type, bounds and default
+    come from the model (``params.field_type``)."""
 
     flag: str
     field: str
-    type: click.ParamType
     help: str
     default_text: str | None = None
 
+    @property
+    def type(self) -> click.ParamType:
+        """The option's click type: the field's type and bounds."""
+        return field_type(ResumptionInput, self.field)
+
 
 INPUT_OPTIONS = (
-    InputOption("--group", "consumer_group", click.STRING, "the consumer group whose backlog throttles the replay"),
-    InputOption("--batch", "batch_size", click.INT, "most tasks one publish moves (entries)"),
-    InputOption("--threshold", "max_backlog_threshold", click.INT, "at or above this backlog the replay waits"),
-    InputOption("--throttle-seconds", "throttle_seconds", click.FLOAT, "one fixed throttle wait (seconds)"),
-    InputOption(
-        "--policy",
-        "throttle_policy",
-        click.Choice([p.value for p in ThrottlePolicy]),
-        "fixed waits, or adaptive to the measured drain rate",
-    ),
-    InputOption("--min-wait", "min_wait_seconds", click.FLOAT, "shortest adaptive wait (seconds)"),
-    InputOption("--max-wait", "max_wait_seconds", click.FLOAT, "longest adaptive wait (seconds)", "--throttle-seconds"),
+    InputOption("--group", "consumer_group", "the consumer group whose backlog throttles the replay"),
+    InputOption("--batch", "batch_size", "most tasks one publish moves (entries)"),
+    InputOption("--threshold", "max_backlog_threshold", "at or above this backlog the replay waits"),
+    InputOption("--throttle-seconds", "throttle_seconds", "one fixed throttle wait (seconds)"),
+    InputOption("--policy", "throttle_policy", "fixed waits, or adaptive to the measured drain rate"),
+    InputOption("--min-wait", "min_wait_seconds", "shortest adaptive wait (seconds)"),
+    InputOption("--max-wait", "max_wait_seconds", "longest adaptive wait (seconds)", "--throttle-seconds"),
     InputOption(
         "--claim-lease-seconds",
         "claim_lease_seconds",
-        click.FLOAT,
         "the claim's lease (seconds); must exceed --throttle-seconds and --max-wait",
     ),
-    InputOption(
-        "--redis-retry-seconds", "redis_retry_seconds", click.FLOAT, "wait after a Redis fault outlasted retries"
-    ),
+    InputOption("--redis-retry-seconds", "redis_retry_seconds", "wait after a Redis fault outlasted retries"),
     InputOption(
         "--stall-window-seconds",
         "stall_window_seconds",
-        click.FLOAT,
         "stalled once the backlog has not gone down for this long (seconds)",
     ),
     InputOption(
-        "--max-stall-seconds",
-        "max_stall_seconds",
-        click.FLOAT,
-        "end the run 'stalled' after a stall this long (seconds)",
-        "never",
+        "--max-stall-seconds", "max_stall_seconds", "end the run 'stalled' after a stall this long (seconds)", "never"
     ),
     InputOption(
         "--missing-group",
         "missing_group",
-        click.Choice([p.value for p in MissingGroupPolicy]),
         "a missing consumer group: zero (backlog 0, warning) or error (the run fails)",
     ),
-    InputOption("--max-bytes-per-call", "max_bytes_per_call", click.INT, "byte budget of one Redis script"),
-    InputOption("--turns-per-run", "turns_per_run", click.INT, "continue-as-new after this many turns"),
+    InputOption("--max-bytes-per-call", "max_bytes_per_call", "byte budget of one Redis script"),
+    InputOption("--turns-per-run", "turns_per_run", "continue-as-new after this many turns"),
     InputOption(
         "--max-memory-fraction",
         "max_memory_fraction",
-        click.FLOAT,
         "wait while Redis's used memory is at or above this share of maxmemory",
     ),
     InputOption(
         "--fair-share/--no-fair-share",
         "fair_share",
-        click.BOOL,
         "take at most this experiment's weighted share of the stream's headroom",
     ),
 )
@@ -295,7 +238,6 @@ def _input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add ``INPUT_OPTIONS`` to a command, each with the model's default (a default of None, such
     as ``max_wait_seconds``'s, stays None: the model fills it in)."""
     for opt in reversed(INPUT_OPTIONS):
-        bounds = _bounds(opt.field)
         default = ResumptionInput.model_fields[opt.field].default
         fn = click.option(
             opt.flag,
@@ -303,9 +245,15 @@ def _input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             type=opt.type,
             default=getattr(default, "value", default),
             show_default=opt.default_text or True,
-            help=f"{opt.field}: {opt.help}" + (f" ({bounds})" if bounds else ""),
+            help=f"{opt.field}: {opt.help}",
         )(fn)
     return fn
+
+
+def _field_option(flag: str, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An option that sets ``ResumptionInput`` field ``name``: its type and bounds (click shows
+    them in the help), no default."""
+    return click.option(flag, name, type=field_type(ResumptionInput, name), help=name)
 
 
 def _experiment_command(group: click.Group, name: str, help_text: str) -> Callable[..., Any]:
@@ -326,18 +274,11 @@ def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")(fn)
 
 
-def _int_range(name: str) -> click.IntRange:
-    """A click range with the ``ge``/``le`` bounds ``ResumptionInput`` puts on integer field ``name``."""
-    metadata = ResumptionInput.model_fields[name].metadata
-    low = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), None)
-    high = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), None)
-    return click.IntRange(low, high)  # type: ignore[arg-type]
-
-
-THRESHOLD_TYPE = _int_range("max_backlog_threshold")
+THRESHOLD_TYPE = field_type(ResumptionInput, "max_backlog_threshold")
 """A backlog threshold on the command line: ``ResumptionInput.max_backlog_threshold``'s bounds."""
 
-UPDATE_TIMEOUT = click.FloatRange(0, 3_600, min_open=True)
+UPDATE_TIMEOUT = FiniteFloat(0, 3_600, min_open=True)
+"""``--timeout`` of the Updates (seconds)."""
 
 
 @click.group(help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -599,7 +540,7 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
 
 @cli.command("list", short_help="every resumption in Temporal visibility, with its phase and progress")
 @click.option("--running", is_flag=True, help="only running resumptions")
-@click.option("--phase", type=click.Choice(fleet_phases()), help="only this XmcPhase (an outcome once ended)")
+@click.option("--phase", type=click.Choice(fleet.phase_values()), help="only this XmcPhase (an outcome once ended)")
 @click.option("--experiment", "experiment_id", type=EXPERIMENT_ID, help="only this experiment")
 @click.option("--stream", type=STREAM_NAME, help="only resumptions into this stream")
 @click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=200, show_default=True, help="most runs listed")
@@ -719,19 +660,10 @@ def _result_text(result: Mapping[str, Any]) -> str:
 @_experiment_command(
     cli, "set", "change a running resumption's threshold, batch, throttle wait or policy (the configure Update)"
 )
-@click.option(
-    "--threshold",
-    "max_backlog_threshold",
-    type=click.INT,
-    help=f"max_backlog_threshold ({_bounds('max_backlog_threshold')})",
-)
-@click.option("--batch", "batch_size", type=click.INT, help=f"batch_size ({_bounds('batch_size')})")
-@click.option(
-    "--throttle-seconds", "throttle_seconds", type=click.FLOAT, help=f"throttle_seconds ({_bounds('throttle_seconds')})"
-)
-@click.option(
-    "--policy", "throttle_policy", type=click.Choice([p.value for p in ThrottlePolicy]), help="throttle_policy"
-)
+@_field_option("--threshold", "max_backlog_threshold")
+@_field_option("--batch", "batch_size")
+@_field_option("--throttle-seconds", "throttle_seconds")
+@_field_option("--policy", "throttle_policy")
 @click.option(
     "--timeout", type=UPDATE_TIMEOUT, default=30.0, show_default=True, help="seconds to wait for a worker to answer"
 )
@@ -743,12 +675,6 @@ def set_cmd(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     given = {name: value for name, value in fields.items() if value is not None}
     if not given:
         raise click.UsageError("nothing to change: give --threshold, --batch, --throttle-seconds or --policy", ctx)
-    for name, value in given.items():
-        try:
-            _field_adapter(name).validate_python(value)
-        except ValidationError as err:
-            msg = err.errors(include_url=False)[0]["msg"]
-            raise OperatorError(f"invalid ControlChange: {name}: {msg}") from None
     change = ControlChange.model_validate(given)
 
     async def go() -> EffectiveSettings:
@@ -972,25 +898,43 @@ class Watcher:
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(0, 1e6, min_open=True),
+    type=FiniteFloat(0, 1e6, min_open=True),
     default=400.0,
     show_default=True,
     help="consumer rate, tasks per second in all",
 )
 @click.option("--consumers", type=click.IntRange(1, 1_000), default=4, show_default=True, help="consumers in the group")
-@click.option("--threshold", type=click.INT, default=500, show_default=True, help="max_backlog_threshold, entries")
-@click.option("--batch", type=click.INT, default=100, show_default=True, help="most tasks one publish moves")
-@click.option("--throttle-seconds", type=click.FLOAT, default=2.0, show_default=True, help="one throttle wait, seconds")
+@click.option(
+    "--threshold",
+    type=field_type(ResumptionInput, "max_backlog_threshold"),
+    default=DemoOptions.threshold,
+    show_default=True,
+    help="max_backlog_threshold, entries",
+)
+@click.option(
+    "--batch",
+    type=field_type(ResumptionInput, "batch_size"),
+    default=DemoOptions.batch,
+    show_default=True,
+    help="most tasks one publish moves",
+)
+@click.option(
+    "--throttle-seconds",
+    type=field_type(ResumptionInput, "throttle_seconds"),
+    default=DemoOptions.throttle_seconds,
+    show_default=True,
+    help="one throttle wait, seconds",
+)
 @click.option(
     "--policy",
-    type=click.Choice([p.value for p in ThrottlePolicy]),
+    type=field_type(ResumptionInput, "throttle_policy"),
     default=ThrottlePolicy.FIXED.value,
     show_default=True,
     help="throttle_policy",
 )
 @click.option(
     "--linger",
-    type=click.FloatRange(0, 86_400),
+    type=FiniteFloat(0, 86_400),
     default=0.0,
     show_default=True,
     help="seconds to keep the services up at the end (Ctrl-C ends it early)",
@@ -999,8 +943,10 @@ class Watcher:
 def demo(ctx: click.Context, **opts: Any) -> None:
     """Replay held tasks end to end; starts redis-server and a Temporal dev server unless
     XMC_REDIS_URL / TEMPORAL_ADDRESS are set. Prints its own report (no --json)."""
+    options = DemoOptions(**opts)
+    options.resumption_input("demo")  # a knob the workflow would refuse fails here, before any service starts
     _settings(ctx)
-    code = _run(run_demo(DemoOptions(**opts)))
+    code = _run(run_demo(options))
     ctx.exit(code)
 
 

@@ -24,7 +24,6 @@ from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import (
     WORKFLOW_TYPE,
-    Outcome,
     Progress,
     ResumptionInput,
     ResumptionResult,
@@ -254,15 +253,15 @@ def fleet_query(
 
     Raises:
         ValueError: an experiment ID or stream that breaks ``validate_name`` (its characters hold
-            no quote, so a checked value cannot change the query); a phase that is no
-            ``FleetPhase`` and no ``Outcome``.
+            no quote, so a checked value cannot change the query); a phase that is not
+            among ``fleet.phase_values``.
     """
     clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'", "ExecutionStatus != 'ContinuedAsNew'"]
     if running:
         clauses.append("ExecutionStatus = 'Running'")
     if phase is not None:
-        if phase not in fleet_phases():
-            raise ValueError(f"phase must be one of {', '.join(fleet_phases())}, got {phase[:40]!r}")
+        if phase not in fleet.phase_values():
+            raise ValueError(f"phase must be one of {', '.join(fleet.phase_values())}, got {phase[:40]!r}")
         clauses.append(f"{fleet.PHASE.name} = '{phase}'")
     if experiment_id is not None:
         name = validate_name("experiment_id", experiment_id)
@@ -271,11 +270,6 @@ def fleet_query(
     if stream is not None:
         clauses.append(f"{fleet.STREAM.name} = '{validate_name('stream', stream)}'")
     return " AND ".join(clauses)
-
-
-def fleet_phases() -> list[str]:
-    """Every value ``XmcPhase`` takes: a ``FleetPhase`` while running, an ``Outcome`` once ended."""
-    return [p.value for p in fleet.FleetPhase] + [o.value for o in Outcome if o.value not in set(fleet.FleetPhase)]
 
 
 async def list_resumptions(client: Client, query: str, limit: int) -> list[dict[str, object]]:
