@@ -953,9 +953,14 @@ def demo(ctx: click.Context, **opts: Any) -> None:
 # --- entry point ------------------------------------------------------------------------------------
 
 
-def _command_path(err: click.ClickException) -> str:
+def _command_path(err: click.ClickException, args: Sequence[str]) -> str:
+    """The command an error is about: its context's, else (click raises some parse errors, such
+    as a value given to a flag, without one) the command named in ``args``, else ``xmc``."""
     ctx = getattr(err, "ctx", None)
-    return ctx.command_path if ctx is not None else "xmc"
+    if ctx is not None:
+        return str(ctx.command_path)
+    named = next((a for a in args if not a.startswith("-")), None)
+    return f"xmc {named}" if named in cli.commands else "xmc"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -971,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
         err.show()
         return EXIT_OPERATOR_ERROR
     except click.ClickException as err:
-        where = _command_path(err)
+        where = _command_path(err, args)
         print(f"{where}: error: {one_line(err.format_message())} (see {where} --help)", file=sys.stderr)
         return EXIT_OPERATOR_ERROR
     except BrokenPipeError:
