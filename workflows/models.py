@@ -427,6 +427,18 @@ class ControlChange(BaseModel):
         changes = self.model_dump(exclude_none=True)
         return ResumptionInput.model_validate({**inp.model_dump(), **changes})
 
+    def checked_against(self, inp: ResumptionInput) -> ResumptionInput:
+        """``applied_to``, its refusal on one line.
+
+        Raises:
+            InvalidControlError: ``<field>: <message>`` when the result breaks a bound or a rule
+                (a rule over several fields names them in its message).
+        """
+        try:
+            return self.applied_to(inp)
+        except ValidationError as err:
+            raise InvalidControlError(_first_error(None, err, self.model_dump(exclude_none=True))) from None
+
     @classmethod
     def of_update(cls, update: Control, args: Sequence[object]) -> ControlChange:
         """The change an Update asks for, from its arguments as JSON decoded them (any type).
@@ -470,15 +482,16 @@ def _json_kind(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _first_error(update: Control, err: ValidationError, data: object) -> str:
-    """One line for a rejected Update: ``<update>: <field>: <pydantic's message> (got <kind>)``,
+def _first_error(update: Control | None, err: ValidationError, data: object) -> str:
+    """One line for a rejected Update: ``[<update>: ]<field>: <pydantic's message> (got <kind>)``,
     never the value itself (it may be long)."""
     first = err.errors(include_url=False)[0]
     field = ".".join(str(x) for x in first["loc"]) or "change"
     msg = first["msg"].removeprefix("Value error, ")
     given = first.get("input", data)
     got = f" (got {_json_kind(given)})" if first["type"].endswith("_type") else ""
-    return " ".join(f"{update.value}: {field}: {msg}{got}".split())
+    prefix = f"{update.value}: " if update is not None else ""
+    return " ".join(f"{prefix}{field}: {msg}{got}".split())
 
 
 class InvalidControlError(ValueError):

@@ -288,12 +288,9 @@ class ResumptionWorkflow:
                 "the resumption is ending; nothing to change", type="ResumptionEnding", non_retryable=True
             )
         try:
-            change.applied_to(self._input)
-        except ValidationError as err:
-            first = err.errors(include_url=False)[0]
-            field = ".".join(str(x) for x in first["loc"]) or "input"
-            msg = " ".join(first["msg"].removeprefix("Value error, ").split())
-            raise ApplicationError(f"{field}: {msg}", type=INVALID_CONTROL, non_retryable=True) from None
+            change.checked_against(self._input)
+        except InvalidControlError as err:
+            raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
 
     def _apply(self, change: ControlChange) -> EffectiveSettings:
         """Apply a validated change: input, pacer and progress; wake a durable throttle wait."""
