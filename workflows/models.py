@@ -16,6 +16,7 @@ from typing import TypedDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET
+from xmc_resumption.redisclient.fencing import MAX_LEASE_MS
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
 from xmc_resumption.redisclient.memory import DEFAULT_MEMORY_FRACTION
 from xmc_resumption.redisclient.results import MissingGroupPolicy
@@ -28,9 +29,8 @@ TASK_QUEUE = "xmc-resumption"
 MAX_WAIT_SECONDS = 86_400.0
 """The longest single wait (seconds): one day; a longer durable timer is never what an operator means."""
 
-MAX_LEASE_SECONDS = 7 * MAX_WAIT_SECONDS
-"""The longest claim lease (seconds): a week. The fair share's replayers set uses it too: a lease
-end further ahead than this was not written by a replay, so it never counts (``lua/fair.lua``)."""
+MAX_LEASE_SECONDS = MAX_LEASE_MS / 1000
+"""The longest claim lease (seconds): a week (``redisclient.fencing.MAX_LEASE_MS``)."""
 
 
 class ThrottlePolicy(StrEnum):

@@ -16,16 +16,21 @@ from __future__ import annotations
 import uuid
 
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_key
 from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant
 from xmc_resumption.redisclient.scripts import run_script
-from xmc_resumption.redisclient.weights import replayers_key
+
+MAX_LEASE_MS = 7 * 86_400 * 1_000
+"""The longest claim lease (milliseconds): a week, ``ResumptionInput.claim_lease_seconds``'s bound.
+``lua/fair.lua`` holds the same number (``XMC_MAX_LEASE_MS``): a fair-share lease end further
+ahead than this was never written by a replay, so it does not count (tests/test_scale.py checks
+that the two agree)."""
 
 
 def validate_lease(lease_ms: int) -> None:
-    """Raise ``ValueError`` unless the lease (milliseconds) is at least 1."""
-    if lease_ms < 1:
-        raise ValueError(f"lease must be >= 1 ms, got {lease_ms}")
+    """Raise ``ValueError`` unless the lease (milliseconds) is an integer 1..``MAX_LEASE_MS``."""
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or not 1 <= lease_ms <= MAX_LEASE_MS:
+        raise ValueError(f"lease must be an integer of 1..{MAX_LEASE_MS} ms, got {lease_ms!r}")
 
 
 async def acquire_claim(
