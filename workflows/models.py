@@ -1,4 +1,4 @@
-"""Pydantic models of the workflow's external contract (DESIGN.md section 5).
+"""Pydantic models of the workflow's external contract (docs/contract.md).
 
 ``ResumptionInput`` is what callers send (Temporal CLI ``--input``, ``start_workflow``, a parent's
 ``start_child_workflow``); ``ResumptionResult`` is what the run returns; ``Progress`` is what the
@@ -246,7 +246,7 @@ class ResumptionInput(BaseModel):
 
 
 class Outcome(StrEnum):
-    """How a resumption ended: see DESIGN.md section 5."""
+    """How a resumption ended: see docs/contract.md, "Result and outcomes"."""
 
     COMPLETED = "completed"
     PAUSED = "paused"

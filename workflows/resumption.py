@@ -1,5 +1,5 @@
 """``ResumptionWorkflow``: replay an experiment's held tasks into the task stream, throttled by the
-consumer group's backlog (DESIGN.md section 5).
+consumer group's backlog (docs/contract.md, "The loop").
 
 Each turn of the loop:
   1. check the pause state and the fencing token, extending the claim's lease;

@@ -8,10 +8,10 @@ and how, from the workflow input and what was measured:
 - ``adaptive``: estimate the consumers' drain rate R from successive backlog readings and wait
   about ``(backlog - L) / R``, clamped to ``[min_wait_seconds, max_wait_seconds]``, where the low
   watermark L is the backlog the consumers still have in hand while the replay wakes up, re-checks
-  and publishes (``L ~ 2 x R x reaction``, shared/PACING_NOTES.md). Then the next turn tops the
+  and publishes (``L ~ 2 x R x reaction``, docs/pacing.md). Then the next turn tops the
   stream up to the threshold.
 
-How a wait is done comes from measurements on the dev server (README, "Pacing"): a durable timer
+How a wait is done comes from measurements on the dev server (docs/pacing.md, "How a wait is done"): a durable timer
 costs 5 history events and fires on the server's timer granularity (a 20 ms timer fired after
 1.0 s), while a bounded poll inside one local activity costs 1 marker and reacts within its poll
 interval. So a wait the estimate says is short (up to ``POLL_LIMIT_SECONDS``) polls the backlog

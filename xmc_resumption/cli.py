@@ -995,4 +995,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name.strip()}: {message}", file=sys.stderr)
         return EXIT_RUN_FAILED if isinstance(err, RunFailedError) else EXIT_OPERATOR_ERROR
     finally:
-        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")

@@ -215,7 +215,7 @@ def cli() -> int:
         print(f"worker: {message}", file=sys.stderr)
         return EXIT_OPERATOR_ERROR
     finally:
-        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")
 
 
 if __name__ == "__main__":

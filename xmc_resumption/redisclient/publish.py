@@ -1,4 +1,4 @@
-"""The atomic publish: move held tasks into the task stream (DESIGN.md section 5, step 4).
+"""The atomic publish: move held tasks into the task stream (docs/contract.md, "The loop", step 4).
 
 One Lua script (``lua/publish.lua``) checks the fencing token, the call's sequence number and the
 pause state, measures the backlog with the shared rule, and moves at most

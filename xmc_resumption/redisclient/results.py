@@ -13,7 +13,7 @@ from pydantic import BaseModel, model_validator
 
 
 class ExperimentState(StrEnum):
-    """An experiment's state (DESIGN.md section 3): absent key means running."""
+    """An experiment's state (docs/contract.md, "The state machine"): absent key means running."""
 
     RUNNING = "running"
     PAUSED = "paused"
@@ -32,7 +32,7 @@ class GroupStatus(StrEnum):
 
 
 class BacklogReading(BaseModel):
-    """One backlog measurement of a consumer group (DESIGN.md section 4).
+    """One backlog measurement of a consumer group (docs/contract.md, "Backlog").
 
     Attributes:
         status: whether the stream and the group exist.
