@@ -254,3 +254,12 @@ def test_resume_passes_the_memory_fraction_and_the_fair_share(redis_url: str) ->
     assert "Invalid value for '--max-memory-fraction': 1.5 is not in the range 0<x<=1" in bad.stderr
     shown = xmc_process(redis_url, "resume", "--help").stdout
     assert "--fair-share / --no-fair-share" in shown and "--max-memory-fraction" in shown
+
+
+@pytest.mark.parametrize("action", [[], ["--retry", "1-1"], ["--drop", "1-1"]], ids=["list", "retry", "drop"])
+async def test_dead_names_a_dead_letter_key_of_the_wrong_type(redis: Redis, xmc: Xmc, action: list[str]) -> None:
+    keys = ExperimentKeys(STREAM, "D1")
+    await redis.set(keys.dead, "text")
+    line = one_line(xmc("dead", "D1", *action), f"WRONGTYPE {keys.dead} is a string, expected a stream")
+    assert line.startswith("xmc dead: " + ("nothing moved: " if action else "WRONGTYPE"))
+    assert await redis.get(keys.dead) == b"text"

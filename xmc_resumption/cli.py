@@ -11,7 +11,8 @@ Exit codes:
     2: an error the operator can mend or a refusal: bad arguments or settings, Redis or Temporal
        unreachable, a key holding garbage, a resumption already running, nothing to resume, a
        change a running resumption rejected. One line on stderr naming the argument, setting,
-       key or field, never a secret (``xmc.errors``).
+       key or field, never a secret (``xmc.errors``). ``xmc status`` prints every part it could
+       read first, the others marked unknown, and one such line per unknown part.
     130: interrupted (Ctrl-C); 141: stdout was closed (``xmc status E | head``), quietly.
 Any other exception is a bug and keeps its traceback.
 """
@@ -50,6 +51,7 @@ from xmc_resumption.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_OPERATOR_ERROR,
     EXIT_RUN_FAILED,
+    MAX_DETAIL_CHARS,
     OperatorError,
     RunFailedError,
     one_line,
@@ -367,31 +369,50 @@ def status(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, g
 
     doc = _run(go())
     _emit(as_json, doc, _status_text(doc))
+    unknown: Mapping[str, str] = doc.get("unknown") or {}  # type: ignore[assignment]
+    for reason in unknown.values():
+        print(f"{ctx.command_path}: {one_line(reason, limit=2 * MAX_DETAIL_CHARS)}", file=sys.stderr)
+    if unknown:
+        ctx.exit(EXIT_OPERATOR_ERROR)
 
 
 def _status_text(doc: Mapping[str, Any]) -> str:
-    """``xmc status`` as text: one fact a line; keys it does not know are printed as they are."""
+    """``xmc status`` as text: one fact a line; a part that could not be read says ``unknown`` and
+    why (``ops.experiment_status``); keys it does not know are printed as they are."""
     e, s = doc["experiment_id"], doc["stream"]
-    if not doc["exists"]:
+    unknown: Mapping[str, str] = doc.get("unknown") or {}
+
+    def why(*parts: str) -> str:
+        return "unknown (" + "; ".join(unknown[p] for p in parts if p in unknown) + ")"
+
+    if doc["exists"] is False:
         lines = [f"{e} on {s}: unknown: no key of this experiment in Redis (never paused here: a typo, or --stream?)"]
     else:
-        lines = [f"{e} on {s}: {doc['state']}" + (" (orphaned: resuming, no live claim)" if doc["orphaned"] else "")]
-        lines.append(f"  held: {doc['held']} tasks; set aside: {doc['set_aside']}")
+        state = doc["state"] if "state" not in unknown else why("state")
+        lines = [f"{e} on {s}: {state}" + (" (orphaned: resuming, no live claim)" if doc["orphaned"] else "")]
+        held_text = f"{doc['held']} tasks" if "state" not in unknown else why("state")
+        dead = doc["set_aside"] if "set_aside" not in unknown else why("set_aside")
+        lines.append(f"  held: {held_text}; set aside: {dead}")
     claim = doc["claim"]
-    if claim:
+    if "claim" in unknown:
+        lines.append(f"  claim: {why('claim')}")
+    elif claim:
         lease = int(claim.get("lease_ms", "0")) / 1000
         lines.append(f"  claim: token {claim.get('token')} owned by {claim.get('owner')}, lease {lease:.0f}s left")
-    elif doc["exists"]:
+    elif doc["exists"] is not False:
         lines.append("  claim: none")
-    lines.append(f"  fencing token: {doc['fence']}")
+    lines.append(f"  fencing token: {doc['fence'] if 'fence' not in unknown else why('fence')}")
     b = doc["backlog"]
-    lag = f"{b['lag']}{'+' if b['capped'] else ''}"
-    side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
-    group = "" if b["status"] == "ok" else f"; consumer group: {b['status']}"
-    lines.append(
-        f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered, {side} "
-        f"{b['threshold']} (counted up to --threshold){group}"
-    )
+    if b is None:
+        lines.append(f"  backlog: {why('backlog')}")
+    else:
+        lag = f"{b['lag']}{'+' if b['capped'] else ''}"
+        side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
+        group = "" if b["status"] == "ok" else f"; consumer group: {b['status']}"
+        lines.append(
+            f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered, {side} "
+            f"{b['threshold']} (counted up to --threshold){group}"
+        )
     memory = doc.get("redis_memory")
     if memory:
         limit = f"of {memory['maxmemory']:,} bytes" if memory["maxmemory"] else "(no maxmemory)"
@@ -399,9 +420,12 @@ def _status_text(doc: Mapping[str, Any]) -> str:
             f"  redis memory: {memory['used_memory']:,} bytes used {limit}, maxmemory-policy {memory['policy']}"
             + (f": {memory['problem']}" if memory["problem"] else "")
         )
+    elif "redis_memory" in unknown:
+        lines.append(f"  redis memory: {why('redis_memory')}")
     lines.append("  " + _run_text(doc.get("run")))
     known = {"experiment_id", "stream", "exists", "state", "orphaned", "held", "set_aside", "claim", "fence"}
-    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in known | {"backlog", "run", "redis_memory"}]
+    shown = known | {"backlog", "run", "redis_memory", "unknown"}
+    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in shown]
     return "\n".join(lines)
 
 
@@ -465,7 +489,8 @@ def dead(
         except ResponseError as err:
             if is_denial(err):
                 raise  # an ACL refusal: operator_message names the user and the command
-            raise OperatorError(f"nothing moved: {err}") from err
+            # a WRONGTYPE names the key (redisclient.scripts.naming_wrong_type)
+            raise OperatorError(f"nothing moved: {err}" if retry or drop else str(err)) from err
         finally:
             await redis.aclose()
 
