@@ -28,6 +28,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError, SlotNotCoveredError
 
 from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.fencing import parse_token
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, wrong_type
 from xmc_resumption.redisclient.results import SetAside, SetAsideStatus
 from xmc_resumption.redisclient.scripts import naming_wrong_type
@@ -73,14 +74,14 @@ async def set_aside(client: RedisClient, keys: ExperimentKeys, token: int, entry
         redis.exceptions.WatchError: the fence counter or the dead-letter stream changed meanwhile
             (retry: the next try sees the change).
         redis.exceptions.ResponseError: WRONGTYPE, the dead-letter key is not a stream (nothing moved).
+        ValueError: the fence counter holds no token (``fencing.parse_token``; nothing moved).
         redis.exceptions.RedisError: on any Redis fault.
     """
     async with _transaction(client, keys.stream) as pipe:
         # the fence decides who may move held tasks (only this token's publish removes them), and
         # the dead-letter stream's type is checked: EXEC does not stop at a failed command
         await pipe.watch(keys.fence, keys.dead)
-        fence = await pipe.get(keys.fence)
-        if fence is None or as_text(fence) != str(token):
+        if parse_token(await pipe.get(keys.fence), keys.fence) != token:
             return SetAside(status=SetAsideStatus.FENCED, key=keys.dead, dead=await _dead_count(pipe, keys))
         await _must_be_a_stream(pipe, keys.dead)
         entries: Any = await pipe.xrange(keys.held, entry_id, entry_id)
