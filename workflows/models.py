@@ -182,11 +182,11 @@ class ResumptionInput(BaseModel):
 
     @model_validator(mode="after")
     def _waits_fit(self) -> ResumptionInput:
-        if self.max_wait_seconds is not None and self.max_wait_seconds < self.min_wait_seconds:
-            raise ValueError(
-                f"max_wait_seconds ({self.max_wait_seconds:g}) must not be below "
-                f"min_wait_seconds ({self.min_wait_seconds:g})"
-            )
+        # the longest adaptive wait defaults to throttle_seconds: the shortest may not pass it either
+        longest = self.max_wait_seconds if self.max_wait_seconds is not None else self.throttle_seconds
+        if longest < self.min_wait_seconds:
+            named = "max_wait_seconds" if self.max_wait_seconds is not None else "max_wait_seconds (= throttle_seconds)"
+            raise ValueError(f"{named} ({longest:g}) must not be below min_wait_seconds ({self.min_wait_seconds:g})")
         # the Redis-outage wait is not among them: a lease lapsed during an outage is taken again
         # for the current token at the next check (the fence counter, not the lease, decides)
         for name in ("throttle_seconds", "max_wait_seconds"):
