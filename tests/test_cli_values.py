@@ -113,13 +113,17 @@ FLAGS = [
 ]
 
 
+NOBODY = (free_port(), free_port())
+"""Two loopback ports nobody listens on (Redis, Temporal)."""
+
+
 @pytest.fixture(autouse=True)
 def nowhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis and Temporal unreachable: a value that got past the parser fails another way. And
     ``main``'s closing ``gc.collect()`` (for the SDK's teardown; nothing here reaches the SDK)
     skipped: on the test session's heap it costs 0.1 s a call, 900 calls."""
-    monkeypatch.setenv("XMC_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
-    monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("XMC_REDIS_URL", f"redis://127.0.0.1:{NOBODY[0]}/0")
+    monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{NOBODY[1]}")
     monkeypatch.setattr("xmc_resumption.cli.gc", types.SimpleNamespace(collect=lambda: 0))
 
 

@@ -279,8 +279,8 @@ def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 THRESHOLD_TYPE = field_type(ResumptionInput, "max_backlog_threshold")
 """A backlog threshold on the command line: ``ResumptionInput.max_backlog_threshold``'s bounds."""
 
-UPDATE_TIMEOUT = FiniteFloat(0, 3_600, min_open=True)
-"""``--timeout`` of the Updates (seconds)."""
+UPDATE_TIMEOUT = FiniteFloat(0.1, 3_600)
+"""``--timeout`` of the Updates (seconds): below 0.1 s no server round trip fits."""
 
 
 @click.group(help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
