@@ -7,7 +7,7 @@ parse time: exit 2, nothing on stdout, one line on stderr naming the option, no 
 is connected to (Redis and Temporal are unreachable here, so a value that got past the parser
 would fail with another message). A good value (each bound, the default, each choice) must parse
 to itself. An option whose type has no rule here fails the test: every option needs a type that
-checks its value (``xmc_resumption.params``)."""
+checks its value (``xmc_resumption.cli.params``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import click
 import pytest
 
 from xmc_resumption.cli import AppState, cli, main
-from xmc_resumption.params import MAX_ENTRY_ID_PART, EntryIdType, FiniteFloat, NameType
+from xmc_resumption.cli.params import MAX_ENTRY_ID_PART, EntryIdType, FiniteFloat, NameType
 from xmc_resumption.services import free_port
 
 NOT_NUMBERS = ["nan", "NaN", "inf", "-inf", "abc", "", " ", "true", "1,5", "0x10"]
@@ -67,7 +67,7 @@ def values(param: click.Parameter) -> tuple[list[str], list[str]]:
         return GOOD_NAMES, BAD_NAMES
     if isinstance(t, EntryIdType):
         return GOOD_ENTRY_IDS, BAD_ENTRY_IDS
-    raise AssertionError(f"{param.opts} has type {t!r}: no rule checks its values (xmc_resumption.params)")
+    raise AssertionError(f"{param.opts} has type {t!r}: no rule checks its values (xmc_resumption.cli.params)")
 
 
 def every_param() -> Iterator[tuple[str, click.Command, click.Parameter]]:
@@ -124,7 +124,7 @@ def nowhere(monkeypatch: pytest.MonkeyPatch) -> None:
     skipped: on the test session's heap it costs 0.1 s a call, 900 calls."""
     monkeypatch.setenv("XMC_REDIS_URL", f"redis://127.0.0.1:{NOBODY[0]}/0")
     monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{NOBODY[1]}")
-    monkeypatch.setattr("xmc_resumption.cli.gc", types.SimpleNamespace(collect=lambda: 0))
+    monkeypatch.setattr("xmc_resumption.cli.common.gc", types.SimpleNamespace(collect=lambda: 0))
 
 
 def test_the_tree_is_walked() -> None:

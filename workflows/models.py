@@ -62,7 +62,7 @@ class StartOptions(TypedDict):
 
 
 class Carry(BaseModel):
-    """State carried across continue-as-new; callers never set it.
+    """State carried across continue-as-new (``workflows/state.py`` ``RunState.carry``); callers never set it.
 
     Attributes:
         token: the fencing token taken by the first run; 0 while the claim is still to be taken
@@ -268,8 +268,8 @@ class ResumptionResult(BaseModel):
             published), stalled (the backlog did not go down for ``max_stall_seconds``; the
             experiment was handed back as paused), nothing_held (the experiment was neither paused
             nor holding tasks: a mistyped experiment ID or stream; nothing changed).
-        replayed: exact: counted by the publish script in Redis, whatever crashed meanwhile.
-        replayed: tasks this resumption moved into the task stream (entries, over all runs).
+        replayed: tasks this resumption moved into the task stream (entries, over all runs); exact:
+            counted by the publish script in Redis, whatever crashed meanwhile.
         remaining: held tasks left (entries).
         throttles: throttle waits taken.
         turns: turns of the loop.
@@ -492,6 +492,13 @@ def _first_error(update: Control | None, err: ValidationError, data: object) -> 
     got = f" (got {_json_kind(given)})" if first["type"].endswith("_type") else ""
     prefix = f"{update.value}: " if update is not None else ""
     return " ".join(f"{prefix}{field}: {msg}{got}".split())
+
+
+INVALID_CONTROL = "InvalidControl"
+"""``ApplicationError.type`` of an Update refused for its argument (non-retryable)."""
+
+RESUMPTION_ENDING = "ResumptionEnding"
+"""``ApplicationError.type`` of an Update refused because the run is ending (non-retryable)."""
 
 
 class InvalidControlError(ValueError):

@@ -29,6 +29,10 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xmc_resumption.redisclient.results import BacklogReading
 
 POLL_LIMIT_SECONDS = 2.0
 """The longest wait done as a poll inside one local activity (seconds). Longer waits are durable
@@ -84,14 +88,17 @@ class WaitPlan:
     poll_seconds: float = POLL_INTERVAL_BOUNDS[1]
 
 
-def wait_reason(pending: int, lag: int, capped: bool, threshold: int, bytes_capped: bool = False) -> str:
-    """A one-line reason for the UI, e.g. ``backlog 501+ >= 500 (pending 120 + lag 381+)``.
+def wait_reason(reading: BacklogReading, threshold: int, moved: int = 0) -> str:
+    """A one-line reason for the UI, e.g. ``backlog 501+ >= 500 (pending 120 + lag 381+)``, for
+    ``reading`` taken before a move of ``moved`` entries (which add to the lag) and ``threshold``
+    (entries).
 
     A ``+`` marks a count that stopped at the cap: the true value may be larger. A count stopped
     by the byte budget says so: the undelivered tasks are too large to count in one script.
     """
+    pending, lag, capped = reading.pending, reading.lag + moved, reading.capped
     plus = "+" if capped else ""
-    if bytes_capped:
+    if reading.bytes_capped:
         return f"undelivered entries pass the byte budget (pending {pending} + lag {lag}+ counted)"
     lag_text = "not counted" if capped and lag == 0 else f"{lag}{plus}"
     return f"backlog {pending + lag}{plus} >= {threshold} (pending {pending} + lag {lag_text})"

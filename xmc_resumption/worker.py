@@ -1,4 +1,6 @@
-"""Run a Temporal worker for xmc-resumption: ``python worker.py``.
+"""Run a Temporal worker for xmc-resumption: ``python -m xmc_resumption.worker`` (``make worker``).
+
+From a checkout, ``python -m worker`` runs the same (the shim ``worker.py`` at the top).
 
 Registers ``ResumptionWorkflow`` and its activities on the task queue ``XMC_TASK_QUEUE`` (default
 ``xmc-resumption``). Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), Redis from

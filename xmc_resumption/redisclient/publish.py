@@ -10,6 +10,8 @@ script atomically, so a retried or zombie call can never duplicate, lose or over
 
 from __future__ import annotations
 
+import json
+
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byte_budget, validate_threshold
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
@@ -88,7 +90,8 @@ async def publish_batch(
         [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
          fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id],
     )  # fmt: skip
-    result = PublishResult.model_validate_json(raw)
+    # the reply is flat (the publish record keeps it so); the reading takes the call's threshold
+    result = PublishResult.model_validate({**json.loads(raw), "threshold": threshold})
     if result.status is PublishStatus.NO_GROUP:
         raise MissingConsumerGroupError(keys.stream, group)
     return result
