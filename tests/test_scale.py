@@ -289,7 +289,7 @@ async def test_a_corrupt_weight_affects_only_its_own_experiment(group: Redis) ->
         await fair_publish(redis, "B", b, 1)
     assert await held.held_count(redis, keys("B")) == 100 and await redis.xlen(STREAM) == 0
     result = await fair_publish(redis, "A", a, 1)
-    assert (result.status, result.moved, result.headroom) == (PublishStatus.PUBLISHED, 75, 75)  # 100 * 3 / (3 + 1)
+    assert (result.status, result.moved, result.reading.headroom) == (PublishStatus.PUBLISHED, 75, 75)  # 100 * 3 / (3 + 1)
 
 
 @pytest.mark.parametrize(
@@ -308,7 +308,7 @@ async def test_a_lease_end_beyond_the_longest_lease_counts_for_nobody(
     seconds, _ = await redis.time()
     await redis.zadd(replayers_key(STREAM), {"Z": seconds * 1000 + ahead_ms})
     result = await fair_publish(redis, "A", a, 1)
-    assert (result.moved, result.headroom) == ((50, 50) if counted else (100, 100))
+    assert (result.moved, result.reading.headroom) == ((50, 50) if counted else (100, 100))
     assert set(await active_replayers(redis, STREAM)) == ({"A", "Z"} if counted else {"A"})
     members = {m.decode() for m in await redis.zrange(replayers_key(STREAM), 0, -1)}
     assert members == ({"A", "Z"} if counted else {"A"})

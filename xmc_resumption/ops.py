@@ -108,7 +108,13 @@ async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str
         except KeyContentError as err:
             unknown[name] = str(err)
         except ResponseError as err:
-            unknown[name] = denial_message(err, acl_user(redis), f"reading {name}") or one_line(str(err))
+            # only this part's: a refused command or key, a key of the wrong type, a script's
+            # refusal of what a key holds (XMC...); any other reply (no such database, OOM,
+            # LOADING) is the whole Redis's and fails the command
+            denied = denial_message(err, acl_user(redis), f"reading {name}")
+            if denied is None and not str(err).startswith(("WRONGTYPE", "XMC")):
+                raise
+            unknown[name] = denied or one_line(str(err))
         return None
 
     reading = await part(
