@@ -233,3 +233,27 @@ async def test_the_pause_update_ends_a_wait_for_redis_at_once(dev_env, redis, re
     assert await held.get_state(redis, keys) is ExperimentState.RESUMING  # the release never reached Redis
     assert 0 < await redis.pttl(keys.claim) <= 120_000  # the claim lapses with its lease
     assert await redis.xlen(keys.held) == 10
+
+
+def test_xmc_list_takes_every_phase_the_workflow_sets() -> None:
+    """``xmc list --phase`` takes its choices from ``phase_values``: every value ``fleet_phase``
+    returns must be among them (``failed`` was left out once, so a failed run could not be listed
+    by its phase), and nothing else."""
+    from datetime import UTC, datetime
+
+    from xmc_resumption.cli import cli
+    from xmc_resumption.workflows.models import Progress
+
+    seen = set()
+    for phase in Phase:
+        for outcome in [None, *Outcome]:
+            for failed in (False, True):
+                for stopping in (False, True):
+                    for until in (None, datetime(2026, 1, 1, tzinfo=UTC)):
+                        p = Progress(
+                            experiment_id="E", threshold=5, phase=phase, outcome=outcome, throttled_until=until
+                        )
+                        seen.add(fleet.fleet_phase(p, failed=failed, stopping=stopping))
+    assert seen == set(fleet.phase_values())
+    choices = next(p for p in cli.commands["list"].params if p.name == "phase").type.choices  # type: ignore[attr-defined]
+    assert list(choices) == fleet.phase_values()

@@ -289,7 +289,11 @@ async def test_a_corrupt_weight_affects_only_its_own_experiment(group: Redis) ->
         await fair_publish(redis, "B", b, 1)
     assert await held.held_count(redis, keys("B")) == 100 and await redis.xlen(STREAM) == 0
     result = await fair_publish(redis, "A", a, 1)
-    assert (result.status, result.moved, result.reading.headroom) == (PublishStatus.PUBLISHED, 75, 75)  # 100 * 3 / (3 + 1)
+    assert (result.status, result.moved, result.reading.headroom) == (
+        PublishStatus.PUBLISHED,
+        75,
+        75,
+    )  # 100 * 3 / (3 + 1)
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ the workflow code): the experiment was handed back as paused; the run has no ``O
 
 
 def phase_values() -> list[str]:
-    """Every value ``XmcPhase`` takes (``ResumptionWorkflow._fleet_phase`` sets it): a ``FleetPhase``
+    """Every value ``XmcPhase`` takes (``fleet_phase`` sets it): a ``FleetPhase``
     while running, an ``Outcome`` once ended, ``FAILED`` for a failed run; each once, in that order.
     ``xmc list --phase`` takes its choices from here."""
     values = [p.value for p in FleetPhase] + [o.value for o in Outcome] + [FAILED]
