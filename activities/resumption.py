@@ -163,13 +163,30 @@ class ResumptionActivities:
     """The activities, bound to one asyncio Redis client (``decode_responses=False``: task field
     maps are moved byte for byte).
 
-    Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``.
-    ``meter`` (the worker runtime's metric meter) feeds the ``HeldRemaining`` gauge.
+    Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``,
+    or let ``xmc_resumption.plugin.ResumptionPlugin`` do it: it builds them without a client and
+    sets ``redis`` when the worker starts. ``meter`` (the worker runtime's metric meter) feeds the
+    ``HeldRemaining`` gauge.
     """
 
-    def __init__(self, redis: RedisClient, meter: MetricMeter | None = None) -> None:
-        self.redis = redis
+    def __init__(self, redis: RedisClient | None = None, meter: MetricMeter | None = None) -> None:
+        self._redis = redis
         self.held = HeldRemaining(meter)
+
+    @property
+    def redis(self) -> RedisClient:
+        """The Redis client the activities call.
+
+        Raises:
+            RuntimeError: none was given nor set (a worker that was never started by its plugin).
+        """
+        if self._redis is None:
+            raise RuntimeError("ResumptionActivities has no Redis client (ResumptionPlugin sets it at worker start)")
+        return self._redis
+
+    @redis.setter
+    def redis(self, client: RedisClient) -> None:
+        self._redis = client
 
     def all(self) -> list[Callable[..., Any]]:
         """The bound activity methods, for ``Worker(activities=...)``."""

@@ -205,7 +205,7 @@ async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> 
                 f"services stay up for {opts.linger:g} s (Ctrl-C ends it early). In another shell:\n"
                 f"  export TEMPORAL_ADDRESS={temporal_address} XMC_REDIS_URL={settings.redis_location()}\n"
                 f"  .venv/bin/temporal workflow show --address {temporal_address} -w {handle.id}\n"
-                f"  .venv/bin/python -m xmc status {experiment}"
+                f"  .venv/bin/xmc status {experiment}"
             )
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(opts.linger)

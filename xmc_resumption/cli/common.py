@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from xmc_resumption import __version__
 from xmc_resumption.cli.params import FiniteFloat, NameType, field_type
 from xmc_resumption.errors import (
     EXIT_BROKEN_PIPE,
@@ -197,6 +198,7 @@ UPDATE_TIMEOUT = FiniteFloat(0.1, 3_600)
 
 
 @click.group(help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="xmc", message="%(prog)s %(version)s")
 def cli() -> None:
     """The ``xmc`` group; see ``DESCRIPTION``."""
 
