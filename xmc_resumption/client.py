@@ -130,20 +130,23 @@ class ExperimentStatus(BaseModel):
         run: the resumption ``resumption-<E>`` in Temporal (``ops.live_run``: IDs, status, search
             attributes, ``progress`` while it runs), ``{"error": <one line>}`` when Temporal could not
             be asked, None when there never was one or it was not asked.
+        unknown: the parts that could not be read (a key of the wrong type, a command the ACL user
+            may not run) -> why; each such part is None above (``ops.experiment_status``).
     """
 
     experiment_id: str
     stream: str
-    exists: bool
+    exists: bool | None
     state: str
-    orphaned: bool
-    held: int
-    claim: dict[str, str]
-    fence: int
-    set_aside: int
-    backlog: BacklogSummary
-    redis_memory: RedisMemory
+    orphaned: bool | None
+    held: int | None
+    claim: dict[str, str] | None
+    fence: int | None
+    set_aside: int | None
+    backlog: BacklogSummary | None
+    redis_memory: RedisMemory | None
     run: dict[str, Any] | None = None
+    unknown: dict[str, str] | None = None
 
 
 class HeldRow(BaseModel):
