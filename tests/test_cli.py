@@ -204,8 +204,22 @@ async def test_a_long_claim_lease_lets_a_long_throttle_validate(redis: Redis, xm
     one_line(proc, "xmc resume: cannot reach Temporal at TEMPORAL_ADDRESS=")
 
 
-def test_nothing_to_resume_is_refused_with_exit_2(redis: Redis, xmc: Xmc) -> None:
-    one_line(xmc("resume", "E-none"), "xmc resume: experiment E-none is running and holds no tasks")
+async def test_nothing_to_resume_is_refused_with_exit_2(redis: Redis, xmc: Xmc) -> None:
+    """A name never paused here (no key at all) is told apart from a finished experiment (its
+    fence counter is left: running, nothing held)."""
+    one_line(
+        xmc("resume", "E-none"),
+        f"xmc resume: experiment E-none has no key on {STREAM} (never paused here: a typo, or another --stream?): "
+        "nothing to resume (--force starts the workflow anyway)",
+    )
+    await redis.set(ExperimentKeys(STREAM, "E-done").fence, 1)
+    one_line(xmc("resume", "E-done"), f"xmc resume: experiment E-done is running and holds no tasks on {STREAM}")
+
+
+async def test_held_orphaned_says_when_none_is(redis: Redis, xmc: Xmc) -> None:
+    await held.pause(redis, ExperimentKeys(STREAM, "E-paused"))
+    assert xmc("held", "--orphaned").stdout == f"no experiment on {STREAM} is orphaned\n"
+    assert xmc("held").stdout.split()[:2] == ["EXPERIMENT", "CONDITION"]
 
 
 def test_errors_are_one_line_and_exit_2(redis_url: str, xmc: Xmc) -> None:

@@ -377,7 +377,8 @@ async def test_resume_starts_several_experiments_each_checked(
         refused = await asyncio.to_thread(xmc, "resume", r3, idle, **env)
         one_line(
             refused,
-            f"xmc resume: experiment {idle} is running and holds no tasks on xmc-tasks-stream: nothing to resume "
+            f"xmc resume: experiment {idle} has no key on xmc-tasks-stream (never paused here: a typo, or another "
+            "--stream?): nothing to resume "
             "(--force starts the workflow anyway)",
         )
         with pytest.raises(RPCError):  # the refusal of one started none

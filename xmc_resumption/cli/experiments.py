@@ -279,7 +279,8 @@ def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_jso
         ],
     )
     more = f"\n(more than {limit} experiments: --limit)" if truncated else ""
-    text = (table if rows else f"no experiment on {stream} is paused, resuming or holding tasks") + more
+    none = "is orphaned" if orphaned else "is paused, resuming or holding tasks"
+    text = (table if rows else f"no experiment on {stream} {none}") + more
     emit(as_json, {"stream": stream, "experiments": rows, "truncated": truncated}, text)
 
 
