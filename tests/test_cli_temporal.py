@@ -377,7 +377,8 @@ async def test_resume_starts_several_experiments_each_checked(
         refused = await asyncio.to_thread(xmc, "resume", r3, idle, **env)
         one_line(
             refused,
-            f"xmc resume: experiment {idle} is running and holds no tasks on xmc-tasks-stream: nothing to resume "
+            f"xmc resume: experiment {idle} has no key on xmc-tasks-stream (never paused here: a typo, or another "
+            "--stream?): nothing to resume "
             "(--force starts the workflow anyway)",
         )
         with pytest.raises(RPCError):  # the refusal of one started none
@@ -396,7 +397,7 @@ async def test_resume_starts_several_experiments_each_checked(
         desc = await dev_env.client.get_workflow_handle(f"resumption-{r4}").describe()
         assert desc.task_queue == task_queue  # XMC_TASK_QUEUE
         shown = " ".join((await asyncio.to_thread(xmc, "resume", "--help")).stdout.split())
-        assert "EXPERIMENT_ID..." in shown and "--task-queue TEXT the task queue the workers poll" in shown
+        assert "EXPERIMENT_ID..." in shown and "--task-queue TASK-QUEUE the task queue the workers poll" in shown
         assert "[default: (XMC_TASK_QUEUE, else xmc-resumption)]" in shown
     finally:
         await _terminate(dev_env.client, r1, r2, r3, r4)

@@ -40,6 +40,7 @@ from xmc_resumption.ops import (
     MAX_LISTED,
     experiment_status,
     fleet_query,
+    has_keys,
     held_experiments,
     list_resumptions,
     live_run,
@@ -139,21 +140,24 @@ class ExperimentStatus(BaseModel):
         run: the resumption ``resumption-<E>`` in Temporal (``ops.live_run``: IDs, status, search
             attributes, ``progress`` while it runs), ``{"error": <one line>}`` when Temporal could not
             be asked, None when there never was one or it was not asked.
+        unknown: the parts that could not be read (a key of the wrong type, a command the ACL user
+            may not run) -> why; each such part is None above (``ops.experiment_status``).
     """
 
     experiment_id: str
     stream: str
-    exists: bool
+    exists: bool | None
     state: str
-    orphaned: bool
-    held: int
-    claim: dict[str, str]
-    fence: int
-    set_aside: int
-    backlog: BacklogSummary
-    idle_consumers: list[IdleConsumer] = []
-    redis_memory: RedisMemory
+    orphaned: bool | None
+    held: int | None
+    claim: dict[str, str] | None
+    fence: int | None
+    set_aside: int | None
+    backlog: BacklogSummary | None
+    idle_consumers: list[IdleConsumer] | None = []
+    redis_memory: RedisMemory | None
     run: dict[str, Any] | None = None
+    unknown: dict[str, str] | None = None
 
 
 class HeldRow(BaseModel):
@@ -381,7 +385,7 @@ class XmcClient:
     async def check_resumable(self, inputs: Sequence[ResumptionInput], *, force: bool = False) -> None:
         """The checks ``resume`` makes before it starts anything: Redis's eviction policy must be
         ``noeviction`` (``ops.refuse_evicting_redis``), and an experiment that is running and holds
-        no tasks has nothing to resume (unless ``force``).
+        no tasks, or that has no key at all on the stream, has nothing to resume (unless ``force``).
 
         Raises:
             OperatorError: the eviction policy (naming it). NothingToResumeError: one line naming
@@ -393,7 +397,13 @@ class XmcClient:
             keys = ExperimentKeys(inp.stream, inp.experiment_id)
             state, waiting = await self._repeat(state_and_held, self.redis, keys)
             if state is ExperimentState.RUNNING and not waiting:
-                idle.append(f"experiment {inp.experiment_id} is running and holds no tasks on {inp.stream}")
+                if await self._repeat(has_keys, self.redis, keys):
+                    idle.append(f"experiment {inp.experiment_id} is running and holds no tasks on {inp.stream}")
+                else:  # an absent state key reads as running; no key at all is a name never paused here
+                    idle.append(
+                        f"experiment {inp.experiment_id} has no key on {inp.stream} "
+                        "(never paused here: a typo, or another --stream?)"
+                    )
         for stream in dict.fromkeys(inp.stream for inp in inputs):
             await self._repeat(refuse_evicting_redis, self.redis, ExperimentKeys(stream, "x"))
         if idle and not force:

@@ -52,8 +52,12 @@ SECRET_QUERY_ARGS = frozenset({"password", "username"})
 def redacted_url(url: str) -> str:
     """``url`` with its password (and any ``password=`` query argument) replaced by ``***``.
 
-    Every URL the CLI and the worker print goes through this. A URL that cannot be parsed at all
-    is shown as ``<unparseable URL>``: printing it could print a secret.
+    Every URL the CLI and the worker print goes through this. The password is what follows the
+    first ``:`` of the user part, up to the last ``@`` before the host, so ``@``, ``:`` and ``%``
+    in it (escaped or not) are masked with it. A URL that cannot be parsed at all is shown as
+    ``<unparseable URL>``, and so is one whose password holds an unescaped ``/``, ``?`` or ``#``
+    (it ends the host part early, spilling the rest of the password into the path: redis-py cannot
+    read such a URL either): printing it could print a secret.
     """
     try:
         parts = urlsplit(url)
@@ -62,10 +66,10 @@ def redacted_url(url: str) -> str:
             userinfo, _, hostport = netloc.rpartition("@")
             user = userinfo.partition(":")[0]
             netloc = f"{user}:***@{hostport}"
-        query = urlencode(
-            [(k, "***" if k in SECRET_QUERY_ARGS else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)],
-            safe="*",
-        )
+        pairs = [(k, "***" if k in SECRET_QUERY_ARGS else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        if "@" in parts.path + parts.fragment + "".join(k + v for k, v in pairs):
+            return "<unparseable URL>"  # a user part that did not end at its '@': see above
+        query = urlencode(pairs, safe="*")
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return "<unparseable URL>"
@@ -148,7 +152,12 @@ class Settings(BaseSettings):
         try:
             kwargs = parse_url(url)
         except ValueError as err:  # the scheme, a port that is no number, a bad query argument
-            raise ValueError(str(err).rstrip(".")) from None
+            message = str(err).rstrip(".")
+            if message.startswith("Port could not be cast"):
+                # urllib quotes what it took for the port: the rest of a password whose unescaped
+                # '/', '?' or '#' ended the host part early
+                message = "the port is not a number (in a password, '/', '?' and '#' must be escaped: %2F, %3F, %23)"
+            raise ValueError(message) from None
         parts = urlsplit(url)
         if parts.scheme in ("redis", "rediss") and "db" not in kwargs:
             db = parts.path.strip("/")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,11 +12,9 @@ from redis.exceptions import ResponseError, WatchError
 
 from xmc_resumption.cli.common import (
     GROUP_NAME,
-    GROUP_NAMES,
     QUERY_TIMEOUT_SECONDS,
     STREAM_NAME,
     THRESHOLD_TYPE,
-    EntryIdType,
     cli,
     client_of,
     emit,
@@ -26,8 +25,9 @@ from xmc_resumption.cli.common import (
     settings_of,
     text_table,
 )
+from xmc_resumption.cli.params import EntryIdType, FiniteFloat, NameListType
 from xmc_resumption.client import MAX_ENQUEUE_TASKS
-from xmc_resumption.errors import OperatorError
+from xmc_resumption.errors import EXIT_OPERATOR_ERROR, MAX_DETAIL_CHARS, OperatorError, one_line
 from xmc_resumption.ops import DEFAULT_IDLE_SECONDS, MAX_LISTED
 from xmc_resumption.redisclient import deadletter
 from xmc_resumption.redisclient.acl import is_denial
@@ -91,7 +91,7 @@ def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
 )
 @click.option(
     "--groups",
-    type=GROUP_NAMES,
+    type=NameListType("consumer_groups"),
     default=None,
     show_default="every group of the stream",
     help="the groups whose backlog bounds a replay, comma-separated, --group among them",
@@ -105,7 +105,7 @@ def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
 )
 @click.option(
     "--idle-seconds",
-    type=click.FloatRange(0, 30 * 86_400),
+    type=FiniteFloat(0, 30 * 86_400),
     default=DEFAULT_IDLE_SECONDS,
     show_default=True,
     help="name the consumers holding pending entries while idle this long (seconds)",
@@ -135,36 +135,57 @@ def status(
                 groups=groups,
                 idle_seconds=idle_seconds,
             )
-        return found.model_dump(mode="json")
+        doc = found.model_dump(mode="json")
+        if doc["unknown"] is None:
+            del doc["unknown"]  # the document names ``unknown`` only when a part could not be read
+        return doc
 
     doc = run_sync(go())
     emit(as_json, doc, _status_text(doc))
+    unknown: Mapping[str, str] = doc.get("unknown") or {}  # type: ignore[assignment]
+    for reason in unknown.values():
+        print(f"{ctx.command_path}: {one_line(reason, limit=2 * MAX_DETAIL_CHARS)}", file=sys.stderr)
+    if unknown:
+        ctx.exit(EXIT_OPERATOR_ERROR)
 
 
 def _status_text(doc: Mapping[str, Any]) -> str:
-    """``xmc status`` as text: one fact a line; keys it does not know are printed as they are."""
+    """``xmc status`` as text: one fact a line; a part that could not be read says ``unknown`` and
+    why (``ops.experiment_status``); keys it does not know are printed as they are."""
     e, s = doc["experiment_id"], doc["stream"]
-    if not doc["exists"]:
+    unknown: Mapping[str, str] = doc.get("unknown") or {}
+
+    def why(*parts: str) -> str:
+        return "unknown (" + "; ".join(unknown[p] for p in parts if p in unknown) + ")"
+
+    if doc["exists"] is False:
         lines = [f"{e} on {s}: unknown: no key of this experiment in Redis (never paused here: a typo, or --stream?)"]
     else:
-        lines = [f"{e} on {s}: {doc['state']}" + (" (orphaned: resuming, no live claim)" if doc["orphaned"] else "")]
-        lines.append(f"  held: {doc['held']} tasks; set aside: {doc['set_aside']}")
+        state = doc["state"] if "state" not in unknown else why("state")
+        lines = [f"{e} on {s}: {state}" + (" (orphaned: resuming, no live claim)" if doc["orphaned"] else "")]
+        held_text = f"{doc['held']} tasks" if "state" not in unknown else why("state")
+        dead = doc["set_aside"] if "set_aside" not in unknown else why("set_aside")
+        lines.append(f"  held: {held_text}; set aside: {dead}")
     claim = doc["claim"]
-    if claim:
+    if "claim" in unknown:
+        lines.append(f"  claim: {why('claim')}")
+    elif claim:
         lease = int(claim.get("lease_ms", "0")) / 1000
         lines.append(f"  claim: token {claim.get('token')} owned by {claim.get('owner')}, lease {lease:.0f}s left")
-    elif doc["exists"]:
+    elif doc["exists"] is not False:
         lines.append("  claim: none")
-    lines.append(f"  fencing token: {doc['fence']}")
-    lines += _backlog_lines(doc["backlog"])
+    lines.append(f"  fencing token: {doc['fence'] if 'fence' not in unknown else why('fence')}")
+    b = doc["backlog"]
+    if b is None:
+        lines.append(f"  backlog: {why('backlog')}")
+    else:
+        lines += _backlog_lines(b)
     idle = doc.get("idle_consumers")
-    if idle:
-        lines.append(
-            "  idle consumers holding pending entries: "
-            + "; ".join(
-                f"{c['group']}/{c['consumer']} holds {c['pending']}, idle {c['idle_ms'] / 1000:.0f}s" for c in idle
-            )
-        )
+    if "idle_consumers" in unknown:
+        lines.append(f"  idle consumers holding pending entries: {why('idle_consumers')}")
+    elif idle:
+        held_by = (f"{c['group']}/{c['consumer']} holds {c['pending']}, idle {c['idle_ms'] / 1000:.0f}s" for c in idle)
+        lines.append("  idle consumers holding pending entries: " + "; ".join(held_by))
     memory = doc.get("redis_memory")
     if memory:
         limit = f"of {memory['maxmemory']:,} bytes" if memory["maxmemory"] else "(no maxmemory)"
@@ -172,11 +193,12 @@ def _status_text(doc: Mapping[str, Any]) -> str:
             f"  redis memory: {memory['used_memory']:,} bytes used {limit}, maxmemory-policy {memory['policy']}"
             + (f": {memory['problem']}" if memory["problem"] else "")
         )
+    elif "redis_memory" in unknown:
+        lines.append(f"  redis memory: {why('redis_memory')}")
     lines.append("  " + _run_text(doc.get("run")))
     known = {"experiment_id", "stream", "exists", "state", "orphaned", "held", "set_aside", "claim", "fence"}
-    lines += [
-        f"  {k}: {v}" for k, v in doc.items() if k not in known | {"backlog", "run", "redis_memory", "idle_consumers"}
-    ]
+    shown = known | {"backlog", "run", "redis_memory", "unknown", "idle_consumers"}
+    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in shown]
     return "\n".join(lines)
 
 
@@ -271,7 +293,8 @@ def dead(
         except ResponseError as err:
             if is_denial(err):
                 raise  # an ACL refusal: operator_message names the user and the command
-            raise OperatorError(f"nothing moved: {err}") from err
+            # a WRONGTYPE names the key (redisclient.scripts.naming_wrong_type)
+            raise OperatorError(f"nothing moved: {err}" if retry or drop else str(err)) from err
         finally:
             await redis.aclose()
 
@@ -322,7 +345,8 @@ def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_jso
         ],
     )
     more = f"\n(more than {limit} experiments: --limit)" if truncated else ""
-    text = (table if rows else f"no experiment on {stream} is paused, resuming or holding tasks") + more
+    none = "is orphaned" if orphaned else "is paused, resuming or holding tasks"
+    text = (table if rows else f"no experiment on {stream} {none}") + more
     emit(as_json, {"stream": stream, "experiments": rows, "truncated": truncated}, text)
 
 

@@ -119,6 +119,16 @@ class ExperimentKeys:
         return f"{self._prefix}:fence"
 
 
+def weights_key(stream: str) -> str:
+    """``{S}:weights``: the fair share's weights hash of task stream ``stream`` (``redisclient.weights``)."""
+    return f"{{{validate_name('stream', stream)}}}:weights"
+
+
+def replayers_key(stream: str) -> str:
+    """``{S}:replayers``: the sorted set of the active fair-share replayers of ``stream``."""
+    return f"{{{validate_name('stream', stream)}}}:replayers"
+
+
 def as_text(value: bytes | str) -> str:
     """A reply as text, whether the client decodes responses or not (UTF-8)."""
     return value.decode() if isinstance(value, bytes) else value
