@@ -349,7 +349,7 @@ async def test_xmc_status_shows_each_group_the_limiting_one_and_idle_consumers(r
 
 async def test_xmc_resume_takes_the_groups_and_checks_them_before_anything_starts(redis: Redis, redis_url: str) -> None:
     await hold(redis, 2)
-    for groups, says in (("audit", "consumer_groups must include consumer_group"), ("a b", "consumer group")):
+    for groups, says in (("audit", "consumer_groups must include consumer_group"), ("a b", "consumer_groups 'a b'")):
         ran = await asyncio.to_thread(xmc_process, redis_url, "resume", KEYS.experiment_id, "--groups", groups)
         assert ran.returncode == 2 and says in ran.stderr, ran.stderr
     # a valid list passes the input's rule; the start then needs Temporal (a refused port here)

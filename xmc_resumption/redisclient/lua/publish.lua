@@ -47,7 +47,7 @@ local seq = xmc_arg_int('seq', ARGV[2], 1, 2 ^ 53)
 local batch = xmc_arg_int('batch size', ARGV[3], 1, 1000000)
 local args = xmc_backlog_args(ARGV[5], ARGV[6], ARGV[13], ARGV[4], ARGV[9])
 local threshold, budget = args.threshold, args.budget
-xmc_arg_int('lease', ARGV[7], 1, 2 ^ 53)
+xmc_arg_int('lease', ARGV[7], 1, XMC_MAX_LEASE_MS)
 if type(ARGV[8]) ~= 'string' or ARGV[8] == '' or #ARGV[8] > 1000 then
   xmc_arg_error('owner must be 1..1000 bytes', ARGV[8])
 end
