@@ -1,8 +1,9 @@
-"""Record workflow histories for the replay test: ``python -m tests.record_histories``.
+"""Record workflow histories for the replay test: ``python -m tests.record_histories [NAME ...]``.
 
-Runs one scenario per outcome on a fresh dev server and redis-server and writes each history as
-JSON to ``tests/histories/``. Re-record only for a deliberate, versioned change of the workflow;
-the old files stay, so that runs started by the old code still replay.
+Runs one scenario per outcome (or only the named ones) on a fresh dev server and redis-server and
+writes each history as JSON to ``tests/histories/``. Re-record only for a deliberate, versioned
+change of the workflow; the old files stay, so that runs started by the old code still replay.
+Record a new scenario by its name alone, so the others' files stay as they were.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -30,7 +32,7 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
-from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient import fencing, held, ratecap
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.services import installed_binary, local_redis
 from xmc_resumption.workflows import fleet
@@ -88,6 +90,19 @@ async def stopped(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await handle.result()
 
 
+async def rate_limited(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """A stream-wide cap of 3/s with an empty bucket, set during the throttle wait, above the
+    replay's own cap of 2/s: the first publish after the wait is ``rate_limited`` by the script
+    (nothing moves; a wait for the stream's bucket), later ones move 2 and wait for the replay's
+    own bucket; then it completes."""
+    await wait_for(handle, throttled)
+    seconds, micros = await redis.time()
+    now_ms = seconds * 1000 + micros // 1000
+    # an empty bucket that starts refilling 1.5 s from now: the first publishes after the wait find none
+    await redis.hset(ratecap.rate_key(STREAM), mapping={"limit": "3", "tokens": "0", "at": str(now_ms + 1_500)})
+    await completed(redis, handle, e)
+
+
 async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await wait_for(handle, throttled)
     await handle.cancel()
@@ -111,11 +126,15 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 3},
     ),
+    "rate_limited": (rate_limited, {"max_backlog_threshold": 5, "throttle_seconds": 0.5, "max_tasks_per_second": 2}),
 }
 
 
-async def record() -> None:
+async def record(names: list[str]) -> None:
     OUT.mkdir(exist_ok=True)
+    unknown = set(names) - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"no such scenario: {', '.join(sorted(unknown))}; choose from {', '.join(SCENARIOS)}")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=installed_binary("temporal"),
         data_converter=pydantic_data_converter,
@@ -125,6 +144,8 @@ async def record() -> None:
         with local_redis() as url:
             redis = Redis.from_url(url)
             for name, (scenario, fields) in SCENARIOS.items():
+                if names and name not in names:
+                    continue
                 await redis.flushall()
                 e = f"E{uuid.uuid4().hex[:6]}"
                 await hold_tasks(redis, e, 12)
@@ -149,5 +170,5 @@ async def record() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(record())
+    asyncio.run(record(sys.argv[1:]))
     gc.collect()

@@ -37,6 +37,7 @@ ENDINGS: dict[str, tuple[EventType.ValueType, str | None, list[str]]] = {
     "continued_as_new": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW, None, []),
     "controlled_by_update": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "stopped_by_update": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "paused", ["release_claim"]),
+    "rate_limited": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
 }
 
 

@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.redisclient.memory import memory_reason
     from xmc_resumption.redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
     from xmc_resumption.workflows import fleet, metrics
+    from xmc_resumption.workflows.eta import NetRate, eta_seconds
     from xmc_resumption.workflows.models import (
         WORKFLOW_TYPE,
         Carry,
@@ -63,7 +64,15 @@ with workflow.unsafe.imports_passed_through():
         ResumptionResult,
         ThrottlePolicy,
     )
-    from xmc_resumption.workflows.throttle import Pacer, StallWatch, WaitKind, WaitPlan, wait_reason
+    from xmc_resumption.workflows.ratecap import TaskBucket
+    from xmc_resumption.workflows.throttle import (
+        POLL_LIMIT_SECONDS,
+        Pacer,
+        StallWatch,
+        WaitKind,
+        WaitPlan,
+        wait_reason,
+    )
 
 _Req = TypeVar("_Req")
 _Res = TypeVar("_Res")
@@ -84,6 +93,15 @@ CHAINED_PUBLISH = "chained-publish"
 """``workflow.patched`` ID of the cheap turn: a publish that left headroom is followed by the next
 publish without a check and a measurement in between (and, adaptive, one that filled it goes
 straight to the wait). Runs recorded before it (tests/histories/v0_*, v1_*) replay on the old path."""
+
+RATE_CAP = "rate-cap"
+"""``workflow.patched`` ID of the rate cap's waits (``_rate_wait``): a run that waited for a rate
+cap's bucket records it once. Runs recorded before the cap existed never reach a rate wait (their
+input has no ``max_tasks_per_second`` and their publish results no ``rate_limited``)."""
+
+MIN_RATE_WAIT_SECONDS = 0.01
+"""The shortest rate wait (seconds); the longest is half the claim's lease, so the lease, extended
+once per turn, outlasts it (a longer wait for a bucket is taken in several)."""
 
 REDIS_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
@@ -153,8 +171,13 @@ class ResumptionWorkflow:
             turns=carry.turns if carry else 0,
             runs=carry.runs + 1 if carry else 1,
             drain_rate=carry.drain_rate if carry else None,
+            max_tasks_per_second=inp.max_tasks_per_second,
         )
         self._seq = carry.seq if carry else 0
+        self._net = carry.net_rate.model_copy() if carry and carry.net_rate else NetRate()
+        """The net drain rate behind the ETA (``workflows/eta.py``)."""
+        self._bucket = carry.rate_bucket.model_copy() if carry and carry.rate_bucket else TaskBucket()
+        """The ``max_tasks_per_second`` bucket (``workflows/ratecap.py``)."""
         self._pacer = Pacer(
             adaptive=inp.throttle_policy is ThrottlePolicy.ADAPTIVE,
             threshold=inp.max_backlog_threshold,
@@ -234,6 +257,15 @@ class ResumptionWorkflow:
     def _check_throttle_policy(self, value: ThrottlePolicy) -> None:
         self._validate(ControlChange(throttle_policy=value))
 
+    @workflow.update(name=Control.SET_MAX_TASKS_PER_SECOND)
+    def set_max_tasks_per_second(self, value: float) -> EffectiveSettings:
+        """``configure`` with ``max_tasks_per_second`` only (tasks per second; 0 removes the cap)."""
+        return self._apply(ControlChange(max_tasks_per_second=value))
+
+    @set_max_tasks_per_second.validator
+    def _check_max_tasks_per_second(self, value: float) -> None:
+        self._validate(ControlChange(max_tasks_per_second=value))
+
     @workflow.update(name=Control.PAUSE)
     def pause(self) -> EffectiveSettings:
         """Graceful stop: the run ends ``paused`` at its next turn (a durable throttle wait ends at
@@ -277,6 +309,7 @@ class ResumptionWorkflow:
         pacer.threshold, pacer.throttle_seconds = inp.max_backlog_threshold, inp.throttle_seconds
         pacer.max_wait = inp.longest_wait_seconds
         p.threshold, p.policy = inp.max_backlog_threshold, inp.throttle_policy
+        p.max_tasks_per_second = inp.max_tasks_per_second
         p.settings_changes += 1
         self._wake = True
         workflow.logger.info(
@@ -473,6 +506,8 @@ class ResumptionWorkflow:
         self._backlog_gauge.set(backlog + moved)
         self._pacer.observe(backlog, backlog + moved, capped, now)
         p.drain_rate, p.low_watermark = self._pacer.rate, self._pacer.low_watermark
+        self._net.observe(p.replayed, backlog + moved, capped, now)
+        p.net_rate = self._net.rate
         p.stalled_seconds = self._stall.observe(now, backlog, pending, last_delivered_id, moved)
         stalled = self._stall.stalled(p.stalled_seconds)
         if stalled and not p.stalled:
@@ -559,6 +594,14 @@ class ResumptionWorkflow:
         """Step 4: publish the next batch through the atomic script. Returns the result when the
         resumption ends (completed, paused, fenced, or stalled during the wait that follows)."""
         inp, p = self._input, self._progress
+        batch, cap = inp.batch_size, inp.max_tasks_per_second
+        if cap is not None:
+            allowed = self._bucket.allowance(cap, workflow.now())
+            if allowed < 1:
+                seconds = self._bucket.wait_seconds(cap, p.remaining or 1)
+                await self._rate_wait(seconds, f"replay cap {cap:g} tasks/s (max_tasks_per_second)")
+                return None
+            batch = min(batch, allowed)
         self._set_phase(Phase.PUBLISHING)
         # the seq moves on only once a publish has answered: a publish that failed after its script
         # ran in Redis is asked again with the same seq, and returns its recorded result
@@ -569,7 +612,7 @@ class ResumptionWorkflow:
                 ref=self._ref,
                 token=self._token,
                 seq=seq,
-                batch_size=inp.batch_size,
+                batch_size=batch,
                 threshold=inp.max_backlog_threshold,
                 owner=self._owner,
                 lease_ms=inp.lease_ms,
@@ -578,9 +621,12 @@ class ResumptionWorkflow:
                 max_memory_fraction=inp.max_memory_fraction,
                 fair_share=inp.fair_share,
             ),
-            summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
+            summary=f"publish up to {min(batch, p.remaining or batch)} tasks",
         )
         self._seq = seq
+        if cap is not None:
+            self._bucket.take(result.moved)
+        p.stream_rate_limit = result.rate_limit or None
         # Redis's count is the authority: publishes whose history was lost are in it too, and the
         # metric follows it (a stale reply after a lost history adds what this run never saw)
         counted = p.replayed
@@ -593,6 +639,7 @@ class ResumptionWorkflow:
             PublishStatus.COMPLETED,
             PublishStatus.THROTTLED,
             PublishStatus.MEMORY,
+            PublishStatus.RATE_LIMITED,
         ):
             # the script measured the backlog before its move
             self._observe(result.pending, result.lag, result.capped, result.last_delivered_id, result.moved)
@@ -645,6 +692,12 @@ class ResumptionWorkflow:
                 # Redis's memory, not the consumers, held the replay: not a stall of theirs
                 self._stall.restart(workflow.now())
                 return ended
+            case PublishStatus.RATE_LIMITED:
+                # the stream-wide cap's bucket holds no whole task: nothing moved
+                await self._rate_wait(result.rate_wait_ms / 1000, self._stream_rate_reason(result))
+            case PublishStatus.PUBLISHED if result.rate_limited and result.rate_wait_ms > 0:
+                # the stream-wide cap cut this move short: wait for the bucket, not for the next publish
+                await self._rate_wait(result.rate_wait_ms / 1000, self._stream_rate_reason(result))
             case PublishStatus.STALE:
                 # an older seq than the last publish recorded for this token (after a workflow
                 # reset): go on from the recorded one
@@ -663,6 +716,54 @@ class ResumptionWorkflow:
                     )
                 # else (fixed): the next turn measures again, as the seed's rule does
         return None
+
+    def _stream_rate_reason(self, result: PublishResult) -> str:
+        return f"stream cap {result.rate_limit:g} tasks/s ({{{self._input.stream}}}:rate)"
+
+    async def _rate_wait(self, seconds: float, reason: str) -> None:
+        """A rate cap holds the replay back: wait about ``seconds`` (clamped to
+        ``MIN_RATE_WAIT_SECONDS`` .. half the claim's lease) for its bucket, then the caller
+        starts the next turn over from the check. A short wait polls the backlog inside one local
+        activity (its reading feeds the pacing and the ETA), a long one is a durable timer that an
+        accepted Update ends. Neither is a throttle wait, and the consumers are not to blame: the
+        stall window starts again after it."""
+        workflow.patched(RATE_CAP)
+        inp, p = self._input, self._progress
+        seconds = min(max(seconds, MIN_RATE_WAIT_SECONDS), inp.claim_lease_seconds / 2)
+        p.rate_waits += 1
+        p.rate_reason = f"{reason}: {seconds:.3g}s for the bucket"
+        poll = seconds <= POLL_LIMIT_SECONDS
+        p.throttled_until = None if poll else workflow.now() + timedelta(seconds=seconds)
+        self._set_phase(Phase.RATE_LIMITED)
+        workflow.logger.info(
+            "rate limited",
+            extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": seconds},
+        )
+        if poll:
+            drain = await self._call(
+                ResumptionActivities.wait_for_drain,
+                DrainWaitRequest(
+                    ref=self._ref,
+                    threshold=inp.max_backlog_threshold,
+                    low_watermark=0,
+                    min_seconds=seconds,
+                    max_seconds=seconds,
+                    poll_seconds=min(1.0, seconds),
+                    missing_group=inp.missing_group,
+                    max_bytes=inp.max_bytes_per_call,
+                ),
+                summary=f"rate limited {seconds:.3g}s: {reason}",
+                start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=seconds),
+            )
+            r = drain.reading
+            self._observe(r.pending, r.lag, r.capped, r.last_delivered_id)
+        elif not self._wake:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._wake, timeout=seconds, timeout_summary=f"rate limited {seconds:.3g}s: {reason}"
+                )
+        p.throttled_until = None
+        self._stall.restart(workflow.now())
 
     async def _wait_for_redis(self, err: BaseException) -> None:
         """A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a
@@ -705,6 +806,8 @@ class ResumptionWorkflow:
             reaction_seconds=self._pacer.reaction,
             progress_at=self._stall.progress_at,
             stall_reading=self._stall.last,
+            net_rate=self._net,
+            rate_bucket=self._bucket if self._bucket.at is not None else None,
         )
         workflow.logger.info("continuing as new", extra={"experiment_id": p.experiment_id, "turns": p.turns})
         workflow.continue_as_new(self._input.model_copy(update={"carry": carry}))
@@ -768,8 +871,26 @@ class ResumptionWorkflow:
         """Record the phase, refresh the UI's current details (served by a query) and the fleet
         view's search attributes."""
         self._progress.phase = phase
+        self._estimate()
         workflow.set_current_details(self._progress.details_markdown())
         self._show_in_fleet()
+
+    def _estimate(self) -> None:
+        """The ETA from the net drain rate, the last reading and the rate caps (``workflows/eta.py``):
+        0 once completed; None once ended otherwise."""
+        p, now = self._progress, workflow.now()
+        if p.outcome is not None or self._failed:
+            p.eta_seconds = 0.0 if p.outcome is Outcome.COMPLETED else None
+        else:
+            headroom = p.threshold - p.backlog if p.backlog is not None else 0
+            caps = [c for c in (self._input.max_tasks_per_second, p.stream_rate_limit) if c]
+            low = self._pacer.low_watermark
+            refill = p.threshold - low if low is not None else 0
+            wait_left = (p.throttled_until - now).total_seconds() if p.throttled_until else 0.0
+            p.eta_seconds = eta_seconds(
+                p.remaining, headroom, self._net.rate, min(caps) if caps else None, refill, max(0.0, wait_left)
+            )
+        p.eta_at = None if p.eta_seconds is None else now + timedelta(seconds=p.eta_seconds)
 
     def _fleet_phase(self) -> str:
         """``XmcPhase``: the outcome once ended, else the coarse ``FleetPhase`` of the phase. A short

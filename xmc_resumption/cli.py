@@ -1,4 +1,4 @@
-"""The ``xmc`` command (Click): pause, enqueue, status, dead, resume, list, held, set, stop, demo.
+"""The ``xmc`` command (Click): pause, enqueue, status, dead, plan, resume, list, held, set, rate, stop, demo.
 
 Redis from ``XMC_REDIS_URL``, Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), like the worker.
 Every command but ``demo`` takes ``--json``: one JSON document on stdout instead of text, never
@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
 import annotated_types
@@ -62,6 +62,7 @@ from xmc_resumption.errors import (
 )
 from xmc_resumption.ops import (
     MAX_LISTED,
+    add_etas,
     experiment_status,
     fleet_phases,
     fleet_query,
@@ -73,7 +74,8 @@ from xmc_resumption.ops import (
     start_resumption,
     state_and_held,
 )
-from xmc_resumption.redisclient import deadletter, held
+from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, MAX_SAMPLE_SECONDS, Plan, plan
+from xmc_resumption.redisclient import deadletter, held, ratecap
 from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys, as_text, validate_name
@@ -88,6 +90,7 @@ from xmc_resumption.workflows.models import (
     ResumptionInput,
     ResumptionResult,
     ThrottlePolicy,
+    duration_text,
     workflow_id_for,
 )
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
@@ -95,8 +98,8 @@ from xmc_resumption.workflows.resumption import ResumptionWorkflow
 T = TypeVar("T")
 
 DESCRIPTION = (
-    "Operate xmc-resumption: pause experiments, enqueue tasks, inspect them, start, watch, change "
-    "and stop resumptions, list the fleet, run the demo. Redis from XMC_REDIS_URL; Temporal from "
+    "Operate xmc-resumption: pause experiments, enqueue tasks, inspect them, plan, start, watch, change "
+    "and stop resumptions, cap a stream's rate, list the fleet, run the demo. Redis from XMC_REDIS_URL; Temporal from "
     "TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE / profiles. Exit codes: 0 done, 1 a run awaited with "
     "--wait ended without a result, 2 an operator error or refusal (one line on stderr)."
 )
@@ -106,6 +109,10 @@ POLL_SECONDS = 1.0
 
 QUERY_TIMEOUT_SECONDS = 5.0
 """How long one progress query may take before it counts as unanswered (seconds)."""
+
+ETA_QUERIES = 50
+"""``xmc list``: the most running resumptions whose progress query is asked for the ETA (the
+newest first); the others show '-'. The queries run together, all within ``QUERY_TIMEOUT_SECONDS``."""
 
 NO_WORKER_WARNING_SECONDS = 10.0
 """``--wait``: warn when no worker has answered the progress query for this long (seconds)."""
@@ -286,6 +293,13 @@ INPUT_OPTIONS = (
         click.BOOL,
         "take at most this experiment's weighted share of the stream's headroom",
     ),
+    InputOption(
+        "--max-tasks-per-second",
+        "max_tasks_per_second",
+        click.FLOAT,
+        "this replay's rate cap, tasks per second (xmc rate sets the stream's)",
+        "none",
+    ),
 )
 """One option per ``ResumptionInput`` field but the experiment, the stream (every command's) and
 ``carry`` (the workflow's own); tests/test_cli.py checks that none is missing."""
@@ -324,6 +338,16 @@ def _experiment_command(group: click.Group, name: str, help_text: str) -> Callab
 
 def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")(fn)
+
+
+def _sample_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--sample-seconds",
+        type=click.FloatRange(0, MAX_SAMPLE_SECONDS),
+        default=DEFAULT_SAMPLE_SECONDS,
+        show_default=True,
+        help="plan: sample the consumer groups' drain this long (seconds; 0: no sample, no estimate)",
+    )(fn)
 
 
 def _int_range(name: str) -> click.IntRange:
@@ -474,12 +498,14 @@ def _run_text(run: Mapping[str, Any] | None) -> str:
     if progress:
         text += (
             f": {progress['phase']}, replayed {progress['replayed']}, remaining {_or(progress['remaining'])}, "
-            f"backlog {_or(progress['backlog'])}/{progress['threshold']}"
+            f"backlog {_or(progress['backlog'])}/{progress['threshold']}, "
+            f"ETA {_eta_text(progress.get('eta_seconds'), progress.get('eta_at'))}"
             + (
                 f", STALLED {progress['stalled_seconds']:.0f}s: {progress['stall_reason']}"
                 if progress["stalled"]
                 else ""
             )
+            + (f", RATE LIMITED: {progress['rate_reason']}" if progress["phase"] == Phase.RATE_LIMITED.value else "")
         )
     else:
         text += f": phase {_or(run['phase'])}, replayed {_or(run['replayed'])}, remaining {_or(run['remaining'])}"
@@ -490,6 +516,18 @@ def _run_text(run: Mapping[str, Any] | None) -> str:
 
 def _or(value: object, missing: str = "?") -> str:
     return missing if value is None else str(value)
+
+
+def _eta_text(eta_seconds: float | None, eta_at: str | datetime | None) -> str:
+    """An ETA for people, counted from now on this machine's clock: ``~3m 07s (at 12:34:56Z)``,
+    ``0s`` when nothing is left, ``-`` while it cannot be estimated."""
+    if eta_seconds is None or eta_at is None:
+        return "-"
+    if eta_seconds == 0:
+        return "0s"
+    at = eta_at if isinstance(eta_at, datetime) else datetime.fromisoformat(eta_at)
+    left = (at - datetime.now(UTC)).total_seconds()
+    return f"~{duration_text(max(0.0, left))} (at {at.astimezone(UTC).strftime('%H:%M:%SZ')})"
 
 
 @_experiment_command(cli, "dead", "list the tasks set aside (too many fields to move by script), or retry or drop one")
@@ -603,6 +641,12 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
 @click.option("--experiment", "experiment_id", type=EXPERIMENT_ID, help="only this experiment")
 @click.option("--stream", type=STREAM_NAME, help="only resumptions into this stream")
 @click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=200, show_default=True, help="most runs listed")
+@click.option(
+    "--eta/--no-eta",
+    default=True,
+    show_default=True,
+    help=f"ask each running resumption's progress for its ETA (at most {ETA_QUERIES} runs, {QUERY_TIMEOUT_SECONDS:g}s)",
+)
 @_json_option
 @click.pass_context
 def list_cmd(
@@ -612,21 +656,28 @@ def list_cmd(
     experiment_id: str | None,
     stream: str | None,
     limit: int,
+    eta: bool,
     as_json: bool,
 ) -> None:
     """Every ResumptionWorkflow run visibility knows (a continue-as-new chain once, by its newest
     run), newest first, from the search attributes XmcExperimentId, XmcPhase, XmcReplayed,
     XmcRemaining and XmcOutcome: no worker needed. The same query works from the Temporal CLI:
-    temporal workflow list --query "XmcPhase = 'throttled'"."""
+    temporal workflow list --query "XmcPhase = 'throttled'". The ETA column is no search attribute
+    (it changes with every reading): it comes from the progress query of each running run, asked
+    together within a few seconds, '-' where no worker answered in time or no rate is known yet."""
     query = fleet_query(running=running, phase=phase, experiment_id=experiment_id, stream=stream)
 
     async def go() -> list[dict[str, object]]:
         _settings(ctx)
-        return await list_resumptions(await connect_temporal(), query, limit)
+        client = await connect_temporal()
+        rows = await list_resumptions(client, query, limit)
+        if eta:
+            await add_etas(client, rows, ETA_QUERIES, QUERY_TIMEOUT_SECONDS)
+        return rows
 
     rows = _run(go())
     table = _table(
-        ["WORKFLOW ID", "STATUS", "EXPERIMENT", "PHASE", "REPLAYED", "REMAINING", "OUTCOME", "STARTED"],
+        ["WORKFLOW ID", "STATUS", "EXPERIMENT", "PHASE", "REPLAYED", "REMAINING", "ETA", "OUTCOME", "STARTED"],
         [
             [
                 r["workflow_id"],
@@ -635,6 +686,7 @@ def list_cmd(
                 _or(r["phase"], "-"),
                 _or(r["replayed"], "-"),
                 _or(r["remaining"], "-"),
+                _eta_text(r.get("eta_seconds"), r.get("eta_at")).split(" (at")[0],  # type: ignore[arg-type]
                 _or(r["outcome"], "-"),
                 _or(r["start_time"], "-"),
             ]
@@ -651,6 +703,8 @@ def list_cmd(
 @click.option("--wait", is_flag=True, help="show progress until the run ends, then print its result")
 @click.option("--quiet", "-q", is_flag=True, help="with --wait: no progress display (warnings still shown)")
 @click.option("--force", is_flag=True, help="start even if the experiment is running and holds nothing")
+@click.option("--dry-run", is_flag=True, help="start nothing: print what xmc plan prints for this input")
+@_sample_option
 def resume(
     ctx: click.Context,
     experiment_id: str,
@@ -659,6 +713,8 @@ def resume(
     wait: bool,
     quiet: bool,
     force: bool,
+    dry_run: bool,
+    sample_seconds: float,
     **fields: Any,
 ) -> None:
     """Start a resumption. Options left out take ResumptionInput's defaults; the whole input is
@@ -666,9 +722,18 @@ def resume(
     Refused (exit 2) when the experiment is running and holds nothing, or a resumption of it
     already runs. With --wait: progress every second on stderr (a bar on a terminal, a line every
     few seconds otherwise), a warning when no consumer drains the stream or no worker answers;
-    exit 1 when the run ends without a result (failed, terminated, cancelled)."""
+    exit 1 when the run ends without a result (failed, terminated, cancelled). With --dry-run:
+    nothing is written or started; the plan is printed (as xmc plan), exit 2 when the start
+    would be refused."""
     given = {name: value for name, value in fields.items() if value is not None}
     inp = ResumptionInput.model_validate({"experiment_id": experiment_id, "stream": stream, **given})
+    if dry_run:
+        found = _run(_plan(ctx, inp, sample_seconds))
+        _emit(as_json, found.model_dump(mode="json"), _plan_text(found))
+        if not found.startable:
+            print(f"{ctx.command_path}: the start would be refused: {one_line(found.refusals[0])}", file=sys.stderr)
+            ctx.exit(EXIT_OPERATOR_ERROR)
+        return
     doc = _run(_resume(ctx, inp, wait=wait, quiet=quiet or as_json, force=force, as_json=as_json))
     if not as_json and doc.get("result"):
         print(_result_text(doc["result"]))
@@ -717,7 +782,133 @@ def _result_text(result: Mapping[str, Any]) -> str:
 
 
 @_experiment_command(
-    cli, "set", "change a running resumption's threshold, batch, throttle wait or policy (the configure Update)"
+    cli,
+    "plan",
+    "what resuming would move, cost and meet: held tasks and bytes, every group's backlog, the estimated "
+    "time, every reason it would be refused or wait; writes nothing",
+)
+@_input_options
+@_sample_option
+def plan_cmd(
+    ctx: click.Context, experiment_id: str, stream: str, as_json: bool, sample_seconds: float, **fields: Any
+) -> None:
+    """Plan the resumption xmc resume would start with the same options, writing nothing: the held
+    tasks (count, bytes, oldest and newest), each consumer group's backlog (the replay's rule),
+    their drain sampled over --sample-seconds and the time the replay would take at that rate
+    (bounded by the fixed policy's waits and the rate caps), and every reason the start would be
+    refused or would wait (eviction policy, ACL, memory, a running resumption, a missing stream or
+    group, a backlog at the threshold, a rate cap). Exit 0 whatever it finds (xmc resume
+    --dry-run exits 2 when the start would be refused)."""
+    given = {name: value for name, value in fields.items() if value is not None}
+    inp = ResumptionInput.model_validate({"experiment_id": experiment_id, "stream": stream, **given})
+    found = _run(_plan(ctx, inp, sample_seconds))
+    _emit(as_json, found.model_dump(mode="json"), _plan_text(found))
+
+
+async def _plan(ctx: click.Context, inp: ResumptionInput, sample_seconds: float) -> Plan:
+    """``plan.plan`` with the CLI's Redis, and its Temporal when it can be reached."""
+    settings = _settings(ctx)
+    temporal: Client | None = None
+    error: str | None = None
+    try:
+        temporal = await connect_temporal()
+    except Exception as err:  # the Redis part stands; the plan says what is unknown and why
+        error = operator_message(err, settings)
+        if error is None:
+            raise
+    redis = settings.redis()
+    try:
+        return await plan(
+            redis,
+            inp,
+            temporal=temporal,
+            temporal_error=error,
+            sample_seconds=sample_seconds,
+            query_timeout=QUERY_TIMEOUT_SECONDS / 2,
+        )
+    finally:
+        await redis.aclose()
+
+
+def _plan_text(p: Plan) -> str:
+    """``xmc plan`` as text: what would move, the groups, the estimate, then refusals and waits."""
+    size = f"{p.held_bytes:,} bytes" + ("" if p.held_bytes_exact else " (estimated)")
+    lines = [f"{p.experiment_id} on {p.stream}: {p.state}, {p.held:,} held tasks, {size}"]
+    if p.oldest and p.newest:
+        lines.append(
+            f"  oldest {p.oldest.id} ({p.oldest.time.isoformat(timespec='seconds')}), "
+            f"newest {p.newest.id} ({p.newest.time.isoformat(timespec='seconds')})"
+        )
+    if not p.stream_exists:
+        lines.append(f"  task stream {p.stream}: missing")
+    for g in p.groups:
+        own = " (this replay's)" if g.group == p.consumer_group else ""
+        rate = "-" if g.drain_rate is None else f"{g.drain_rate:,.1f}/s"
+        lines.append(
+            f"  group {g.group}{own}: {g.consumers} consumers, backlog {g.backlog}{'+' if g.capped else ''} "
+            f"(pending {g.pending} + lag {g.lag}), drain {rate}" + (f" ({g.drain_note})" if g.drain_note else "")
+        )
+    estimate = "unknown" if p.estimate_seconds is None else f"~{duration_text(p.estimate_seconds)}"
+    if p.at_least_seconds is not None:
+        estimate += f", at least {duration_text(p.at_least_seconds)}"
+    lines.append(f"  estimated time: {estimate} ({p.estimate_basis})")
+    lines += [f"  refused: {r}" for r in p.refusals]
+    lines += [f"  waits: {w}" for w in p.waits]
+    lines += [f"  note: {n}" for n in p.notes]
+    verdict = "xmc resume would start" if p.startable else "xmc resume would be refused"
+    lines.append(f"  {verdict}; nothing was written")
+    return "\n".join(lines)
+
+
+@cli.command("rate", short_help="show, set or clear the stream-wide rate cap shared by every replay of a stream")
+@click.option("--stream", type=STREAM_NAME, default=DEFAULT_STREAM, show_default=True, help="the task stream")
+@click.option(
+    "--set",
+    "limit",
+    type=click.FloatRange(ratecap.MIN_TASKS_PER_SECOND, ratecap.MAX_TASKS_PER_SECOND),
+    help="cap every replay of the stream together at this many tasks per second",
+)
+@click.option("--clear", is_flag=True, help="remove the stream's cap")
+@_json_option
+@click.pass_context
+def rate_cmd(ctx: click.Context, stream: str, limit: float | None, clear: bool, as_json: bool) -> None:
+    """The stream-wide rate cap ({S}:rate in Redis): every publish of every replay of the stream
+    takes its tasks from one token bucket on Redis's clock (a second's worth at most), so together
+    they move at most this many tasks per second. Applies from each replay's next publish; a
+    replay's own max_tasks_per_second applies as well. Without --set or --clear: show it."""
+    if limit is not None and clear:
+        raise click.UsageError("--set and --clear exclude each other", ctx)
+
+    async def go() -> ratecap.StreamRate | None:
+        redis = _settings(ctx).redis()
+        try:
+            if clear:
+                await ratecap.clear_stream_rate(redis, stream)
+            elif limit is not None:
+                await ratecap.set_stream_rate(redis, stream, limit)
+            return await ratecap.stream_rate(redis, stream)
+        except ValueError as err:
+            raise OperatorError(str(err)) from err
+        finally:
+            await redis.aclose()
+
+    cap = _run(go())
+    doc = {"stream": stream, "key": ratecap.rate_key(stream), "limit": cap.limit if cap else None}
+    if cap:
+        doc |= {"capacity": cap.capacity, "tokens": cap.tokens}
+    text = (
+        f"{stream}: at most {cap.limit:g} tasks/s for all its replays ({cap.key}; bucket {cap.tokens:,.1f} of "
+        f"{cap.capacity:,.1f})"
+        if cap
+        else f"{stream}: no stream-wide rate cap"
+    )
+    _emit(as_json, doc, text)
+
+
+@_experiment_command(
+    cli,
+    "set",
+    "change a running resumption's threshold, batch, throttle wait, policy or rate cap (the configure Update)",
 )
 @click.option(
     "--threshold",
@@ -733,6 +924,12 @@ def _result_text(result: Mapping[str, Any]) -> str:
     "--policy", "throttle_policy", type=click.Choice([p.value for p in ThrottlePolicy]), help="throttle_policy"
 )
 @click.option(
+    "--max-tasks-per-second",
+    "max_tasks_per_second",
+    type=click.FLOAT,
+    help=f"max_tasks_per_second ({_bounds('max_tasks_per_second')}; 0 removes the cap)",
+)
+@click.option(
     "--timeout", type=UPDATE_TIMEOUT, default=30.0, show_default=True, help="seconds to wait for a worker to answer"
 )
 def set_cmd(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, timeout: float, **fields: Any) -> None:
@@ -742,8 +939,12 @@ def set_cmd(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     longer than every wait), which refuses a bad change without a trace in the history."""
     given = {name: value for name, value in fields.items() if value is not None}
     if not given:
-        raise click.UsageError("nothing to change: give --threshold, --batch, --throttle-seconds or --policy", ctx)
+        raise click.UsageError(
+            "nothing to change: give --threshold, --batch, --throttle-seconds, --policy or --max-tasks-per-second", ctx
+        )
     for name, value in given.items():
+        if name == "max_tasks_per_second" and value == 0:
+            continue  # removes the cap
         try:
             _field_adapter(name).validate_python(value)
         except ValidationError as err:
@@ -820,7 +1021,9 @@ async def _update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, sec
 def _effective_text(workflow_id: str, s: EffectiveSettings) -> str:
     return (
         f"{workflow_id} runs with: threshold {s.max_backlog_threshold}, batch {s.batch_size}, "
-        f"throttle {s.throttle_seconds:g}s, policy {s.throttle_policy.value}" + (", stopping" if s.stopping else "")
+        f"throttle {s.throttle_seconds:g}s, policy {s.throttle_policy.value}, "
+        f"rate cap {'none' if s.max_tasks_per_second is None else f'{s.max_tasks_per_second:g}/s'}"
+        + (", stopping" if s.stopping else "")
     )
 
 
@@ -909,7 +1112,8 @@ class Watcher:
     def _show(self, workflow_id: str, p: Progress) -> None:
         total = p.replayed + p.remaining if p.remaining is not None else None
         backlog = f"backlog {_or(p.backlog)}/{p.threshold}"
-        detail = f"{p.phase.value}, {backlog}" + (", STALLED" if p.stalled else "")
+        eta = f"ETA {_eta_text(p.eta_seconds, p.eta_at)}"
+        detail = f"{p.phase.value}, {backlog}, {eta}" + (", STALLED" if p.stalled else "")
         if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=p.replayed, total=total, detail=detail)
             return
@@ -919,7 +1123,7 @@ class Watcher:
         self._last_phase, self._last_line = p.phase, now
         print(
             f"{workflow_id}: {p.phase.value}: {p.replayed}/{_or(total)} replayed, remaining {_or(p.remaining)}, "
-            f"{backlog}" + (", STALLED" if p.stalled else ""),
+            f"{backlog}, {eta}" + (", STALLED" if p.stalled else ""),
             file=sys.stderr,
             flush=True,
         )

@@ -9,6 +9,7 @@
 -- ARGV[10] memory fraction: '' (off) or 0 < f <= 1: nothing moves while used_memory >= f x maxmemory
 -- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua); ARGV[11] fair share
 --         ('1' on, '0' off), ARGV[12] experiment ID
+-- KEYS[9] the stream's rate cap `{S}:rate` (rate.lua): a token bucket shared by every replay of S
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
 --   fencing: a token other than the fence counter's moves nothing ('fenced'; 'fence_lost' when the
@@ -22,6 +23,8 @@
 --   memory: a maxmemory-policy other than noeviction fails the call (XMCEVICTION, memory.lua); with
 --           headroom left, Redis's used memory at or above the fraction of maxmemory moves nothing
 --           ('memory'; no limit set: never);
+--   rate: with a stream-wide cap set, moves at most the whole tokens its bucket holds
+--         ('rate_limited' when that is 0 while there is headroom);
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream,
 --         oldest first, stopping once the entries moved reach the byte budget (at least one moves),
 --         and before an entry too large to pass to XADD from a script (`poison_id`: the caller sets
@@ -31,7 +34,9 @@
 -- Returns JSON {status, moved, moved_bytes, poison_id ('' or the entry that stopped the move),
 -- total_moved (this token's tasks moved in all), backlog, remaining, pending, lag, capped, bytes_capped,
 -- headroom, last_delivered_id, group_status, last_seq, used_memory, maxmemory}: backlog and headroom as measured before the move; last_seq is the recorded seq, with 'stale';
--- used_memory and maxmemory (bytes) as read before the move (0 when the script refused before reading them).
+-- used_memory and maxmemory (bytes) as read before the move (0 when the script refused before reading them);
+-- rate_limit (the stream's cap, tasks/s; 0: none), rate_limited (the cap cut this move short), rate_wait_ms
+-- (with rate_limited: ms until the bucket holds what the move wanted, at most its capacity).
 local token, seq = ARGV[1], tonumber(ARGV[2])
 local batch, threshold, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[9])
 -- field names and values of one entry that XADD can take from a script: Lua's unpack stops near
@@ -39,6 +44,7 @@ local batch, threshold, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(
 local XMC_MAX_VALUES = 7990
 local poison_id = nil
 local memory = {used_memory = 0, maxmemory = 0}
+local rate_cap = {limit = 0, cut = false, wait_ms = 0}
 
 -- tasks this token has moved so far: the publish record's count (the authority for `replayed`).
 -- A record of this token written before the count existed has none: then no count is kept (the
@@ -56,7 +62,8 @@ local function reply(status, moved, b, remaining, last_seq, moved_bytes)
                        pending = b.pending, lag = b.lag, capped = b.capped, bytes_capped = b.bytes_capped or false,
                        headroom = b.headroom, last_delivered_id = b.last_delivered_id or '',
                        group_status = b.status, last_seq = last_seq or 0,
-                       used_memory = memory.used_memory, maxmemory = memory.maxmemory})
+                       used_memory = memory.used_memory, maxmemory = memory.maxmemory,
+                       rate_limit = rate_cap.limit, rate_limited = rate_cap.cut, rate_wait_ms = rate_cap.wait_ms})
 end
 local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
 
@@ -94,6 +101,17 @@ xmc_require_noeviction(memory)
 local memory_full = xmc_memory_full(memory, xmc_memory_fraction(ARGV[10])) and room > 0
 if memory_full then room = 0 end
 -- end of the memory guard ----------------------------------------------------------------------------
+-- stream-wide rate cap (rate.lua): reads only, before the first write
+local rate = xmc_rate_read(KEYS[9])
+local wanted = room
+if rate then
+  rate_cap.limit = rate.limit
+  if room > math.floor(rate.tokens) then
+    rate_cap.cut = true
+    room = math.floor(rate.tokens)
+  end
+end
+-- rate cap: end
 local moved, moved_bytes = 0, 0
 if room > 0 then
   -- read first, write after: an entry with more fields than a script can pass to XADD stops the
@@ -114,6 +132,13 @@ if room > 0 then
     moved_bytes = moved_bytes + xmc_entry_bytes(e)
   end
 end
+-- rate cap (rate.lua): take what moved from the bucket
+if rate and moved > 0 then xmc_rate_take(KEYS[9], rate, moved) end
+if rate_cap.cut then
+  rate.tokens = rate.tokens - moved
+  rate_cap.wait_ms = xmc_rate_wait_ms(rate, wanted)
+end
+-- rate cap: end
 local remaining = redis.call('XLEN', KEYS[2])
 local status = 'published'
 if remaining == 0 then
@@ -122,6 +147,8 @@ if remaining == 0 then
   status = 'completed'
 elseif memory_full then
   status = 'memory'
+elseif rate_cap.cut and moved == 0 then
+  status = 'rate_limited'
 elseif room <= 0 then
   status = 'throttled'
 end
