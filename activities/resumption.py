@@ -1,10 +1,11 @@
 """The resumption's activities, run as local activities by ``ResumptionWorkflow``.
 
 Each takes a request envelope (``activities.requests``), returns a pydantic result and calls one
-function of ``redisclient``; the workflow calls them typed, by method
-(``workflow.execute_local_activity_method``). Errors are sorted for Temporal's retry policy: bad
-arguments, a missing consumer group under the ``error`` policy, a key of the wrong type, an eviction
-policy that could evict the replay's keys and other error replies that repeat on every try raise a
+function of ``redisclient``. The workflow calls them by name (``workflow.execute_local_activity``
+with the method's ``__name__``, its registered name) and validates the result against the method's
+return annotation in workflow code. Errors are sorted for Temporal's retry policy: bad arguments, a
+missing consumer group under the ``error`` policy, a key of the wrong type, an eviction policy that
+could evict the replay's keys and other error replies that repeat on every try raise a
 non-retryable ``ApplicationError`` whose ``type`` is an ``activities.errors.ErrorType``; connection
 faults, timeouts and transient error replies propagate and are retried.
 """
@@ -30,6 +31,7 @@ from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 
 from xmc_resumption.activities.errors import ErrorType
+from xmc_resumption.activities.metrics import HELD_REMAINING
 from xmc_resumption.activities.requests import (
     AcquireRequest,
     BacklogRequest,
@@ -55,7 +57,6 @@ from xmc_resumption.redisclient.results import (
     PublishStatus,
     SetAside,
 )
-from xmc_resumption.workflows import metrics
 
 TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, AskError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
@@ -123,7 +124,7 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
 
 
 class HeldRemaining:
-    """The worker's ``xmc_resumption_held_remaining`` gauge (``workflows/metrics.py``): held tasks
+    """The worker's ``xmc_resumption_held_remaining`` gauge (``activities/metrics.py``): held tasks
     left, per task stream and consumer group, summed over the experiments whose claims this worker
     process extended within their lease (entries).
 
@@ -138,7 +139,7 @@ class HeldRemaining:
     """
 
     def __init__(self, meter: MetricMeter | None) -> None:
-        self._gauge = meter.create_gauge(metrics.HELD_REMAINING, "held tasks left", "tasks") if meter else None
+        self._gauge = meter.create_gauge(HELD_REMAINING, "held tasks left", "tasks") if meter else None
         self._seen: dict[tuple[str, str], dict[str, tuple[int, float]]] = {}
 
     def report(self, ref: ExperimentRef, remaining: int | None, lease_ms: int) -> None:
@@ -162,13 +163,30 @@ class ResumptionActivities:
     """The activities, bound to one asyncio Redis client (``decode_responses=False``: task field
     maps are moved byte for byte).
 
-    Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``.
-    ``meter`` (the worker runtime's metric meter) feeds the ``HeldRemaining`` gauge.
+    Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``,
+    or let ``xmc_resumption.plugin.ResumptionPlugin`` do it: it builds them without a client and
+    sets ``redis`` when the worker starts. ``meter`` (the worker runtime's metric meter) feeds the
+    ``HeldRemaining`` gauge.
     """
 
-    def __init__(self, redis: RedisClient, meter: MetricMeter | None = None) -> None:
-        self.redis = redis
+    def __init__(self, redis: RedisClient | None = None, meter: MetricMeter | None = None) -> None:
+        self._redis = redis
         self.held = HeldRemaining(meter)
+
+    @property
+    def redis(self) -> RedisClient:
+        """The Redis client the activities call.
+
+        Raises:
+            RuntimeError: none was given nor set (a worker that was never started by its plugin).
+        """
+        if self._redis is None:
+            raise RuntimeError("ResumptionActivities has no Redis client (ResumptionPlugin sets it at worker start)")
+        return self._redis
+
+    @redis.setter
+    def redis(self, client: RedisClient) -> None:
+        self._redis = client
 
     def all(self) -> list[Callable[..., Any]]:
         """The bound activity methods, for ``Worker(activities=...)``."""

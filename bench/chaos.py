@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         threshold=args.threshold, batch=args.batch, seed=seed, log_dir=log_dir, stage_timeout=300,
     )  # fmt: skip
     report = asyncio.run(run_chaos(cfg, say=lambda line: print(line, flush=True)))
-    gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+    gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")
     return 0 if all(report.checks().values()) else 1
 
 

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     results = asyncio.run(run_bench(args))
-    gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+    gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")
     results["meta"]["seconds"] = time.monotonic() - started
     path = write_results(results, args.out_dir, time.strftime("%Y%m%d-%H%M%S"))
     print()

@@ -68,5 +68,5 @@ def task_queue() -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # sdk-python#300: collecting the SDK's objects before exit avoids an abort (TEMPORAL_NOTES.md)
+    # sdk-python#300: collecting the SDK's objects before exit avoids an abort (docs/development.md, "Temporal facts")
     gc.collect()

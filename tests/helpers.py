@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, RegisterNamespaceRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -31,7 +32,9 @@ from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.consumer import run_consumer
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.search_attributes import missing_on
 from xmc_resumption.services import free_port
+from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Phase, Progress, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
@@ -124,6 +127,27 @@ async def worker_polling(client: Client, task_queue: str, timeout: float = 20) -
         if time.monotonic() > deadline:
             raise TimeoutError(f"no worker polled {task_queue} within {timeout:g}s")
         await asyncio.sleep(0.05)
+
+
+async def bare_namespace(client: Client) -> Client:
+    """A new namespace on ``client``'s server without the fleet view's search attributes, once the
+    server serves it (a new namespace takes a moment); returns a client of it (same converter)."""
+    namespace = f"bare-{uuid.uuid4().hex[:6]}"
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(namespace=namespace, workflow_execution_retention_period=timedelta(days=1))
+    )
+    bare = await Client.connect(
+        client.service_client.config.target_host, namespace=namespace, data_converter=client.data_converter
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            assert await missing_on(bare) == [k.name for k in fleet.ALL]
+            return bare
+        except RPCError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 Call = tuple[str, Any]

@@ -1,5 +1,5 @@
-"""Backlog measurement against a real redis-server: every case of tests/cases/backlog.json (copied
-from shared/cases), plus the cap and the error paths."""
+"""Backlog measurement against a real redis-server: every case of tests/cases/backlog.json (the
+XINFO lag cases of docs/contract.md, "Backlog"), plus the cap and the error paths."""
 
 from __future__ import annotations
 

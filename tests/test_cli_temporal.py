@@ -241,7 +241,7 @@ def temporal_start(env: WorkflowEnvironment, task_queue: str, workflow_id: str, 
 async def test_temporal_cli_start_while_one_runs_attaches_and_drops_the_input(
     dev_env: WorkflowEnvironment, redis: Redis, task_queue: str, xmc: Xmc
 ) -> None:
-    """What the README says of the Temporal CLI (1.9.1): a second ``temporal workflow start`` of a
+    """What docs/operating.md says of the Temporal CLI (1.9.1): a second ``temporal workflow start`` of a
     running resumption prints the running run's ID and exits 0, with or without
     ``--id-conflict-policy Fail`` or ``--id-reuse-policy RejectDuplicate``; the new input is
     dropped. ``xmc resume`` refuses instead. No worker polls the task queue, so the run stays open."""

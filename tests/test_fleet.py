@@ -13,17 +13,15 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
-from temporalio.service import RPCError
 
 from tests.helpers import (
     STREAM,
+    bare_namespace,
     fill_backlog,
     hold_tasks,
     redis_outage,
@@ -38,7 +36,6 @@ from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.services import installed_binary
-from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, Phase
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
@@ -138,21 +135,9 @@ async def test_a_rejected_update_leaves_nothing_in_the_history(dev_env, redis, r
 
 
 async def test_the_worker_refuses_a_namespace_without_the_search_attributes(dev_env, tmp_path) -> None:
-    namespace = f"bare-{uuid.uuid4().hex[:6]}"
     client = dev_env.client
-    await client.workflow_service.register_namespace(
-        RegisterNamespaceRequest(namespace=namespace, workflow_execution_retention_period=timedelta(days=1))
-    )
-    bare = await type(client).connect(client.service_client.config.target_host, namespace=namespace)
-    deadline = time.monotonic() + 20
-    while True:  # a new namespace takes a moment to be served
-        try:
-            assert await search_attributes.missing_on(bare) == [k.name for k in fleet.ALL]
-            break
-        except RPCError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+    bare = await bare_namespace(client)
+    namespace = bare.namespace
     env = {
         **os.environ,
         "TEMPORAL_ADDRESS": client.service_client.config.target_host,

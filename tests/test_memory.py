@@ -320,7 +320,7 @@ async def test_a_publish_of_1_mib_tasks_costs_redis_a_fraction_of_an_unbudgeted_
             await two_undelivered()
             await redis.slowlog_reset()
             result = await publish(redis, grant.token, seq)
-            assert (result.moved, result.lag) == (4, 2), result
+            assert (result.moved, result.reading.lag) == (4, 2), result
             budgeted += await script_ms(redis)
         await two_undelivered()
         await redis.slowlog_reset()

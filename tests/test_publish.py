@@ -4,6 +4,7 @@ exactly-once and order under concurrent consumers and racing replayers."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import pytest
@@ -51,9 +52,9 @@ async def test_moves_oldest_first_and_completes(redis: Redis) -> None:
     await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
     first = await publish(redis, grant.token, 1)
-    assert (first.status, first.moved, first.remaining, first.backlog) == (PublishStatus.PUBLISHED, 10, 15, 0)
+    assert (first.status, first.moved, first.remaining, first.reading.backlog) == (PublishStatus.PUBLISHED, 10, 15, 0)
     second = await publish(redis, grant.token, 2)
-    assert (second.moved, second.backlog) == (10, 10)
+    assert (second.moved, second.reading.backlog) == (10, 10)
     third = await publish(redis, grant.token, 3)
     assert (third.status, third.moved, third.remaining) == (PublishStatus.COMPLETED, 5, 0)
     assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(25)]
@@ -69,9 +70,14 @@ async def test_never_takes_the_backlog_past_the_threshold(redis: Redis) -> None:
         await redis.xadd(KEYS.stream, {"task": f"other{i}"})
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
     result = await publish(redis, grant.token, 1, batch=100, threshold=8)
-    assert (result.status, result.moved, result.backlog) == (PublishStatus.PUBLISHED, 5, 3)
+    assert (result.status, result.moved, result.reading.backlog) == (PublishStatus.PUBLISHED, 5, 3)
     result = await publish(redis, grant.token, 2, batch=100, threshold=8)
-    assert (result.status, result.moved, result.backlog, result.remaining) == (PublishStatus.THROTTLED, 0, 8, 45)
+    assert (result.status, result.moved, result.reading.backlog, result.remaining) == (
+        PublishStatus.THROTTLED,
+        0,
+        8,
+        45,
+    )
     assert (await measure_backlog(redis, KEYS.stream, GROUP, 8)).backlog == 8
 
 
@@ -228,7 +234,12 @@ async def test_a_backlog_larger_than_the_byte_budget_throttles(redis: Redis) -> 
     await hold(redis, 3)
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
     result = await publish(redis, grant.token, 1, batch=10, threshold=500, max_bytes=256 * 1024)
-    assert (result.status, result.moved, result.bytes_capped, result.headroom) == (PublishStatus.THROTTLED, 0, True, 0)
+    assert (result.status, result.moved, result.reading.bytes_capped, result.reading.headroom) == (
+        PublishStatus.THROTTLED,
+        0,
+        True,
+        0,
+    )
 
 
 @pytest.mark.parametrize("bad", [{"seq": 0}, {"batch": 0}, {"threshold": 0}, {"max_bytes": 0}])
@@ -289,8 +300,8 @@ async def test_exactly_once_in_order_under_consumers_and_racing_replayers(redis:
     assert await stream_tasks(redis) == expected
     assert sorted(consumed) == sorted(expected)
     assert sum(r.moved for r in results) == total_held + 100
-    assert all(r.backlog + r.moved <= threshold for r in results), [r for r in results if r.moved]
-    assert max(r.backlog + r.moved for r in results) == threshold  # the bound was reached, never passed
+    assert all(r.reading.backlog + r.moved <= threshold for r in results), [r for r in results if r.moved]
+    assert max(r.reading.backlog + r.moved for r in results) == threshold  # the bound was reached, never passed
 
 
 async def test_binary_values_a_1_mib_value_and_1000_fields_move_byte_for_byte(redis: Redis) -> None:
@@ -308,3 +319,44 @@ async def test_binary_values_a_1_mib_value_and_1000_fields_move_byte_for_byte(re
     result = await publish(redis, grant.token, 1)
     assert (result.status, result.moved) == (PublishStatus.COMPLETED, 3)
     assert [fields for _, fields in await redis.xrange(KEYS.stream)] == tasks
+
+
+def test_a_publish_result_reads_the_flat_reply_and_writes_it_back_flat() -> None:
+    """``PublishResult`` carries its backlog reading whole, while the wire form stays the script's
+    flat reply: the publish record in Redis and recorded markers hold it, old ones without
+    ``headroom`` or ``threshold`` too, and a worker of the previous release must read a new marker."""
+    old = {
+        "status": "throttled",
+        "moved": 0,
+        "backlog": 9,
+        "remaining": 4,
+        "pending": 2,
+        "lag": 7,
+        "group_status": "ok",
+    }
+    result = PublishResult.model_validate(old)
+    r = result.reading
+    assert (r.pending, r.lag, r.backlog, r.headroom, r.threshold, r.capped, r.last_delivered_id) == (
+        2,
+        7,
+        9,
+        0,
+        0,
+        False,
+        "",
+    )
+    flat = json.loads(PublishResult.model_validate_json(result.model_dump_json()).model_dump_json())
+    assert flat == {
+        **old,
+        "moved_bytes": 0,
+        "poison_id": "",
+        "total_moved": None,
+        "capped": False,
+        "bytes_capped": False,
+        "headroom": 0,
+        "last_delivered_id": "",
+        "threshold": 0,
+        "last_seq": 0,
+        "used_memory": 0,
+        "maxmemory": 0,
+    }

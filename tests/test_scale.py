@@ -89,20 +89,25 @@ async def test_share_is_the_weighted_part_of_the_headroom(group: Redis) -> None:
     a, b, c = [await claimed(redis, e, 500) for e in ("A", "B", "C")]
     # alone: A takes the whole headroom (its batch is larger)
     first = await fair_publish(redis, "A", a, 1)
-    assert (first.moved, first.headroom) == (100, 100)
+    assert (first.moved, first.reading.headroom) == (100, 100)
     await redis.xtrim(STREAM, maxlen=0)  # consumers took everything: headroom 100 again
     await redis.xgroup_setid(STREAM, GROUP, "$")
     # B joins: A and B weigh 1 each, so B's share of 100 is 50
     second = await fair_publish(redis, "B", b, 1)
-    assert (second.moved, second.headroom) == (50, 50)
+    assert (second.moved, second.reading.headroom) == (50, 50)
     # C weighs 3 of 1 + 1 + 3: floor(50 * 3 / 5) = 30 of the 50 left
     await set_weight(redis, STREAM, "C", 3)
     third = await fair_publish(redis, "C", c, 1)
-    assert (third.status, third.moved, third.headroom, third.backlog) == (PublishStatus.PUBLISHED, 30, 30, 50)
+    assert (third.status, third.moved, third.reading.headroom, third.reading.backlog) == (
+        PublishStatus.PUBLISHED,
+        30,
+        30,
+        50,
+    )
     assert set(await active_replayers(redis, STREAM)) == {"A", "B", "C"}
     # A: floor(20 * 1 / 5) = 4
     fourth = await fair_publish(redis, "A", a, 2)
-    assert (fourth.moved, fourth.backlog) == (4, 80)
+    assert (fourth.moved, fourth.reading.backlog) == (4, 80)
     # the bound is the threshold's, shared: 84 entries in the stream, each experiment in order
     tasks = [fields[b"task"].decode() for _, fields in await redis.xrange(STREAM)]
     assert len(tasks) == 84
@@ -122,11 +127,11 @@ async def test_at_least_one_moves_and_a_lapsed_lease_stops_counting(group: Redis
     await redis.xgroup_setid(STREAM, GROUP, "$")
     # headroom 2 among 4 replayers of weight 1: floor(2 / 4) = 0, but at least 1 moves
     low = await fair_publish(redis, "A", tokens["A"], 1, threshold=2)
-    assert (low.moved, low.headroom) == (1, 1)
+    assert (low.moved, low.reading.headroom) == (1, 1)
     await asyncio.sleep(0.4)  # B, C and D's leases end: A is alone again
     assert set(await active_replayers(redis, STREAM)) == {"A"}
     alone = await fair_publish(redis, "A", tokens["A"], 2, threshold=5)
-    assert (alone.moved, alone.headroom) == (4, 4)
+    assert (alone.moved, alone.reading.headroom) == (4, 4)
     assert await redis.zrange(replayers_key(STREAM), 0, -1) == [b"A"]
 
 
@@ -140,7 +145,7 @@ async def test_many_replayers_are_summed_in_chunks(group: Redis) -> None:
     await set_weight(redis, STREAM, "A", MAX_WEIGHT)
     # 1,500 others of weight 1 (past one HMGET of 1,000 fields) and A of 1,000: 100 * 1,000 / 2,500
     result = await fair_publish(redis, "A", token, 1)
-    assert (result.moved, result.headroom) == (40, 40)
+    assert (result.moved, result.reading.headroom) == (40, 40)
     # the lapsed ones were dropped with the caller's registration
     assert await redis.zcard(replayers_key(STREAM)) == 1_501
 

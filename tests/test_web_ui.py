@@ -9,7 +9,7 @@ a replay waiting at its threshold, and finds there:
   the progress ``replayed: 0, remaining: 50`` and the backlog against the threshold;
 - on "Timeline", the throttle timer with its summary ``throttled 10s: backlog 20 >= 20 ...``.
 
-Set ``XMC_UI_SCREENSHOTS=docs`` to write the screenshots the README shows (``docs/ui-throttled.png``
+Set ``XMC_UI_SCREENSHOTS=docs`` to write the screenshots docs/operating.md shows (``docs/ui-throttled.png``
 and ``docs/ui-throttled-timeline.png``); otherwise they go to the test's temporary directory.
 """
 

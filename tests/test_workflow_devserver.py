@@ -115,7 +115,7 @@ async def test_continue_as_new_carries_token_and_counters(dev_env, redis, redis_
 
 
 async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, redis, redis_url, task_queue) -> None:
-    """DESIGN section 6: a 10 s throttle survives a worker restart and fires once. The worker stays
+    """docs/contract.md, "Guarantees": a 10 s throttle survives a worker restart and fires once. The worker stays
     down past the claim's lease too; the next check takes the lease again for the same token."""
     e = f"E{uuid.uuid4().hex[:6]}"
     keys = ExperimentKeys(STREAM, e)
@@ -205,7 +205,7 @@ async def test_cancel_ends_even_while_redis_is_away(dev_env, redis, redis_url, t
 
 
 async def test_continue_as_new_when_temporal_suggests_it(redis, redis_url, task_queue) -> None:
-    """A dev server of its own that suggests continue-as-new at 40 events (TEMPORAL_NOTES.md)."""
+    """A dev server of its own that suggests continue-as-new at 40 events (docs/development.md, "Temporal facts")."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=installed_binary("temporal"),
         data_converter=pydantic_data_converter,

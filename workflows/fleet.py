@@ -6,14 +6,20 @@ Custom search attributes must be registered on the namespace before a workflow m
 (Temporal docs, "Custom Search Attributes"): the demo's and the tests' dev servers register them
 with ``--search-attribute NAME=TYPE`` (``dev_server_args``); on a real cluster an operator runs
 ``register_commands`` once; the worker refuses to start without them (``missing``), because a
-workflow task that upserts an unknown attribute fails and retries for ever.
+workflow task that upserts an unknown attribute fails and retries for ever. ``FleetView`` keeps a
+run's attributes up to date.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
-from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
+from temporalio import workflow
+from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey, SearchAttributeUpdate
+
+from xmc_resumption.workflows.models import Phase, Progress
 
 EXPERIMENT_ID = SearchAttributeKey.for_keyword("XmcExperimentId")
 """The experiment being resumed (Keyword)."""
@@ -77,3 +83,67 @@ def missing(registered: dict[str, SearchAttributeIndexedValueType | int]) -> lis
     """The keys of ``ALL`` that ``registered`` (name -> type, as the operator service lists a
     namespace's custom search attributes) lacks, or holds with another type."""
     return [key for key in ALL if int(registered.get(key.name, -1)) != int(key.indexed_value_type)]
+
+
+FLEET_SEARCH_ATTRIBUTES = "fleet-search-attributes"
+"""``workflow.patched`` ID of the fleet view's search attribute upserts: runs recorded before them
+replay without."""
+
+FLEET_REFRESH = timedelta(seconds=30)
+"""While the fleet phase stays the same, ``XmcReplayed`` and ``XmcRemaining`` are refreshed at most
+this often (workflow time): each upsert is one history event."""
+
+
+def fleet_phase(progress: Progress, *, failed: bool, stopping: bool) -> str:
+    """``XmcPhase`` of a run at ``progress``: the outcome once ended (``FAILED`` when ``failed``),
+    else the coarse ``FleetPhase`` of the phase. A short poll (adaptive, a second or two) counts
+    as replaying: only a durable wait is ``throttled``."""
+    if progress.outcome is not None:
+        return progress.outcome.value
+    if failed:
+        return FAILED
+    if stopping:
+        return FleetPhase.STOPPING
+    match progress.phase:
+        case Phase.CLAIMING:
+            return FleetPhase.CLAIMING
+        case Phase.STALLED:
+            return FleetPhase.STALLED
+        case Phase.THROTTLED if progress.throttled_until is not None:
+            return FleetPhase.THROTTLED
+        case Phase.REDIS_UNAVAILABLE:
+            return FleetPhase.REDIS_UNAVAILABLE
+    return FleetPhase.REPLAYING
+
+
+class FleetView:
+    """A run's upserts of the fleet view's search attributes (workflow code only). Not carried
+    across continue-as-new: each run upserts its first view afresh."""
+
+    def __init__(self, stream: str) -> None:
+        self._stream = stream
+        self._shown: tuple[str, datetime] | None = None
+        """The fleet phase last upserted and when (workflow time); None before the first upsert."""
+        self._counts: tuple[int, int | None] = (0, None)
+        """The (replayed, remaining) last upserted."""
+
+    def show(self, progress: Progress, *, failed: bool, stopping: bool) -> None:
+        """Upsert the search attributes when the fleet phase changes, or the counts changed and
+        ``FLEET_REFRESH`` has passed: each upsert is a history event, so not every turn. Not in
+        runs recorded before the fleet view (``FLEET_SEARCH_ATTRIBUTES``)."""
+        if not workflow.patched(FLEET_SEARCH_ATTRIBUTES):
+            return
+        p, now = progress, workflow.now()
+        phase, counts = fleet_phase(p, failed=failed, stopping=stopping), (p.replayed, p.remaining)
+        shown = self._shown
+        if shown is not None and shown[0] == phase and (counts == self._counts or now - shown[1] < FLEET_REFRESH):
+            return
+        updates: list[SearchAttributeUpdate[Any]] = [PHASE.value_set(phase), REPLAYED.value_set(p.replayed)]
+        if p.remaining is not None:
+            updates.append(REMAINING.value_set(p.remaining))
+        if shown is None:
+            updates += [EXPERIMENT_ID.value_set(p.experiment_id), STREAM.value_set(self._stream)]
+        if p.outcome is not None or failed:
+            updates.append(OUTCOME.value_set(p.outcome.value if p.outcome else FAILED))
+        workflow.upsert_search_attributes(updates)
+        self._shown, self._counts = (phase, now), counts

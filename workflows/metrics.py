@@ -6,14 +6,21 @@ without it), and labels of bounded cardinality: ``stream`` and ``consumer_group`
 experiment (one series per experiment would grow without bound; the experiment is in the logs and
 in visibility's ``XmcExperimentId``).
 
-The workflow's meter skips replays, so a worker that replays a history after a restart does not
-count anything twice. The exporter adds ``namespace``, ``task_queue`` and ``workflow_type`` to
-what the workflow emits; ``HELD_REMAINING`` is the worker's (``activities.resumption``).
+``Instruments`` creates the workflow's instruments. The workflow's meter skips replays, so a worker
+that replays a history after a restart does not count anything twice. The exporter adds
+``namespace``, ``task_queue`` and ``workflow_type`` to what the workflow emits; ``HELD_REMAINING``
+is the worker's (``activities/metrics.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from temporalio import workflow
+from temporalio.common import MetricCounter, MetricGauge, MetricHistogramFloat
+
+from xmc_resumption.activities import metrics as activity_metrics
 
 REPLAYED = "xmc_resumption_replayed_tasks"
 """Counter (scraped ``xmc_resumption_replayed_tasks_total``): tasks moved into the task stream, as
@@ -28,9 +35,9 @@ OUTCOMES = "xmc_resumption_outcomes"
 BACKLOG = "xmc_resumption_backlog"
 """Gauge: the consumer group's backlog at the last reading (entries; capped readings give the
 lower bound the replay saw, at least the threshold)."""
-HELD_REMAINING = "xmc_resumption_held_remaining"
-"""Gauge (the worker's): held tasks left, summed over the experiments whose claims this worker
-extended within their lease (entries)."""
+HELD_REMAINING = activity_metrics.HELD_REMAINING
+"""Gauge (the worker's, ``activities/metrics.py``): held tasks left, summed over the experiments
+whose claims this worker extended within their lease (entries)."""
 
 WAIT_BUCKETS: Sequence[float] = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
 """Buckets of ``THROTTLE_WAIT`` (seconds): from a 50 ms poll to an hour-long timer (waits are
@@ -38,3 +45,27 @@ bounded by a day; longer ones land in ``+Inf``). The SDK's default buckets are f
 
 BUCKET_OVERRIDES: Mapping[str, Sequence[float]] = {THROTTLE_WAIT: WAIT_BUCKETS}
 """``PrometheusConfig(histogram_bucket_overrides=...)`` for the worker's runtime."""
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """The workflow's instruments on ``workflow.metric_meter()`` (which skips replays), labelled
+    with the run's stream and consumer group. Workflow code only."""
+
+    replayed: MetricCounter
+    throttles: MetricCounter
+    wait: MetricHistogramFloat
+    outcomes: MetricCounter
+    backlog: MetricGauge
+
+    @classmethod
+    def create(cls, stream: str, consumer_group: str) -> Instruments:
+        """The instruments of a run replaying into ``stream`` for ``consumer_group``."""
+        meter = workflow.metric_meter().with_additional_attributes({"stream": stream, "consumer_group": consumer_group})
+        return cls(
+            replayed=meter.create_counter(REPLAYED, "tasks moved into the task stream", "tasks"),
+            throttles=meter.create_counter(THROTTLES, "throttle waits taken"),
+            wait=meter.create_histogram_float(THROTTLE_WAIT, "planned throttle wait", "s"),
+            outcomes=meter.create_counter(OUTCOMES, "resumptions ended, by outcome"),
+            backlog=meter.create_gauge(BACKLOG, "consumer group backlog at the last reading"),
+        )

@@ -1,4 +1,4 @@
-"""Pydantic models of the workflow's external contract (DESIGN.md section 5).
+"""Pydantic models of the workflow's external contract (docs/contract.md).
 
 ``ResumptionInput`` is what callers send (Temporal CLI ``--input``, ``start_workflow``, a parent's
 ``start_child_workflow``); ``ResumptionResult`` is what the run returns; ``Progress`` is what the
@@ -60,7 +60,7 @@ class StartOptions(TypedDict):
 
 
 class Carry(BaseModel):
-    """State carried across continue-as-new; callers never set it.
+    """State carried across continue-as-new (``workflows/state.py`` ``RunState.carry``); callers never set it.
 
     Attributes:
         token: the fencing token taken by the first run; 0 while the claim is still to be taken
@@ -254,7 +254,7 @@ class ResumptionInput(BaseModel):
 
 
 class Outcome(StrEnum):
-    """How a resumption ended: see DESIGN.md section 5."""
+    """How a resumption ended: see docs/contract.md, "Result and outcomes"."""
 
     COMPLETED = "completed"
     PAUSED = "paused"
@@ -276,8 +276,8 @@ class ResumptionResult(BaseModel):
             published), stalled (the backlog did not go down for ``max_stall_seconds``; the
             experiment was handed back as paused), nothing_held (the experiment was neither paused
             nor holding tasks: a mistyped experiment ID or stream; nothing changed).
-        replayed: exact: counted by the publish script in Redis, whatever crashed meanwhile.
-        replayed: tasks this resumption moved into the task stream (entries, over all runs).
+        replayed: tasks this resumption moved into the task stream (entries, over all runs); exact:
+            counted by the publish script in Redis, whatever crashed meanwhile.
         remaining: held tasks left (entries).
         throttles: throttle waits taken.
         turns: turns of the loop.

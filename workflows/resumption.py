@@ -1,5 +1,5 @@
 """``ResumptionWorkflow``: replay an experiment's held tasks into the task stream, throttled by the
-consumer group's backlog (DESIGN.md section 5).
+consumer group's backlog (docs/contract.md, "The loop").
 
 Each turn of the loop:
   1. check the pause state and the fencing token, extending the claim's lease;
@@ -12,30 +12,27 @@ Each turn of the loop:
 A publish that left headroom is followed at once by the next publish: the script re-checks
 everything 1, 2 and 4 need in the same step as its move, so such a turn is one Redis call. Under
 the adaptive policy a publish that filled the headroom goes straight to the wait, which measures
-the drain itself; under the fixed one the next turn measures again, as the seed's rule does. The
-Redis calls are local activities (short, one history marker each). The run continues as new after
-``turns_per_run`` turns or when
-Temporal suggests it, carrying the token, the counters and what the pacing measured.
+the drain itself; under the fixed one the next turn measures again, as the seed's rule does.
+
+The Redis calls are local activities (``workflows/calls.py``). The run's state is one ``RunState``
+(``workflows/state.py``), handed on as its ``Carry`` when the run continues as new after
+``turns_per_run`` turns or when Temporal suggests it. Beside the loop: the fleet view's upserts
+(``workflows/fleet.py``) and the metrics (``workflows/metrics.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
-import typing
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timedelta
-from typing import Any, TypeVar, cast
+from collections.abc import Sequence
+from datetime import timedelta
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from xmc_resumption.activities.errors import NON_RETRYABLE_ERROR_TYPES
     from xmc_resumption.activities.requests import (
         AcquireRequest,
         BacklogRequest,
@@ -49,11 +46,11 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.resumption import ResumptionActivities
     from xmc_resumption.redisclient.memory import memory_reason
     from xmc_resumption.redisclient.results import BacklogReading, ExperimentState, PublishResult, PublishStatus
-    from xmc_resumption.workflows import fleet, metrics
-    from xmc_resumption.workflows.eta import NetRate, eta_seconds
+    from xmc_resumption.workflows import fleet
+    from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, RELEASE_RETRY, call, permanent
+    from xmc_resumption.workflows.metrics import Instruments
     from xmc_resumption.workflows.models import (
         WORKFLOW_TYPE,
-        Carry,
         Control,
         ControlChange,
         EffectiveSettings,
@@ -64,30 +61,8 @@ with workflow.unsafe.imports_passed_through():
         ResumptionResult,
         ThrottlePolicy,
     )
-    from xmc_resumption.workflows.ratecap import TaskBucket
-    from xmc_resumption.workflows.throttle import (
-        POLL_LIMIT_SECONDS,
-        Pacer,
-        StallWatch,
-        WaitKind,
-        WaitPlan,
-        wait_reason,
-    )
-
-_Req = TypeVar("_Req")
-_Res = TypeVar("_Res")
-
-REDIS_CALL_TIMEOUT = timedelta(seconds=10)
-"""start-to-close of one Redis local activity: every script is O(batch + threshold). A bounded
-poll (``wait_for_drain``) gets its bound on top."""
-
-FLEET_SEARCH_ATTRIBUTES = "fleet-search-attributes"
-"""``workflow.patched`` ID of the fleet view's search attribute upserts (``workflows/fleet.py``):
-runs recorded before them replay without."""
-
-FLEET_REFRESH = timedelta(seconds=30)
-"""While the fleet phase stays the same, ``XmcReplayed`` and ``XmcRemaining`` are refreshed at most
-this often (workflow time): each upsert is one history event."""
+    from xmc_resumption.workflows.state import RunState
+    from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan, wait_reason
 
 CHAINED_PUBLISH = "chained-publish"
 """``workflow.patched`` ID of the cheap turn: a publish that left headroom is followed by the next
@@ -96,52 +71,12 @@ straight to the wait). Runs recorded before it (tests/histories/v0_*, v1_*) repl
 
 RATE_CAP = "rate-cap"
 """``workflow.patched`` ID of the rate cap's waits (``_rate_wait``): a run that waited for a rate
-cap's bucket records it once. Runs recorded before the cap existed never reach a rate wait (their
+cap's bucket records it once. Runs recorded before the caps existed never reach a rate wait (their
 input has no ``max_tasks_per_second`` and their publish results no ``rate_limited``)."""
 
 MIN_RATE_WAIT_SECONDS = 0.01
 """The shortest rate wait (seconds); the longest is half the claim's lease, so the lease, extended
 once per turn, outlasts it (a longer wait for a bucket is taken in several)."""
-
-REDIS_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=4),
-    maximum_attempts=6,
-    non_retryable_error_types=list(NON_RETRYABLE_ERROR_TYPES),
-)
-"""A Redis fault (connection refused, timeout, failover, OOM) is retried inside the local activity
-for about 6 s of backoff. Retries stay bounded, as local activities' should: they run inside one
-workflow task. A fault that outlasts them makes the turn wait on a durable timer and start again
-from the top (``_wait_for_redis``), so an outage of any length is waited out, history stays small
-and continue-as-new still happens. Faults that retrying cannot mend are not retried."""
-
-RELEASE_RETRY = dataclasses.replace(REDIS_RETRY, maximum_attempts=7)
-"""The release gives up after 7 attempts (about 10 s of backoff), so a cancel or a failure ends
-even while Redis is away; the claim's lease then lapses and ``xmc status`` reports the experiment
-as orphaned. (A local activity's schedule-to-close timeout is not enforced by temporalio 1.35 on
-the dev server: attempts bound it, a timeout does not.)"""
-
-FAILED_CALL = (ActivityError, ApplicationError)
-"""What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a
-local activity that failed without retrying, the activity's ``ApplicationError`` itself (measured
-with temporalio 1.35)."""
-
-
-@functools.cache
-def _result_adapter(activity: Callable[..., Any]) -> TypeAdapter[Any]:
-    """A pydantic adapter for the return type of activity method ``activity``."""
-    return TypeAdapter(typing.get_type_hints(activity)["return"])
-
-
-def _permanent(err: BaseException) -> bool:
-    """True when a failed call's cause is a fault that retrying cannot mend."""
-    cause: BaseException | None = err
-    while cause is not None:
-        if isinstance(cause, ApplicationError):
-            return cause.non_retryable or cause.type in NON_RETRYABLE_ERROR_TYPES
-        cause = getattr(cause, "cause", None) or cause.__cause__
-    return False
 
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError, TypeError])
@@ -159,56 +94,12 @@ class ResumptionWorkflow:
 
     @workflow.init
     def __init__(self, inp: ResumptionInput) -> None:
-        carry = inp.carry
-        self._input = inp
-        self._progress = Progress(
-            experiment_id=inp.experiment_id,
-            threshold=inp.max_backlog_threshold,
-            policy=inp.throttle_policy,
-            token=carry.token if carry else 0,
-            replayed=carry.replayed if carry else 0,
-            throttles=carry.throttles if carry else 0,
-            turns=carry.turns if carry else 0,
-            runs=carry.runs + 1 if carry else 1,
-            drain_rate=carry.drain_rate if carry else None,
-            max_tasks_per_second=inp.max_tasks_per_second,
-        )
-        self._seq = carry.seq if carry else 0
-        self._net = carry.net_rate.model_copy() if carry and carry.net_rate else NetRate()
-        """The net drain rate behind the ETA (``workflows/eta.py``)."""
-        self._bucket = carry.rate_bucket.model_copy() if carry and carry.rate_bucket else TaskBucket()
-        """The ``max_tasks_per_second`` bucket (``workflows/ratecap.py``)."""
-        self._pacer = Pacer(
-            adaptive=inp.throttle_policy is ThrottlePolicy.ADAPTIVE,
-            threshold=inp.max_backlog_threshold,
-            throttle_seconds=inp.throttle_seconds,
-            min_wait=inp.min_wait_seconds,
-            max_wait=inp.longest_wait_seconds,
-            rate=carry.drain_rate if carry else None,
-            reaction=carry.reaction_seconds if carry else None,
-        )
-        self._stall = StallWatch(
-            inp.stall_window_seconds,
-            inp.max_stall_seconds,
-            progress_at=carry.progress_at if carry else None,
-            last=carry.stall_reading if carry else None,
-        )
-        self._publish_next = False
-        """The last publish left headroom: the next turn publishes without a check and a measurement."""
-        self._nothing_held = False
-        """The claim found the experiment running and holding nothing: the run ends ``nothing_held``."""
-        self._stopping = False
-        """The ``pause`` Update was accepted: the run ends ``paused`` at its next turn."""
-        self._failed = False
-        """The run is failing (a fault retrying cannot mend, or a fault of the workflow code)."""
-        self._wake = False
-        """An accepted Update ends the durable throttle wait in progress, if any."""
-        self._fleet_shown: tuple[str, datetime] | None = None
-        """The fleet phase last upserted and when (workflow time); None before the first upsert."""
-        self._fleet_counts: tuple[int, int | None] = (0, None)
-        """The (replayed, remaining) last upserted."""
+        self._state = RunState.of(inp)
+        """All of the run's state; ``Carry`` of it is what continue-as-new hands the next run."""
+        self._fleet = fleet.FleetView(inp.stream)
+        """The fleet view's upserts (not carried: each run shows itself afresh)."""
 
-    # -- control: validated Updates (workflows/models.py Control); a rejected one leaves no event
+    # -- control: validated Updates (workflows/models.py Control, RunState.refuse); a rejected one leaves no event
 
     @workflow.update(name=Control.CONFIGURE)
     def configure(self, change: ControlChange) -> EffectiveSettings:
@@ -219,7 +110,7 @@ class ResumptionWorkflow:
 
     @configure.validator
     def _check_configure(self, change: ControlChange) -> None:
-        self._validate(change)
+        self._state.refuse(change)
 
     @workflow.update(name=Control.SET_THRESHOLD)
     def set_threshold(self, value: int) -> EffectiveSettings:
@@ -228,7 +119,7 @@ class ResumptionWorkflow:
 
     @set_threshold.validator
     def _check_threshold(self, value: int) -> None:
-        self._validate(ControlChange(max_backlog_threshold=value))
+        self._state.refuse(ControlChange(max_backlog_threshold=value))
 
     @workflow.update(name=Control.SET_BATCH_SIZE)
     def set_batch_size(self, value: int) -> EffectiveSettings:
@@ -237,7 +128,7 @@ class ResumptionWorkflow:
 
     @set_batch_size.validator
     def _check_batch_size(self, value: int) -> None:
-        self._validate(ControlChange(batch_size=value))
+        self._state.refuse(ControlChange(batch_size=value))
 
     @workflow.update(name=Control.SET_THROTTLE_SECONDS)
     def set_throttle_seconds(self, value: float) -> EffectiveSettings:
@@ -246,7 +137,7 @@ class ResumptionWorkflow:
 
     @set_throttle_seconds.validator
     def _check_throttle_seconds(self, value: float) -> None:
-        self._validate(ControlChange(throttle_seconds=value))
+        self._state.refuse(ControlChange(throttle_seconds=value))
 
     @workflow.update(name=Control.SET_THROTTLE_POLICY)
     def set_throttle_policy(self, value: ThrottlePolicy) -> EffectiveSettings:
@@ -255,7 +146,7 @@ class ResumptionWorkflow:
 
     @set_throttle_policy.validator
     def _check_throttle_policy(self, value: ThrottlePolicy) -> None:
-        self._validate(ControlChange(throttle_policy=value))
+        self._state.refuse(ControlChange(throttle_policy=value))
 
     @workflow.update(name=Control.SET_MAX_TASKS_PER_SECOND)
     def set_max_tasks_per_second(self, value: float) -> EffectiveSettings:
@@ -264,20 +155,20 @@ class ResumptionWorkflow:
 
     @set_max_tasks_per_second.validator
     def _check_max_tasks_per_second(self, value: float) -> None:
-        self._validate(ControlChange(max_tasks_per_second=value))
+        self._state.refuse(ControlChange(max_tasks_per_second=value))
 
     @workflow.update(name=Control.PAUSE)
     def pause(self) -> EffectiveSettings:
         """Graceful stop: the run ends ``paused`` at its next turn (a durable throttle wait ends at
         once): claim released, experiment back to paused, held tasks kept for a later resume."""
-        self._stopping = self._wake = self._progress.stopping = True
-        workflow.logger.info("pause requested", extra={"experiment_id": self._input.experiment_id})
-        self._set_phase(self._progress.phase)
-        return EffectiveSettings.of(self._input, stopping=True)
+        self._state.stopping = self._state.wake = self._state.progress.stopping = True
+        workflow.logger.info("pause requested", extra={"experiment_id": self._state.input.experiment_id})
+        self._set_phase(self._state.progress.phase)
+        return EffectiveSettings.of(self._state.input, stopping=True)
 
     @pause.validator
     def _check_pause(self) -> None:
-        self._validate(ControlChange())
+        self._state.refuse(ControlChange())
 
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
@@ -286,71 +177,36 @@ class ResumptionWorkflow:
             "signal %r ignored: this workflow is controlled by Updates (%s)",
             name,
             ", ".join(c.value for c in Control),
-            extra={"experiment_id": self._input.experiment_id},
+            extra={"experiment_id": self._state.input.experiment_id},
         )
 
-    def _validate(self, change: ControlChange) -> None:
-        """An Update's validator: refuse once the run is ending, or a change that breaks a bound
-        or a rule of ``ResumptionInput``. Raises ``ApplicationError`` (one line naming the field)."""
-        if self._progress.outcome is not None or self._stopping:
-            raise ApplicationError("the resumption is ending; nothing to change", type="ResumptionEnding")
-        try:
-            change.applied_to(self._input)
-        except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(x) for x in first["loc"]) or "input"
-            raise ApplicationError(f"{field}: {first['msg']}", type="InvalidControl") from None
-
     def _apply(self, change: ControlChange) -> EffectiveSettings:
-        """Apply a validated change: input, pacer and progress; wake a durable throttle wait."""
-        inp = self._input = change.applied_to(self._input)
-        pacer, p = self._pacer, self._progress
-        pacer.adaptive = inp.throttle_policy is ThrottlePolicy.ADAPTIVE
-        pacer.threshold, pacer.throttle_seconds = inp.max_backlog_threshold, inp.throttle_seconds
-        pacer.max_wait = inp.longest_wait_seconds
-        p.threshold, p.policy = inp.max_backlog_threshold, inp.throttle_policy
-        p.max_tasks_per_second = inp.max_tasks_per_second
-        p.settings_changes += 1
-        self._wake = True
+        """Apply a validated change (``RunState.apply``), which wakes a durable throttle wait."""
+        inp = self._state.apply(change)
         workflow.logger.info(
             "settings changed",
             extra={"experiment_id": inp.experiment_id, **change.model_dump(mode="json", exclude_none=True)},
         )
-        self._set_phase(p.phase)
-        return EffectiveSettings.of(inp, stopping=self._stopping)
+        self._set_phase(self._state.progress.phase)
+        return EffectiveSettings.of(inp, stopping=self._state.stopping)
 
     @workflow.query
     def progress(self) -> Progress:
         """Where the replay stands: counters, last backlog reading, pacing, stall, outcome."""
-        return self._progress
+        return self._state.progress
 
     @workflow.run
     async def run(self, inp: ResumptionInput) -> ResumptionResult:
         """Run the resumption loop; see the class docstring."""
         self._ref = ExperimentRef(experiment_id=inp.experiment_id, stream=inp.stream, consumer_group=inp.consumer_group)
-        meter = workflow.metric_meter().with_additional_attributes(
-            {"stream": inp.stream, "consumer_group": inp.consumer_group}
-        )
-        self._replayed_counter = meter.create_counter(metrics.REPLAYED, "tasks moved into the task stream", "tasks")
-        self._throttle_counter = meter.create_counter(metrics.THROTTLES, "throttle waits taken")
-        self._wait_histogram = meter.create_histogram_float(metrics.THROTTLE_WAIT, "planned throttle wait", "s")
-        self._outcome_counter = meter.create_counter(metrics.OUTCOMES, "resumptions ended, by outcome")
-        self._backlog_gauge = meter.create_gauge(metrics.BACKLOG, "consumer group backlog at the last reading")
-        self._owner = inp.carry.owner if inp.carry else workflow.info().workflow_id
-        if inp.carry is not None and workflow.info().continued_run_id is None:
-            raise ApplicationError(
-                "carry: set by the workflow itself when it continues as new; leave it out of the input",
-                type="InvalidInput",
-                non_retryable=True,
-            )
-        self._started_at = inp.carry.started_at if inp.carry else workflow.now()
-        # drawn once per resumption and carried: every try of the acquire, in any run, is one request
-        self._request_id = inp.carry.request_id if inp.carry else str(workflow.uuid4())
+        self._metrics = Instruments.create(inp.stream, inp.consumer_group)
+        info = workflow.info()
+        self._state.begin(info.workflow_id, info.continued_run_id, workflow.now(), lambda: str(workflow.uuid4()))
         try:
             return await self._loop()
         except asyncio.CancelledError:
-            self._progress.outcome = Outcome.CANCELLED
-            self._outcome_counter.add(1, {"outcome": Outcome.CANCELLED.value})
+            self._state.progress.outcome = Outcome.CANCELLED
+            self._metrics.outcomes.add(1, {"outcome": Outcome.CANCELLED.value})
             await self._release(back_to_paused=True)
             self._set_phase(Phase.DONE)
             raise
@@ -373,46 +229,41 @@ class ResumptionWorkflow:
     async def _fail(self) -> None:
         """The run is failing: hand the experiment back as paused, and show ``failed`` in the fleet
         view (``XmcPhase`` and ``XmcOutcome``) and the outcome counter."""
-        self._failed = True
-        self._outcome_counter.add(1, {"outcome": fleet.FAILED})
+        self._state.failed = True
+        self._metrics.outcomes.add(1, {"outcome": fleet.FAILED})
         await self._release(back_to_paused=True)
         self._set_phase(Phase.DONE)
-
-    @property
-    def _token(self) -> int:
-        """The fencing token this resumption holds; 0 until the claim is taken."""
-        return self._progress.token
 
     async def _loop(self) -> ResumptionResult:
         """Take the claim, then turn until the resumption ends. A Redis fault that outlasts a call's
         retries waits on a durable timer and starts the step over; the run continues as new after
         ``turns_per_run`` turns, or as many tries of the claim, or when Temporal suggests it (before
         the claim too, carrying token 0)."""
-        inp, p = self._input, self._progress
+        inp, p = self._state.input, self._state.progress
         claim_tries = turns_this_run = 0
         while True:
-            if self._stopping:
+            if self._state.stopping:
                 return await self._stop()
             if max(claim_tries, turns_this_run) >= inp.turns_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new()
                 continue  # it returns only when a pause was accepted meanwhile: stop instead
             try:
-                if not self._token:
+                if not self._state.token:
                     claim_tries += 1
                     await self._acquire()
                     continue
                 turns_this_run += 1
                 p.turns += 1
-                self._wake = False  # an Update accepted from here on ends this turn's durable wait
+                self._state.wake = False  # an Update accepted from here on ends this turn's durable wait
                 # adding 0 shows the counters from the first live turn on (a worker that took the
                 # run over after a restart, too: the meter skips replayed code), not first at a move
-                self._replayed_counter.add(0)
-                self._throttle_counter.add(0, {"policy": p.policy.value})
+                self._metrics.replayed.add(0)
+                self._metrics.throttles.add(0, {"policy": p.policy.value})
                 result = await self._turn()
             except FAILED_CALL as err:
-                if _permanent(err):
+                if permanent(err):
                     raise
-                self._publish_next = False
+                self._state.publish_next = False
                 await self._wait_for_redis(err)
                 continue
             if result is not None:
@@ -421,11 +272,13 @@ class ResumptionWorkflow:
     async def _acquire(self) -> None:
         """Take the claim. The request ID makes a retry, or an attempt that reaches Redis late,
         return the same token instead of a second claim."""
-        inp, p = self._input, self._progress
+        inp, p = self._state.input, self._state.progress
         self._set_phase(Phase.CLAIMING)
-        grant = await self._call(
+        grant = await call(
             ResumptionActivities.acquire_claim,
-            AcquireRequest(ref=self._ref, owner=self._owner, lease_ms=inp.lease_ms, request_id=self._request_id),
+            AcquireRequest(
+                ref=self._ref, owner=self._state.owner, lease_ms=inp.lease_ms, request_id=self._state.request_id
+            ),
             summary=f"take the claim on experiment {inp.experiment_id}",
         )
         p.token, p.remaining = grant.token, grant.held
@@ -434,7 +287,7 @@ class ResumptionWorkflow:
             extra={"experiment_id": inp.experiment_id, "token": grant.token, "held": grant.held},
         )
         if grant.held == 0 and grant.previous_state is ExperimentState.RUNNING:
-            self._nothing_held = True
+            self._state.nothing_held = True
 
     async def _stop(self) -> ResumptionResult:
         """The ``pause`` Update: release the claim, experiment back to paused, held tasks kept."""
@@ -444,10 +297,10 @@ class ResumptionWorkflow:
     async def _turn(self) -> ResumptionResult | None:
         """One turn: check, measure, wait or publish (a turn right after a publish that left
         headroom only publishes). Returns the result when the resumption ends, else None."""
-        if self._publish_next:
-            self._publish_next = False
+        if self._state.publish_next:
+            self._state.publish_next = False
             return await self._publish()
-        if self._nothing_held:
+        if self._state.nothing_held:
             # neither paused nor holding tasks: most likely a mistyped experiment ID or stream
             await self._release(back_to_paused=False)
             return self._finish(Outcome.NOTHING_HELD, detail="the experiment was not paused and holds no tasks")
@@ -456,19 +309,18 @@ class ResumptionWorkflow:
             return ended
         reading = await self._measure()
         if reading.headroom == 0:
-            reason = wait_reason(reading.pending, reading.lag, reading.capped, reading.threshold, reading.bytes_capped)
-            return await self._wait(reading.backlog, reason)
+            return await self._wait(reading.backlog, wait_reason(reading, reading.threshold))
         return await self._publish()
 
     async def _check(self) -> ResumptionResult | None:
         """Step 1: pause state and fencing token (extends the lease). Returns the result when the
         run ends here (fenced, or paused: claim released), else None."""
-        inp, p = self._input, self._progress
+        inp, p = self._state.input, self._state.progress
         self._set_phase(Phase.CHECKING)
-        check = await self._call(
+        check = await call(
             ResumptionActivities.check_claim,
-            CheckRequest(ref=self._ref, token=self._token, owner=self._owner, lease_ms=inp.lease_ms),
-            summary=f"check pause state and fencing token {self._token}",
+            CheckRequest(ref=self._ref, token=self._state.token, owner=self._state.owner, lease_ms=inp.lease_ms),
+            summary=f"check pause state and fencing token {self._state.token}",
         )
         p.remaining = check.held
         if check.fence_lost:
@@ -482,9 +334,9 @@ class ResumptionWorkflow:
 
     async def _measure(self) -> BacklogReading:
         """Step 2: the consumer group's backlog, capped against the threshold."""
-        inp = self._input
+        inp = self._state.input
         self._set_phase(Phase.MEASURING)
-        reading = await self._call(
+        reading = await call(
             ResumptionActivities.measure_backlog,
             BacklogRequest(
                 ref=self._ref,
@@ -494,55 +346,41 @@ class ResumptionWorkflow:
             ),
             summary=f"measure backlog of {inp.consumer_group} on {inp.stream}",
         )
-        self._observe(reading.pending, reading.lag, reading.capped, reading.last_delivered_id)
+        self._observe(reading)
         return reading
 
-    def _observe(self, pending: int, lag: int, capped: bool, last_delivered_id: str, moved: int = 0) -> None:
-        """Record a backlog reading (``pending + lag`` measured before a move of ``moved`` entries
-        in the same step) in the progress, the pacer and the stall watch."""
-        p, now = self._progress, workflow.now()
-        backlog = pending + lag
-        p.backlog, p.pending, p.lag = backlog + moved, pending, lag + moved
-        self._backlog_gauge.set(backlog + moved)
-        self._pacer.observe(backlog, backlog + moved, capped, now)
-        p.drain_rate, p.low_watermark = self._pacer.rate, self._pacer.low_watermark
-        self._net.observe(p.replayed, backlog + moved, capped, now)
-        p.net_rate = self._net.rate
-        p.stalled_seconds = self._stall.observe(now, backlog, pending, last_delivered_id, moved)
-        stalled = self._stall.stalled(p.stalled_seconds)
-        if stalled and not p.stalled:
+    def _observe(self, reading: BacklogReading, moved: int = 0) -> None:
+        """Record a backlog ``reading`` (measured before a move of ``moved`` entries in the same
+        step): ``RunState.observe``, the backlog gauge, and a warning when a stall begins."""
+        p = self._state.progress
+        if self._state.observe(reading, workflow.now(), moved):
             workflow.logger.warning(
                 "replay stalled: the backlog has not gone down for %gs; are the consumers draining the group?",
                 p.stalled_seconds,
-                extra={"experiment_id": p.experiment_id, "backlog": backlog, "pending": pending},
+                extra={"experiment_id": p.experiment_id, "backlog": reading.backlog, "pending": reading.pending},
             )
-        p.stalled = stalled
-        p.stall_reason = (
-            f"backlog {backlog} (pending {pending}) not going down, last-delivered-id {last_delivered_id or 'none'}"
-            if stalled
-            else None
-        )
+        self._metrics.backlog.set(reading.backlog + moved)
 
     async def _wait(self, backlog: int, reason: str, seconds: float | None = None) -> ResumptionResult | None:
         """Step 3: wait while the backlog is at or over the threshold, as the pacer plans it (or a
         durable timer of ``seconds`` when given), then back to the top of the loop. Returns the
         result when a stall outlasted ``max_stall_seconds`` (the run ends ``stalled``), else None."""
-        inp, p = self._input, self._progress
-        if self._stall.over_limit(p.stalled_seconds):
+        inp, p = self._state.input, self._state.progress
+        if self._state.stall.over_limit(p.stalled_seconds):
             await self._release(back_to_paused=True)
             return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
-        plan = self._pacer.plan(backlog) if seconds is None else WaitPlan(WaitKind.TIMER, seconds)
+        plan = self._state.pacer.plan(backlog) if seconds is None else WaitPlan(WaitKind.TIMER, seconds)
         p.throttles += 1
         p.throttles_in_a_row += 1
-        described = self._pacer.describe(plan) if seconds is None else f"fixed {seconds:g}s wait"
+        described = self._state.pacer.describe(plan) if seconds is None else f"fixed {seconds:g}s wait"
         p.throttle_reason, p.wait_plan, p.wait_seconds = reason, described, plan.seconds
-        self._throttle_counter.add(1, {"policy": p.policy.value})
-        self._wait_histogram.record(plan.seconds)
+        self._metrics.throttles.add(1, {"policy": p.policy.value})
+        self._metrics.wait.record(plan.seconds)
         workflow.logger.info(
             "throttled",
             extra={
                 "experiment_id": inp.experiment_id,
-                "token": self._token,
+                "token": self._state.token,
                 "backlog": backlog,
                 "threshold": inp.max_backlog_threshold,
                 "reason": reason,
@@ -555,24 +393,24 @@ class ResumptionWorkflow:
         self._set_phase(Phase.STALLED if p.stalled else Phase.THROTTLED)
         if not timer:
             await self._poll(plan, reason)
-        elif not self._wake:  # an Update accepted earlier in this turn: no wait at all
+        elif not self._state.wake:  # an Update accepted earlier in this turn: no wait at all
             # a durable timer an accepted Update ends early: a timer all the same, so histories
             # recorded with ``workflow.sleep`` replay unchanged
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: self._wake,
+                    lambda: self._state.wake,
                     timeout=plan.seconds,
                     timeout_summary=f"throttled {plan.seconds:.3g}s: {reason}",
                 )
         p.throttled_until = None
-        self._pacer.woke(workflow.now())
+        self._state.pacer.woke(workflow.now())
         return None
 
     async def _poll(self, plan: WaitPlan, reason: str) -> None:
         """A short wait: poll the backlog inside one local activity until it reaches the plan's low
         watermark (or the plan's bound); its last reading feeds the drain-rate estimate."""
-        inp = self._input
-        drain = await self._call(
+        inp = self._state.input
+        drain = await call(
             ResumptionActivities.wait_for_drain,
             DrainWaitRequest(
                 ref=self._ref,
@@ -587,34 +425,33 @@ class ResumptionWorkflow:
             summary=f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}",
             start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),
         )
-        r = drain.reading
-        self._observe(r.pending, r.lag, r.capped, r.last_delivered_id)
+        self._observe(drain.reading)
 
     async def _publish(self) -> ResumptionResult | None:
         """Step 4: publish the next batch through the atomic script. Returns the result when the
         resumption ends (completed, paused, fenced, or stalled during the wait that follows)."""
-        inp, p = self._input, self._progress
+        inp, p = self._state.input, self._state.progress
         batch, cap = inp.batch_size, inp.max_tasks_per_second
         if cap is not None:
-            allowed = self._bucket.allowance(cap, workflow.now())
+            allowed = self._state.bucket.allowance(cap, workflow.now())
             if allowed < 1:
-                seconds = self._bucket.wait_seconds(cap, p.remaining or 1)
+                seconds = self._state.bucket.wait_seconds(cap, p.remaining or 1)
                 await self._rate_wait(seconds, f"replay cap {cap:g} tasks/s (max_tasks_per_second)")
                 return None
             batch = min(batch, allowed)
         self._set_phase(Phase.PUBLISHING)
         # the seq moves on only once a publish has answered: a publish that failed after its script
         # ran in Redis is asked again with the same seq, and returns its recorded result
-        seq = self._seq + 1
-        result = await self._call(
+        seq = self._state.seq + 1
+        result = await call(
             ResumptionActivities.publish_batch,
             PublishRequest(
                 ref=self._ref,
-                token=self._token,
+                token=self._state.token,
                 seq=seq,
                 batch_size=batch,
                 threshold=inp.max_backlog_threshold,
-                owner=self._owner,
+                owner=self._state.owner,
                 lease_ms=inp.lease_ms,
                 missing_group=inp.missing_group,
                 max_bytes=inp.max_bytes_per_call,
@@ -623,17 +460,13 @@ class ResumptionWorkflow:
             ),
             summary=f"publish up to {min(batch, p.remaining or batch)} tasks",
         )
-        self._seq = seq
+        self._state.seq = seq
         if cap is not None:
-            self._bucket.take(result.moved)
+            self._state.bucket.take(result.moved)
         p.stream_rate_limit = result.rate_limit or None
-        # Redis's count is the authority: publishes whose history was lost are in it too, and the
-        # metric follows it (a stale reply after a lost history adds what this run never saw)
-        counted = p.replayed
-        p.replayed = result.total_moved if result.total_moved is not None else p.replayed + result.moved
-        if p.replayed > counted:
-            self._replayed_counter.add(p.replayed - counted)
-        p.remaining = result.remaining
+        counted = self._state.count(result)  # the metric follows Redis's count, as the progress does
+        if counted > 0:
+            self._metrics.replayed.add(counted)
         if result.status in (
             PublishStatus.PUBLISHED,
             PublishStatus.COMPLETED,
@@ -642,10 +475,10 @@ class ResumptionWorkflow:
             PublishStatus.RATE_LIMITED,
         ):
             # the script measured the backlog before its move
-            self._observe(result.pending, result.lag, result.capped, result.last_delivered_id, result.moved)
+            self._observe(result.reading, result.moved)
         if result.moved:
             p.throttles_in_a_row = 0
-            self._pacer.published(workflow.now())
+            self._state.pacer.published(workflow.now())
         if result.poison_id:
             await self._set_aside(result.poison_id)
         return await self._after_publish(result, seq)
@@ -653,10 +486,10 @@ class ResumptionWorkflow:
     async def _set_aside(self, entry_id: str) -> None:
         """A held task stopped the publish (more fields than a script can pass to XADD): move it to
         the experiment's dead-letter stream, so the tasks behind it go on in order."""
-        p = self._progress
-        aside = await self._call(
+        p = self._state.progress
+        aside = await call(
             ResumptionActivities.set_aside,
-            SetAsideRequest(ref=self._ref, token=self._token, entry_id=entry_id),
+            SetAsideRequest(ref=self._ref, token=self._state.token, entry_id=entry_id),
             summary=f"set held task {entry_id} aside: too many fields to move by script",
         )
         p.set_aside, p.dead_letter_key = aside.dead, aside.key
@@ -667,7 +500,7 @@ class ResumptionWorkflow:
 
     async def _after_publish(self, result: PublishResult, seq: int) -> ResumptionResult | None:
         """What a publish's status means for the loop: end, wait, publish again, or start over."""
-        p = self._progress
+        p = self._state.progress
         match result.status:
             case PublishStatus.COMPLETED:
                 await self._release(back_to_paused=False)
@@ -681,16 +514,17 @@ class ResumptionWorkflow:
                 return self._fence_lost(None)
             case PublishStatus.THROTTLED:
                 # the backlog grew between the measurement and the publish
-                reason = wait_reason(result.pending, result.lag, result.capped, p.threshold, result.bytes_capped)
-                return await self._wait(result.backlog, reason)
+                return await self._wait(result.reading.backlog, wait_reason(result.reading, p.threshold))
             case PublishStatus.MEMORY:
                 # Redis's used memory reached max_memory_fraction of maxmemory: nothing moved. A
                 # durable timer of throttle_seconds whatever the policy (the backlog may be low, so
                 # an adaptive poll for the drain would return at once), then the check again
-                reason = memory_reason(result.used_memory, result.maxmemory, self._input.max_memory_fraction or 1.0)
-                ended = await self._wait(result.backlog, reason, self._input.throttle_seconds)
+                reason = memory_reason(
+                    result.used_memory, result.maxmemory, self._state.input.max_memory_fraction or 1.0
+                )
+                ended = await self._wait(result.reading.backlog, reason, self._state.input.throttle_seconds)
                 # Redis's memory, not the consumers, held the replay: not a stall of theirs
-                self._stall.restart(workflow.now())
+                self._state.stall.restart(workflow.now())
                 return ended
             case PublishStatus.RATE_LIMITED:
                 # the stream-wide cap's bucket holds no whole task: nothing moved
@@ -702,23 +536,20 @@ class ResumptionWorkflow:
                 # an older seq than the last publish recorded for this token (after a workflow
                 # reset): go on from the recorded one
                 workflow.logger.warning("publish refused as stale", extra={"seq": seq, "last_seq": result.last_seq})
-                self._seq = max(self._seq, result.last_seq)
+                self._state.seq = max(self._state.seq, result.last_seq)
             case PublishStatus.PUBLISHED if workflow.patched(CHAINED_PUBLISH):
                 if result.headroom_left > 0:
-                    self._publish_next = True
-                elif self._pacer.adaptive:
+                    self._state.publish_next = True
+                elif self._state.pacer.adaptive:
                     # filled up to the threshold: the adaptive wait measures the drain itself
                     return await self._wait(
-                        result.backlog + result.moved,
-                        wait_reason(
-                            result.pending, result.lag + result.moved, result.capped, p.threshold, result.bytes_capped
-                        ),
+                        result.reading.backlog + result.moved, wait_reason(result.reading, p.threshold, result.moved)
                     )
                 # else (fixed): the next turn measures again, as the seed's rule does
         return None
 
     def _stream_rate_reason(self, result: PublishResult) -> str:
-        return f"stream cap {result.rate_limit:g} tasks/s ({{{self._input.stream}}}:rate)"
+        return f"stream cap {result.rate_limit:g} tasks/s ({{{self._state.input.stream}}}:rate)"
 
     async def _rate_wait(self, seconds: float, reason: str) -> None:
         """A rate cap holds the replay back: wait about ``seconds`` (clamped to
@@ -728,7 +559,7 @@ class ResumptionWorkflow:
         accepted Update ends. Neither is a throttle wait, and the consumers are not to blame: the
         stall window starts again after it."""
         workflow.patched(RATE_CAP)
-        inp, p = self._input, self._progress
+        inp, p = self._state.input, self._state.progress
         seconds = min(max(seconds, MIN_RATE_WAIT_SECONDS), inp.claim_lease_seconds / 2)
         p.rate_waits += 1
         p.rate_reason = f"{reason}: {seconds:.3g}s for the bucket"
@@ -736,11 +567,10 @@ class ResumptionWorkflow:
         p.throttled_until = None if poll else workflow.now() + timedelta(seconds=seconds)
         self._set_phase(Phase.RATE_LIMITED)
         workflow.logger.info(
-            "rate limited",
-            extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": seconds},
+            "rate limited", extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": seconds}
         )
         if poll:
-            drain = await self._call(
+            drain = await call(
                 ResumptionActivities.wait_for_drain,
                 DrainWaitRequest(
                     ref=self._ref,
@@ -755,20 +585,21 @@ class ResumptionWorkflow:
                 summary=f"rate limited {seconds:.3g}s: {reason}",
                 start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=seconds),
             )
-            r = drain.reading
-            self._observe(r.pending, r.lag, r.capped, r.last_delivered_id)
-        elif not self._wake:
+            self._observe(drain.reading)
+        elif not self._state.wake:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: self._wake, timeout=seconds, timeout_summary=f"rate limited {seconds:.3g}s: {reason}"
+                    lambda: self._state.wake,
+                    timeout=seconds,
+                    timeout_summary=f"rate limited {seconds:.3g}s: {reason}",
                 )
         p.throttled_until = None
-        self._stall.restart(workflow.now())
+        self._state.stall.restart(workflow.now())
 
     async def _wait_for_redis(self, err: BaseException) -> None:
         """A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a
         durable timer, then the caller starts over (from the pause and fencing check, for a turn)."""
-        inp, p = self._input, self._progress
+        inp, p = self._state.input, self._state.progress
         p.redis_waits += 1
         p.last_error = str(err)[:300]
         self._set_phase(Phase.REDIS_UNAVAILABLE)
@@ -781,46 +612,32 @@ class ResumptionWorkflow:
         # tries Redis, bounded by RELEASE_RETRY)
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(
-                lambda: self._stopping,
+                lambda: self._state.stopping,
                 timeout=inp.redis_retry_seconds,
                 timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
             )
-        self._stall.restart(workflow.now())  # the consumers could not drain while Redis was away
+        self._state.stall.restart(workflow.now())  # the consumers could not drain while Redis was away
 
     async def _continue_as_new(self) -> None:
-        p = self._progress
+        """Hand the state (``RunState.carry``) to the next run once every handler has finished."""
+        p = self._state.progress
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if self._stopping:
+        if self._state.stopping:
             return  # the pause Update was accepted while the handlers finished: stop, do not carry on
-        carry = Carry(
-            token=self._token,
-            request_id=self._request_id,
-            owner=self._owner,
-            seq=self._seq,
-            replayed=p.replayed,
-            throttles=p.throttles,
-            turns=p.turns,
-            runs=p.runs,
-            started_at=self._started_at,
-            drain_rate=self._pacer.rate,
-            reaction_seconds=self._pacer.reaction,
-            progress_at=self._stall.progress_at,
-            stall_reading=self._stall.last,
-            net_rate=self._net,
-            rate_bucket=self._bucket if self._bucket.at is not None else None,
-        )
         workflow.logger.info("continuing as new", extra={"experiment_id": p.experiment_id, "turns": p.turns})
-        workflow.continue_as_new(self._input.model_copy(update={"carry": carry}))
+        workflow.continue_as_new(self._state.next_input())
 
     async def _release(self, *, back_to_paused: bool) -> None:
         """Release the claim; token 0 (a run cancelled before its acquire's reply was recorded)
         releases whatever claim this workflow owns. Bounded by ``RELEASE_RETRY``."""
         self._set_phase(Phase.RELEASING)
         try:
-            await self._call(
+            await call(
                 ResumptionActivities.release_claim,
-                ReleaseRequest(ref=self._ref, token=self._token, owner=self._owner, back_to_paused=back_to_paused),
-                summary=f"release the claim (token {self._token or 'of this workflow'})",
+                ReleaseRequest(
+                    ref=self._ref, token=self._state.token, owner=self._state.owner, back_to_paused=back_to_paused
+                ),
+                summary=f"release the claim (token {self._state.token or 'of this workflow'})",
                 retry_policy=RELEASE_RETRY,
             )
         except FAILED_CALL as err:
@@ -831,23 +648,23 @@ class ResumptionWorkflow:
         """The fence counter went back below this run's token: Redis lost data (a restart without
         persistence or a failover to a replica that had not caught up), not a takeover. Nothing
         more is published; the claim is not released (its counter is no longer trustworthy)."""
-        detail = f"the fence counter is {counter if counter is not None else 'below'} < token {self._token}"
+        detail = f"the fence counter is {counter if counter is not None else 'below'} < token {self._state.token}"
         workflow.logger.error(
             "fence counter went back: Redis lost data; stopping without publishing",
-            extra={"experiment_id": self._progress.experiment_id, "token": self._token, "counter": counter},
+            extra={"experiment_id": self._state.progress.experiment_id, "token": self._state.token, "counter": counter},
         )
         return self._finish(Outcome.FENCE_LOST, detail=detail)
 
     def _finish(self, outcome: Outcome, detail: str = "") -> ResumptionResult:
-        p = self._progress
+        p = self._state.progress
         p.outcome = outcome
-        self._outcome_counter.add(1, {"outcome": outcome.value})
+        self._metrics.outcomes.add(1, {"outcome": outcome.value})
         self._set_phase(Phase.DONE)
         workflow.logger.info(
             "resumption ended",
             extra={
                 "experiment_id": p.experiment_id,
-                "token": self._token,
+                "token": self._state.token,
                 "outcome": outcome.value,
                 "replayed": p.replayed,
                 "remaining": p.remaining,
@@ -855,122 +672,12 @@ class ResumptionWorkflow:
                 "detail": detail,
             },
         )
-        return ResumptionResult(
-            experiment_id=p.experiment_id,
-            outcome=outcome,
-            replayed=p.replayed,
-            remaining=p.remaining or 0,
-            throttles=p.throttles,
-            turns=p.turns,
-            runs=p.runs,
-            token=self._token,
-            set_aside=p.set_aside,
-        )
+        return self._state.result()
 
     def _set_phase(self, phase: Phase) -> None:
         """Record the phase, refresh the UI's current details (served by a query) and the fleet
         view's search attributes."""
-        self._progress.phase = phase
-        self._estimate()
-        workflow.set_current_details(self._progress.details_markdown())
-        self._show_in_fleet()
-
-    def _estimate(self) -> None:
-        """The ETA from the net drain rate, the last reading and the rate caps (``workflows/eta.py``):
-        0 once completed; None once ended otherwise."""
-        p, now = self._progress, workflow.now()
-        if p.outcome is not None or self._failed:
-            p.eta_seconds = 0.0 if p.outcome is Outcome.COMPLETED else None
-        else:
-            headroom = p.threshold - p.backlog if p.backlog is not None else 0
-            caps = [c for c in (self._input.max_tasks_per_second, p.stream_rate_limit) if c]
-            low = self._pacer.low_watermark
-            refill = p.threshold - low if low is not None else 0
-            wait_left = (p.throttled_until - now).total_seconds() if p.throttled_until else 0.0
-            p.eta_seconds = eta_seconds(
-                p.remaining, headroom, self._net.rate, min(caps) if caps else None, refill, max(0.0, wait_left)
-            )
-        p.eta_at = None if p.eta_seconds is None else now + timedelta(seconds=p.eta_seconds)
-
-    def _fleet_phase(self) -> str:
-        """``XmcPhase``: the outcome once ended, else the coarse ``FleetPhase`` of the phase. A short
-        poll (adaptive, a second or two) counts as replaying: only a durable wait is ``throttled``."""
-        p = self._progress
-        if p.outcome is not None:
-            return p.outcome.value
-        if self._failed:
-            return fleet.FAILED
-        if self._stopping:
-            return fleet.FleetPhase.STOPPING
-        match p.phase:
-            case Phase.CLAIMING:
-                return fleet.FleetPhase.CLAIMING
-            case Phase.STALLED:
-                return fleet.FleetPhase.STALLED
-            case Phase.THROTTLED if p.throttled_until is not None:
-                return fleet.FleetPhase.THROTTLED
-            case Phase.REDIS_UNAVAILABLE:
-                return fleet.FleetPhase.REDIS_UNAVAILABLE
-        return fleet.FleetPhase.REPLAYING
-
-    def _show_in_fleet(self) -> None:
-        """Upsert the fleet view's search attributes when the fleet phase changes, or the counts
-        changed and ``FLEET_REFRESH`` has passed: each upsert is a history event, so not every turn.
-        Not in runs recorded before the fleet view (``FLEET_SEARCH_ATTRIBUTES``)."""
-        if not workflow.patched(FLEET_SEARCH_ATTRIBUTES):
-            return
-        p, now = self._progress, workflow.now()
-        phase, counts = self._fleet_phase(), (p.replayed, p.remaining)
-        shown = self._fleet_shown
-        if shown is not None and shown[0] == phase and (counts == self._fleet_counts or now - shown[1] < FLEET_REFRESH):
-            return
-        updates: list[SearchAttributeUpdate[typing.Any]] = [
-            fleet.PHASE.value_set(phase),
-            fleet.REPLAYED.value_set(p.replayed),
-        ]
-        if p.remaining is not None:
-            updates.append(fleet.REMAINING.value_set(p.remaining))
-        if shown is None:
-            updates += [fleet.EXPERIMENT_ID.value_set(p.experiment_id), fleet.STREAM.value_set(self._input.stream)]
-        if p.outcome is not None or self._failed:
-            updates.append(fleet.OUTCOME.value_set(p.outcome.value if p.outcome else fleet.FAILED))
-        workflow.upsert_search_attributes(updates)
-        self._fleet_shown, self._fleet_counts = (phase, now), counts
-
-    async def _call(
-        self,
-        activity: Callable[[ResumptionActivities, _Req], Awaitable[_Res]],
-        arg: _Req,
-        *,
-        summary: str,
-        retry_policy: RetryPolicy = REDIS_RETRY,
-        start_to_close: timedelta = REDIS_CALL_TIMEOUT,
-    ) -> _Res:
-        """Run the Redis local activity ``activity`` (a method of ``ResumptionActivities``) with
-        ``start_to_close`` timeout and ``retry_policy``; returns its result as the method's
-        return annotation says.
-
-        Raises:
-            asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the
-                SDK reports that as a failed call caused by cancellation; it must not be taken for
-                a Redis fault).
-            ActivityError, ApplicationError: the call failed (see ``_permanent``).
-            pydantic.ValidationError: the result does not match the method's return type.
-        """
-        try:
-            raw = await workflow.execute_local_activity(
-                activity.__name__,  # the activity's registered name (activity.defn's default)
-                arg,
-                result_type=None,
-                start_to_close_timeout=start_to_close,
-                retry_policy=retry_policy,
-                summary=summary,
-            )
-        except FAILED_CALL as err:
-            if is_cancelled_exception(err):
-                raise asyncio.CancelledError() from err
-            raise
-        # called by name and read here, in workflow code, rather than by the SDK while it applies
-        # the activation: a result the workflow cannot read then fails the run through ``run``'s
-        # handler, which hands the experiment back, instead of failing the run before it can
-        return cast(_Res, _result_adapter(activity).validate_python(raw))
+        self._state.progress.phase = phase
+        self._state.estimate(workflow.now())
+        workflow.set_current_details(self._state.progress.details_markdown())
+        self._fleet.show(self._state.progress, failed=self._state.failed, stopping=self._state.stopping)

@@ -8,10 +8,10 @@ and how, from the workflow input and what was measured:
 - ``adaptive``: estimate the consumers' drain rate R from successive backlog readings and wait
   about ``(backlog - L) / R``, clamped to ``[min_wait_seconds, max_wait_seconds]``, where the low
   watermark L is the backlog the consumers still have in hand while the replay wakes up, re-checks
-  and publishes (``L ~ 2 x R x reaction``, shared/PACING_NOTES.md). Then the next turn tops the
+  and publishes (``L ~ 2 x R x reaction``, docs/pacing.md). Then the next turn tops the
   stream up to the threshold.
 
-How a wait is done comes from measurements on the dev server (README, "Pacing"): a durable timer
+How a wait is done comes from measurements on the dev server (docs/pacing.md, "How a wait is done"): a durable timer
 costs 5 history events and fires on the server's timer granularity (a 20 ms timer fired after
 1.0 s), while a bounded poll inside one local activity costs 1 marker and reacts within its poll
 interval. So a wait the estimate says is short (up to ``POLL_LIMIT_SECONDS``) polls the backlog
@@ -29,6 +29,10 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xmc_resumption.redisclient.results import BacklogReading
 
 POLL_LIMIT_SECONDS = 2.0
 """The longest wait done as a poll inside one local activity (seconds). Longer waits are durable
@@ -84,14 +88,17 @@ class WaitPlan:
     poll_seconds: float = POLL_INTERVAL_BOUNDS[1]
 
 
-def wait_reason(pending: int, lag: int, capped: bool, threshold: int, bytes_capped: bool = False) -> str:
-    """A one-line reason for the UI, e.g. ``backlog 501+ >= 500 (pending 120 + lag 381+)``.
+def wait_reason(reading: BacklogReading, threshold: int, moved: int = 0) -> str:
+    """A one-line reason for the UI, e.g. ``backlog 501+ >= 500 (pending 120 + lag 381+)``, for
+    ``reading`` taken before a move of ``moved`` entries (which add to the lag) and ``threshold``
+    (entries).
 
     A ``+`` marks a count that stopped at the cap: the true value may be larger. A count stopped
     by the byte budget says so: the undelivered tasks are too large to count in one script.
     """
+    pending, lag, capped = reading.pending, reading.lag + moved, reading.capped
     plus = "+" if capped else ""
-    if bytes_capped:
+    if reading.bytes_capped:
         return f"undelivered entries pass the byte budget (pending {pending} + lag {lag}+ counted)"
     lag_text = "not counted" if capped and lag == 0 else f"{lag}{plus}"
     return f"backlog {pending + lag}{plus} >= {threshold} (pending {pending} + lag {lag_text})"

@@ -62,10 +62,11 @@ class DemoOptions:
     tasks: int = 5_000
     consumers: int = 4
     rate: float = 400.0
-    threshold: int = 500
-    batch: int = 100
+    threshold: int = ResumptionInput.model_fields["max_backlog_threshold"].default
+    batch: int = ResumptionInput.model_fields["batch_size"].default
     throttle_seconds: float = 2.0
-    policy: str = "fixed"
+    """The demo's own: shorter than ``ResumptionInput``'s, so that its waits show in a short run."""
+    policy: str = ResumptionInput.model_fields["throttle_policy"].default.value
     linger: float = 0.0
     stream: str = DEFAULT_STREAM
     group: str = DEFAULT_GROUP
@@ -194,7 +195,7 @@ async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> 
                 f"services stay up for {opts.linger:g} s (Ctrl-C ends it early). In another shell:\n"
                 f"  export TEMPORAL_ADDRESS={temporal_address} XMC_REDIS_URL={settings.redis_location()}\n"
                 f"  .venv/bin/temporal workflow show --address {temporal_address} -w {handle.id}\n"
-                f"  .venv/bin/python -m xmc status {experiment}"
+                f"  .venv/bin/xmc status {experiment}"
             )
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(opts.linger)

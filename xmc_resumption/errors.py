@@ -53,7 +53,7 @@ class RunFailedError(OperatorError):
 
 
 class KeyContentError(OperatorError):
-    """A Redis key of the experiment holds something the contract (DESIGN.md section 3) does not
+    """A Redis key of the experiment holds something the contract (docs/contract.md, "Redis keys") does not
     allow: the wrong type, or a value that is no state / no integer."""
 
 

@@ -245,6 +245,30 @@ def temporal_connect_config() -> ClientConnectConfig:
     return config
 
 
+def prometheus_runtime(bind_address: str) -> Runtime:
+    """A Temporal SDK runtime serving Prometheus ``/metrics`` on ``bind_address`` (``host:port``) by
+    the metric conventions of ``workflows/metrics.py`` (docs/embedding.md): counters end in
+    ``_total`` (``counters_total_suffix``; the SDK's own ``temporal_*`` counters gain it too),
+    durations in seconds, and ``xmc_resumption_throttle_wait_seconds``'s buckets from 50 ms to an hour.
+
+    Pass it to ``Client.connect(runtime=...)``; a process needs one (each runtime has its own
+    threads and its own endpoint).
+
+    Raises:
+        ValueError: ``bind_address`` is not ``host:port``; the SDK's error when the port is taken.
+    """
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(
+                bind_address=bind_address,
+                counters_total_suffix=True,
+                durations_as_seconds=True,
+                histogram_bucket_overrides=metrics.BUCKET_OVERRIDES,
+            )
+        )
+    )
+
+
 async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
     """Connect to Temporal as configured by envconfig, with the pydantic data converter.
 
@@ -256,18 +280,7 @@ async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
         TemporalUnreachableError: the server cannot be reached, or the address is malformed.
     """
     config = temporal_connect_config()
-    runtime = None
-    if metrics_bind:
-        runtime = Runtime(
-            telemetry=TelemetryConfig(
-                metrics=PrometheusConfig(
-                    bind_address=metrics_bind,
-                    counters_total_suffix=True,
-                    durations_as_seconds=True,
-                    histogram_bucket_overrides=metrics.BUCKET_OVERRIDES,
-                )
-            )
-        )
+    runtime = prometheus_runtime(metrics_bind) if metrics_bind else None
     try:
         return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
     except (RuntimeError, ValueError) as err:  # the SDK's connect errors: unreachable, or a bad target URL

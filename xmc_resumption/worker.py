@@ -1,15 +1,20 @@
-"""Run a Temporal worker for xmc-resumption: ``python worker.py``.
+"""Run a Temporal worker for xmc-resumption: ``python -m xmc_resumption.worker`` (``make worker``).
 
-Registers ``ResumptionWorkflow`` and its activities on the task queue ``XMC_TASK_QUEUE`` (default
-``xmc-resumption``). Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), Redis from
-``XMC_REDIS_URL``, Prometheus metrics on ``XMC_METRICS_BIND`` when set, log lines on stderr as JSON
-or text (``XMC_LOG_FORMAT``, default ``json``; ``setup_logging``). SIGINT or SIGTERM stops
-polling, lets running activities finish (up to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS``
-at most); running workflows continue on any other worker, their durable timers intact.
+From a checkout, ``python -m worker`` runs the same (the shim ``worker.py`` at the top).
+
+A thin user of ``xmc_resumption.plugin.ResumptionPlugin``, which registers ``ResumptionWorkflow``
+and its activities, owns their Redis client and checks the namespace's search attributes; this
+module adds the process: the task queue ``XMC_TASK_QUEUE`` (default ``xmc-resumption``), Temporal
+from envconfig (``TEMPORAL_ADDRESS``, ...), Redis from ``XMC_REDIS_URL`` (checked once before
+connecting to Temporal, ``check_redis``), Prometheus metrics on ``XMC_METRICS_BIND`` when set, log
+lines on stderr as JSON or text (``XMC_LOG_FORMAT``, default ``json``; ``setup_logging``), and the
+signals and the shutdown bound: SIGINT or SIGTERM stops polling, lets running activities finish (up
+to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS`` at most); running workflows continue on any
+other worker, their durable timers intact.
 
 Bad settings, an unreachable Temporal or a Redis that refuses the configuration (a database that
 does not exist, wrong credentials, an endpoint that is not Redis) print one line and exit 2
-(``xmc.errors``). A Redis that is merely down at start is waited out like any outage.
+(``xmc_resumption.errors``). A Redis that is merely down at start is waited out like any outage.
 """
 
 from __future__ import annotations
@@ -25,18 +30,15 @@ from pythonjsonlogger.json import JsonFormatter
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
 from temporalio import activity, workflow
 from temporalio.exceptions import ApplicationError
-from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
-from xmc_resumption import search_attributes
-from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.errors import EXIT_OPERATOR_ERROR, is_certificate_refused, one_line, operator_message, redis_message
+from xmc_resumption.plugin import ResumptionPlugin
 from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.settings import Settings, connect_temporal
-from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 log = logging.getLogger("xmc.worker")
 
@@ -158,35 +160,36 @@ async def _warn_about_eviction(redis: RedisClient) -> None:
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
-    """Run a worker until ``stop`` is set; raises what connecting to Temporal raises."""
+    """Run a worker with ``ResumptionPlugin`` until ``stop`` is set.
+
+    Raises:
+        TemporalUnreachableError: Temporal cannot be reached (``connect_temporal``).
+        SearchAttributesMissingError: the namespace lacks the fleet view's search attributes.
+        Exception: whatever else stops the worker (``Worker.run``).
+    """
     client = await connect_temporal(metrics_bind=settings.metrics_bind)
-    await search_attributes.require(client)
-    redis = settings.redis()
-    meter = (client.service_client.config.runtime or Runtime.default()).metric_meter
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        plugins=[ResumptionPlugin(settings)],
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+    )
+    running = asyncio.create_task(worker.run())
+    log.info("worker polling task queue %s", settings.task_queue)
+    await asyncio.wait([running, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if running.done():
+        running.result()  # the worker failed, or the plugin refused to start it: raise why
+    log.info("stopping worker")
     try:
-        worker = Worker(
-            client,
-            task_queue=settings.task_queue,
-            workflows=[ResumptionWorkflow],
-            activities=ResumptionActivities(redis, meter).all(),
-            graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        await asyncio.wait_for(asyncio.shield(worker.shutdown()), SHUTDOWN_LIMIT_SECONDS)
+    except TimeoutError:
+        log.warning(
+            "worker still busy after %gs (a workflow task running local activities back to back); "
+            "exiting: another worker takes it over after its workflow task times out",
+            SHUTDOWN_LIMIT_SECONDS,
         )
-        running = asyncio.create_task(worker.run())
-        log.info("worker polling task queue %s", settings.task_queue)
-        await asyncio.wait([running, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-        if running.done():
-            running.result()  # the worker failed: raise why
-        log.info("stopping worker")
-        try:
-            await asyncio.wait_for(asyncio.shield(worker.shutdown()), SHUTDOWN_LIMIT_SECONDS)
-        except TimeoutError:
-            log.warning(
-                "worker still busy after %gs (a workflow task running local activities back to back); "
-                "exiting: another worker takes it over after its workflow task times out",
-                SHUTDOWN_LIMIT_SECONDS,
-            )
-    finally:
-        await redis.aclose()
+        return
+    await running  # the plugin closes its Redis client when the run ends
 
 
 async def main(settings: Settings) -> None:
@@ -200,8 +203,9 @@ async def main(settings: Settings) -> None:
 
 
 def cli() -> int:
-    """Entry point of ``python -m worker``: settings from the environment; an operator error
-    (``xmc.errors.operator_message``) is one line on stderr and exit 2, a bug keeps its traceback."""
+    """Entry point of ``python -m xmc_resumption.worker`` (and ``python -m worker``): settings from the
+    environment; an operator error (``xmc_resumption.errors.operator_message``) is one line on stderr
+    and exit 2, a bug keeps its traceback."""
     settings: Settings | None = None
     try:
         settings = Settings()
@@ -215,7 +219,7 @@ def cli() -> int:
         print(f"worker: {message}", file=sys.stderr)
         return EXIT_OPERATOR_ERROR
     finally:
-        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (TEMPORAL_NOTES.md)
+        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """All Redis logic of xmc-resumption; nothing here imports Temporal.
 
-Modules: ``keys`` (key layout), ``results`` (pydantic result models, importable from workflow
-code because they import no Redis), ``scripts`` (the Lua scripts), ``backlog`` (backlog
-measurement), ``fencing`` (claims, leases and fencing tokens), ``held`` (pause state and the
-pause-aware enqueue), ``publish`` (the atomic move of held tasks into the task stream),
-``connection`` (dropping pooled connections after a failover).
+Modules: ``keys`` (key layout and the name rule), ``results`` (pydantic result models, importable
+from workflow code because they import no Redis), ``scripts`` (loading and running the Lua scripts
+of ``lua/``), ``connection`` (the client, and dropping pooled connections after a failover),
+``errors`` (the errors it raises), ``backlog`` (backlog measurement and the bounded drain poll),
+``fencing`` (claims, leases and fencing tokens), ``held`` (pause state and the pause-aware
+enqueue), ``publish`` (the atomic move of held tasks into the task stream), ``deadletter`` (held
+tasks set aside, retried or dropped), ``memory`` (Redis's memory limit and eviction policy),
+``weights`` (fair-share weights of a stream's replays), ``acl`` (the ACL user and its denials).
 """

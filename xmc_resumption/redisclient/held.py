@@ -1,4 +1,4 @@
-"""Experiment pause state and the pause-aware enqueue of tasks (DESIGN.md section 3).
+"""Experiment pause state and the pause-aware enqueue of tasks (docs/contract.md, "The state machine").
 
 State machine: running --pause--> paused --resume--> resuming --(held stream drained)--> running;
 pause is allowed from resuming too. Producers enqueue through ``enqueue_task``: running goes to the

@@ -1,4 +1,4 @@
-"""Key layout of DESIGN.md section 3.
+"""Key layout of docs/contract.md, "Redis keys".
 
 Companion keys carry the stream's name as a hash tag, ``{S}:experiment:E:...``, so they hash to
 the same Redis Cluster slot as the stream ``S`` itself (Redis Cluster spec, "Hash tags") and one
@@ -127,7 +127,7 @@ def wrong_type(key: str, actual: str) -> str | None:
 
 def expected_type(key: str) -> str:
     """The Redis type a key of the layout holds (``TYPE`` reply): an experiment's key by its last
-    part (DESIGN.md section 3), any other key (the task stream) ``stream``."""
+    part (docs/contract.md, "Redis keys"), any other key (the task stream) ``stream``."""
     if key.startswith("{") and ":experiment:" in key:
         return _TYPES.get(key.rsplit(":", 1)[1], "stream")
     if key.startswith("{") and key.endswith(("}:weights", "}:replayers")):

@@ -1,4 +1,4 @@
-"""The atomic publish: move held tasks into the task stream (DESIGN.md section 5, step 4).
+"""The atomic publish: move held tasks into the task stream (docs/contract.md, "The loop", step 4).
 
 One Lua script (``lua/publish.lua``) checks the fencing token, the call's sequence number and the
 pause state, measures the backlog with the shared rule, and moves at most
@@ -9,6 +9,8 @@ script atomically, so a retried or zombie call can never duplicate, lose or over
 """
 
 from __future__ import annotations
+
+import json
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byte_budget, validate_threshold
 from xmc_resumption.redisclient.connection import RedisClient
@@ -95,7 +97,8 @@ async def publish_batch(
         [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
          fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id],
     )  # fmt: skip
-    result = PublishResult.model_validate_json(raw)
+    # the reply is flat (the publish record keeps it so); the reading takes the call's threshold
+    result = PublishResult.model_validate({**json.loads(raw), "threshold": threshold})
     if result.status is PublishStatus.NO_GROUP:
         raise MissingConsumerGroupError(keys.stream, group)
     return result

@@ -9,11 +9,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 class ExperimentState(StrEnum):
-    """An experiment's state (DESIGN.md section 3): absent key means running."""
+    """An experiment's state (docs/contract.md, "The state machine"): absent key means running."""
 
     RUNNING = "running"
     PAUSED = "paused"
@@ -32,7 +32,7 @@ class GroupStatus(StrEnum):
 
 
 class BacklogReading(BaseModel):
-    """One backlog measurement of a consumer group (DESIGN.md section 4).
+    """One backlog measurement of a consumer group (docs/contract.md, "Backlog").
 
     Attributes:
         status: whether the stream and the group exist.
@@ -139,15 +139,12 @@ class PublishResult(BaseModel):
         total_moved: tasks this token has moved in all, counted by the script in the publish
             record: the authority for a resumption's ``replayed`` (None in results recorded
             before it existed).
-        backlog: the backlog measured inside the script before the move (entries; 0 when the
-            script refused before measuring).
         remaining: held tasks left after the move (entries).
-        pending, lag: the two parts of ``backlog``; capped: the count stopped at the cap;
-            bytes_capped: it stopped at the byte budget (headroom 0).
-        headroom: ``threshold - backlog`` before the move (entries, at least 0; 0 when the script
-            refused before measuring), so ``headroom - moved`` is what is left after it.
-        last_delivered_id: the group's last-delivered-id at the measurement ('' when not measured).
-        group_status: the backlog measurement's status.
+        reading: the backlog the script measured before the move; its ``headroom`` is
+            ``threshold - backlog`` then (with the fair share on, this caller's share of it), so
+            ``headroom - moved`` is what is left after the move. All zero when the script refused
+            before measuring; ``threshold`` is the request's (0 in results recorded before a
+            publish's reading carried it); ``xinfo_lag`` is None.
         last_seq: with ``stale``, the seq of the last publish recorded for the token.
         used_memory, maxmemory: Redis's ``INFO memory`` as the script read it before the move
             (bytes; maxmemory 0 means no limit; both 0 when the script refused before reading
@@ -157,6 +154,11 @@ class PublishResult(BaseModel):
         rate_limited: the cap's bucket cut this move short (``rate_limited`` status when nothing moved).
         rate_wait_ms: with ``rate_limited``, how long until the bucket holds what the move wanted
             (at most its capacity; milliseconds on Redis's clock), else 0.
+
+    The wire format is the script's flat reply (``lua/publish.lua``: ``pending``, ``lag``,
+    ``capped``, ``bytes_capped``, ``headroom``, ``last_delivered_id``, ``group_status`` and
+    ``backlog`` beside the other fields): it is what the publish record in Redis and the
+    workflow histories' markers hold, so the model reads it and writes it back the same way.
     """
 
     status: PublishStatus
@@ -164,15 +166,8 @@ class PublishResult(BaseModel):
     moved_bytes: int = 0
     poison_id: str = ""
     total_moved: int | None = None
-    backlog: int
     remaining: int
-    pending: int
-    lag: int
-    capped: bool = False
-    bytes_capped: bool = False
-    headroom: int = 0
-    last_delivered_id: str = ""
-    group_status: GroupStatus
+    reading: BacklogReading
     last_seq: int = 0
     used_memory: int = 0
     maxmemory: int = 0
@@ -180,10 +175,34 @@ class PublishResult(BaseModel):
     rate_limited: bool = False
     rate_wait_ms: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        # the script's reply and recorded results are flat; ``backlog`` is pending + lag
+        if not isinstance(data, dict) or "reading" in data:
+            return data
+        flat = {k: v for k, v in data.items() if k != "backlog"}
+        reading = {"capped": False, "bytes_capped": False, "headroom": 0, "last_delivered_id": "", "threshold": 0}
+        for key in ("pending", "lag", "capped", "bytes_capped", "headroom", "last_delivered_id", "threshold"):
+            if key in flat:
+                reading[key] = flat.pop(key)
+        if "group_status" in flat:
+            reading["status"] = flat.pop("group_status")
+        return {**flat, "reading": {**reading, "xinfo_lag": None}}
+
+    @model_serializer(mode="wrap")
+    def _to_flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        doc: dict[str, Any] = handler(self)
+        reading = doc.pop("reading")
+        group_status = reading.pop("status")
+        for key in ("xinfo_lag", "lag_bytes"):  # not in the script's reply
+            reading.pop(key, None)
+        return {**doc, **reading, "group_status": group_status, "backlog": self.reading.backlog}
+
     @property
     def headroom_left(self) -> int:
         """Entries the backlog may still grow by after this publish's move (at least 0)."""
-        return max(0, self.headroom - self.moved)
+        return max(0, self.reading.headroom - self.moved)
 
 
 class DrainWait(BaseModel):

@@ -1,4 +1,4 @@
--- Backlog of one consumer group (DESIGN.md section 4). This file is a fragment: scripts.py
+-- Backlog of one consumer group (docs/contract.md, "Backlog"). This file is a fragment: scripts.py
 -- prepends it to every script that measures the backlog, so the rule lives in one place.
 --
 -- backlog = pending (the group's PEL size, from XINFO GROUPS)

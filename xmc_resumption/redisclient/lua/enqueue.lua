@@ -1,4 +1,4 @@
--- Pause-aware enqueue (DESIGN.md section 3).
+-- Pause-aware enqueue (docs/contract.md, "The state machine").
 -- KEYS[1] task stream, KEYS[2] experiment state, KEYS[3] held stream
 -- ARGV: the task's field/value pairs, stored byte for byte.
 -- running (state absent, nothing held) -> XADD task stream; otherwise -> XADD held stream, so tasks

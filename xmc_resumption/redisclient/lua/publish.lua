@@ -1,15 +1,15 @@
--- The atomic publish (DESIGN.md section 5, step 4): move the oldest held tasks into the task stream.
+-- The atomic publish (docs/contract.md, "The loop", step 4): move the oldest held tasks into the task stream.
 -- KEYS[1] task stream, KEYS[2] held stream, KEYS[3] state, KEYS[4] fence counter, KEYS[5] claim hash,
 -- KEYS[6] publish record (the idempotency record: token, seq, result, and `moved`, the tasks this
---         token moved in all, the authority for the run's count; it does not lapse with the lease)
+--         token moved in all, the authority for the run's count; it does not lapse with the lease),
+-- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua),
+-- KEYS[9] the stream's rate cap `{S}:rate` (rate.lua): a token bucket shared by every replay of S
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group,
 -- ARGV[6] missing-group policy ('zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
 -- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most,
--- ARGV[10] memory fraction: '' (off) or 0 < f <= 1: nothing moves while used_memory >= f x maxmemory
--- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua); ARGV[11] fair share
---         ('1' on, '0' off), ARGV[12] experiment ID
--- KEYS[9] the stream's rate cap `{S}:rate` (rate.lua): a token bucket shared by every replay of S
+-- ARGV[10] memory fraction: '' (off) or 0 < f <= 1: nothing moves while used_memory >= f x maxmemory,
+-- ARGV[11] fair share ('1' on, '0' off), ARGV[12] experiment ID
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
 --   fencing: a token other than the fence counter's moves nothing ('fenced'; 'fence_lost' when the

@@ -1,0 +1,268 @@
+"""``ResumptionPlugin`` (``xmc_resumption.plugin``) on real Temporal servers and a real redis-server:
+given to a client it hosts the replay beside the worker's own workflow (a parent starting it as a
+child), owns the activities' Redis client, follows the metric conventions with
+``prometheus_runtime``; given to a worker only, it needs a pydantic client; a namespace without the
+search attributes stops the start with one error and never polls; the converter and sandbox
+helpers; a ``Replayer`` with the plugin replays a recorded history."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from temporalio import activity
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import PydanticPayloadConverter
+from temporalio.converter import DataConverter, DefaultFailureConverter, DefaultPayloadConverter, PayloadCodec
+from temporalio.plugin import SimplePlugin
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from tests.helpers import bare_namespace, hold_tasks, scrape, stream_tasks
+from tests.parent import ResumeExperimentParent
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.plugin import (
+    PLUGIN_NAME,
+    SANDBOX_PASSTHROUGH,
+    ResumptionPlugin,
+    prometheus_runtime,
+    pydantic_converter,
+    sandbox_passthrough,
+)
+from xmc_resumption.search_attributes import SearchAttributesMissingError
+from xmc_resumption.services import free_port
+from xmc_resumption.settings import Settings
+from xmc_resumption.workflows import fleet
+from xmc_resumption.workflows.models import Outcome, ResumptionInput
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+ACTIVITIES = [
+    "acquire_claim",
+    "check_claim",
+    "measure_backlog",
+    "wait_for_drain",
+    "publish_batch",
+    "set_aside",
+    "release_claim",
+]
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+async def connections(redis: Redis) -> int:
+    """Clients connected to the test's redis-server (CLIENT LIST)."""
+    return len(await redis.client_list())
+
+
+async def connections_become(redis: Redis, n: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while (now := await connections(redis)) != n:
+        assert time.monotonic() < deadline, f"{now} Redis connections, expected {n}"
+        await asyncio.sleep(0.05)
+
+
+def plugin_activities(worker: Worker) -> ResumptionActivities:
+    """The one ``ResumptionActivities`` whose methods are registered on ``worker``."""
+    (owner,) = {getattr(fn, "__self__", None) for fn in worker.config(active_config=True)["activities"]}
+    assert isinstance(owner, ResumptionActivities)
+    return owner
+
+
+async def test_on_the_client_it_hosts_the_replay_beside_the_workers_own_workflow(
+    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+) -> None:
+    port = free_port()
+    client = await Client.connect(
+        dev_env.client.service_client.config.target_host,
+        plugins=[ResumptionPlugin(Settings(redis_url=redis_url))],
+        runtime=prometheus_runtime(f"127.0.0.1:{port}"),
+    )
+    assert client.data_converter.payload_converter_class is PydanticPayloadConverter
+    worker = Worker(client, task_queue=task_queue, workflows=[ResumeExperimentParent])
+    config = worker.config(active_config=True)
+    assert config["workflows"] == [ResumeExperimentParent, ResumptionWorkflow]
+    assert [fn.__name__ for fn in config["activities"]] == ACTIVITIES
+    runner = config["workflow_runner"]
+    assert isinstance(runner, SandboxedWorkflowRunner)
+    assert set(SANDBOX_PASSTHROUGH) <= runner.restrictions.passthrough_modules
+    activities = plugin_activities(worker)
+    with pytest.raises(RuntimeError, match="no Redis client"):
+        _ = activities.redis  # built when the worker starts, not before
+    before = await connections(redis)
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 20)
+    async with worker:
+        result = await client.execute_workflow(
+            ResumeExperimentParent.run,
+            args=[ResumptionInput(experiment_id=e, batch_size=7), task_queue],
+            id=f"parent-{e}",
+            task_queue=task_queue,
+        )
+        assert await connections(redis) > before  # the activities' own client
+        await activities.redis.ping()
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 20, 0)
+    assert await stream_tasks(redis) == names
+    await connections_become(redis, before)  # closed when the worker's run ended
+    scraped = scrape(port).values
+    assert [v for (name, _), v in scraped.items() if name == "xmc_resumption_replayed_tasks_total"] == [20]
+    assert [v for (name, _), v in scraped.items() if name == "xmc_resumption_outcomes_total"] == [1]
+
+
+async def test_on_a_worker_only_on_the_time_skipping_server(
+    ts_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The test server cannot list search attributes: the plugin says it did not check, and runs."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 5)
+    with caplog.at_level(logging.WARNING, logger="xmc.plugin"):
+        async with Worker(
+            ts_env.client, task_queue=task_queue, plugins=[ResumptionPlugin(Settings(redis_url=redis_url))]
+        ):
+            result = await ts_env.client.execute_workflow(
+                ResumptionWorkflow.run, ResumptionInput(experiment_id=e), id=f"resumption-{e}", task_queue=task_queue
+            )
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 5)
+    assert await stream_tasks(redis) == names
+    assert [r.getMessage() for r in caplog.records if r.name == "xmc.plugin"] == [
+        "the Temporal server cannot list search attributes; not checked that namespace default has "
+        + ", ".join(k.name for k in fleet.ALL)
+    ]
+
+
+async def test_a_worker_whose_client_lacks_the_pydantic_converter_is_refused(
+    dev_env: WorkflowEnvironment, redis_url: str
+) -> None:
+    plain = await Client.connect(dev_env.client.service_client.config.target_host)
+    with pytest.raises(ValueError, match="the worker's client lacks the pydantic data converter"):
+        Worker(plain, task_queue="q", plugins=[ResumptionPlugin(Settings(redis_url=redis_url))])
+
+
+async def test_a_namespace_without_the_search_attributes_stops_the_start_and_never_polls(
+    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+) -> None:
+    bare = await bare_namespace(dev_env.client)
+    plugin = ResumptionPlugin(Settings(redis_url=redis_url))
+    before = await connections(redis)
+    worker = Worker(bare, task_queue=task_queue, plugins=[plugin])
+    with pytest.raises(SearchAttributesMissingError) as raised:
+        async with worker:  # __aexit__ waits for the shutdown: it must not wait for ever
+            await asyncio.sleep(30)
+    message = str(raised.value)
+    assert message.startswith(f"namespace {bare.namespace} lacks the search attributes XmcExperimentId, XmcStream")
+    assert f"temporal operator search-attribute create --namespace {bare.namespace} --name XmcPhase" in message
+    with pytest.raises(SearchAttributesMissingError):  # the same from run()
+        await asyncio.wait_for(Worker(bare, task_queue=f"{task_queue}-2", plugins=[plugin]).run(), 10)
+    await asyncio.wait_for(worker.shutdown(), 1)  # returns at once after a refused start
+    request = DescribeTaskQueueRequest(
+        namespace=bare.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    assert not (await bare.workflow_service.describe_task_queue(request)).pollers
+    assert await connections(redis) == before
+    with pytest.raises(RuntimeError, match="no Redis client"):
+        _ = plugin_activities(worker).redis
+    with pytest.raises(RuntimeError, match="multiple workers"):  # docs/embedding.md: restart the process
+        Worker(bare, task_queue=task_queue, plugins=[plugin])
+
+
+async def test_a_plugin_that_removes_the_activities_stops_the_start(
+    dev_env: WorkflowEnvironment, redis_url: str, task_queue: str
+) -> None:
+    def without_ours(existing: Sequence[Any] | None) -> Sequence[Any]:
+        return [fn for fn in existing or () if not isinstance(getattr(fn, "__self__", None), ResumptionActivities)]
+
+    strip = SimplePlugin("strip", activities=without_ours)
+    worker = Worker(
+        dev_env.client,
+        task_queue=task_queue,
+        activities=[notify_owner],
+        plugins=[ResumptionPlugin(Settings(redis_url=redis_url)), strip],
+    )
+    assert worker.config(active_config=True)["activities"] == [notify_owner]
+    with pytest.raises(RuntimeError, match="no longer include ResumptionWorkflow's"):
+        await asyncio.wait_for(worker.run(), 10)
+    await asyncio.wait_for(worker.shutdown(), 1)
+
+
+@activity.defn
+async def notify_owner(message: str) -> str:
+    """A platform's own activity."""
+    return message
+
+
+class _Passing(PayloadCodec):
+    """A payload codec the pydantic converter must keep."""
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+
+class _OwnPydantic(PydanticPayloadConverter):
+    pass
+
+
+class _OwnJson(DefaultPayloadConverter):
+    pass
+
+
+def test_pydantic_converter_swaps_the_default_payload_converter_and_keeps_the_rest() -> None:
+    assert pydantic_converter(None).payload_converter_class is PydanticPayloadConverter
+    assert pydantic_converter(DataConverter.default).payload_converter_class is PydanticPayloadConverter
+    codec = _Passing()
+    mine = DataConverter(payload_codec=codec, failure_converter_class=DefaultFailureConverter)
+    swapped = pydantic_converter(mine)
+    assert swapped.payload_converter_class is PydanticPayloadConverter
+    assert swapped.payload_codec is codec and swapped.failure_converter_class is DefaultFailureConverter
+    already = DataConverter(payload_converter_class=_OwnPydantic)
+    assert pydantic_converter(already) is already
+    with pytest.raises(ValueError, match=r"the client has _OwnJson: base it on .*PydanticPayloadConverter"):
+        pydantic_converter(DataConverter(payload_converter_class=_OwnJson))
+
+
+async def test_a_client_with_another_custom_payload_converter_is_refused_at_connect(
+    dev_env: WorkflowEnvironment, redis_url: str
+) -> None:
+    with pytest.raises(ValueError, match="the client has _OwnJson"):
+        await Client.connect(
+            dev_env.client.service_client.config.target_host,
+            data_converter=DataConverter(payload_converter_class=_OwnJson),
+            plugins=[ResumptionPlugin(Settings(redis_url=redis_url))],
+        )
+
+
+def test_sandbox_passthrough_adds_the_modules_and_keeps_the_runners_own() -> None:
+    mine = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("platform_lib"))
+    runner = sandbox_passthrough(mine)
+    assert isinstance(runner, SandboxedWorkflowRunner)
+    assert runner.restrictions.passthrough_modules == mine.restrictions.passthrough_modules | set(SANDBOX_PASSTHROUGH)
+    assert runner.restrictions.invalid_module_members is mine.restrictions.invalid_module_members
+    unsandboxed = UnsandboxedWorkflowRunner()
+    assert sandbox_passthrough(unsandboxed) is unsandboxed
+    with pytest.raises(ValueError, match="no workflow runner"):
+        sandbox_passthrough(None)
+
+
+async def test_a_replayer_with_the_plugin_replays_a_recorded_history() -> None:
+    """The plugin gives a bare ``Replayer`` the workflow, the pydantic converter and the sandbox."""
+    plugin = ResumptionPlugin(Settings())
+    assert plugin.name() == PLUGIN_NAME
+    replayer = Replayer(workflows=[], plugins=[plugin])
+    for name in ("completed_after_throttles", "continued_as_new"):
+        path = HISTORIES / f"{name}.json"
+        await replayer.replay_workflow(WorkflowHistory.from_json(f"resumption-{name}", path.read_text()))

@@ -1,0 +1,108 @@
+"""How ``ResumptionWorkflow`` calls Redis: each call a local activity of ``ResumptionActivities``,
+called by name, with bounded retries, its result validated in workflow code (docs/contract.md,
+"Faults"). Workflow code only."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import typing
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar, cast
+
+from pydantic import TypeAdapter
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from xmc_resumption.activities.errors import NON_RETRYABLE_ERROR_TYPES
+    from xmc_resumption.activities.resumption import ResumptionActivities
+
+_Req = TypeVar("_Req")
+_Res = TypeVar("_Res")
+
+REDIS_CALL_TIMEOUT = timedelta(seconds=10)
+"""start-to-close of one Redis local activity: every script is O(batch + threshold). A bounded
+poll (``wait_for_drain``) gets its bound on top."""
+
+REDIS_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=4),
+    maximum_attempts=6,
+    non_retryable_error_types=list(NON_RETRYABLE_ERROR_TYPES),
+)
+"""A Redis fault (connection refused, timeout, failover, OOM) is retried inside the local activity
+for about 6 s of backoff. Retries stay bounded, as local activities' should: they run inside one
+workflow task. A fault that outlasts them makes the turn wait on a durable timer and start again
+from the top (``ResumptionWorkflow._wait_for_redis``), so an outage of any length is waited out,
+history stays small and continue-as-new still happens. Faults that retrying cannot mend are not
+retried."""
+
+RELEASE_RETRY = dataclasses.replace(REDIS_RETRY, maximum_attempts=7)
+"""The release gives up after 7 attempts (about 10 s of backoff), so a cancel or a failure ends
+even while Redis is away; the claim's lease then lapses and ``xmc status`` reports the experiment
+as orphaned. (A local activity's schedule-to-close timeout is not enforced by temporalio 1.35 on
+the dev server: attempts bound it, a timeout does not.)"""
+
+FAILED_CALL = (ActivityError, ApplicationError)
+"""What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a
+local activity that failed without retrying, the activity's ``ApplicationError`` itself (measured
+with temporalio 1.35)."""
+
+
+@functools.cache
+def _result_adapter(activity: Callable[..., Any]) -> TypeAdapter[Any]:
+    """A pydantic adapter for the return type of activity method ``activity``."""
+    return TypeAdapter(typing.get_type_hints(activity)["return"])
+
+
+def permanent(err: BaseException) -> bool:
+    """True when a failed call's cause is a fault that retrying cannot mend."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, ApplicationError):
+            return cause.non_retryable or cause.type in NON_RETRYABLE_ERROR_TYPES
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return False
+
+
+async def call(
+    activity: Callable[[ResumptionActivities, _Req], Awaitable[_Res]],
+    arg: _Req,
+    *,
+    summary: str,
+    retry_policy: RetryPolicy = REDIS_RETRY,
+    start_to_close: timedelta = REDIS_CALL_TIMEOUT,
+) -> _Res:
+    """Run the Redis local activity ``activity`` (a method of ``ResumptionActivities``) with
+    ``start_to_close`` timeout and ``retry_policy``; returns its result as the method's
+    return annotation says.
+
+    Raises:
+        asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the
+            SDK reports that as a failed call caused by cancellation; it must not be taken for
+            a Redis fault).
+        ActivityError, ApplicationError: the call failed (see ``permanent``).
+        pydantic.ValidationError: the result does not match the method's return type.
+    """
+    try:
+        raw = await workflow.execute_local_activity(
+            activity.__name__,  # the activity's registered name (activity.defn's default)
+            arg,
+            result_type=None,
+            start_to_close_timeout=start_to_close,
+            retry_policy=retry_policy,
+            summary=summary,
+        )
+    except FAILED_CALL as err:
+        if is_cancelled_exception(err):
+            raise asyncio.CancelledError() from err
+        raise
+    # called by name and read here, in workflow code, rather than by the SDK while it applies
+    # the activation: a result the workflow cannot read then fails the run through ``run``'s
+    # handler, which hands the experiment back, instead of failing the run before it can
+    return cast(_Res, _result_adapter(activity).validate_python(raw))

@@ -1,0 +1,264 @@
+"""``RunState``: all of a resumption run's state in one object, built from the input's ``Carry``
+and packed back into one for continue-as-new (the samples' ``safe_message_handlers`` pattern).
+
+Workflow code only (deterministic: no I/O, no clock). ``Carry`` (``workflows/models.py``) stays the
+wire form: it is part of the input contract, and recorded histories' continue-as-new inputs hold it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+
+from xmc_resumption.redisclient.results import BacklogReading, PublishResult
+from xmc_resumption.workflows.eta import NetRate, eta_seconds
+from xmc_resumption.workflows.models import (
+    Carry,
+    ControlChange,
+    Outcome,
+    Progress,
+    ResumptionInput,
+    ResumptionResult,
+    ThrottlePolicy,
+)
+from xmc_resumption.workflows.ratecap import TaskBucket
+from xmc_resumption.workflows.throttle import Pacer, StallWatch
+
+
+@dataclass
+class RunState:
+    """What one run of ``ResumptionWorkflow`` knows and changes.
+
+    Attributes:
+        input: the input, as changed by accepted control Updates (carried: it is the next run's).
+        progress: the ``progress`` query's answer; holds the token and the counters.
+        pacer: the throttle policy's state (drain rate, reaction time).
+        stall: the stall watch's state.
+        seq: the last publish sequence number used (the publish script's idempotency key).
+        owner: the claim's owner (the workflow ID of the first run); request_id: the acquire's
+            idempotency key; started_at: when the first run started (workflow time, UTC). All
+            three are set by ``begin`` ('' and None until then).
+        publish_next: the last publish left headroom: the next turn publishes without a check
+            and a measurement.
+        nothing_held: the claim found the experiment running and holding nothing: the run ends
+            ``nothing_held``.
+        stopping: the ``pause`` Update was accepted: the run ends ``paused`` at its next turn.
+        failed: the run is failing (a fault retrying cannot mend, or a fault of the workflow code).
+        wake: an accepted Update ends the durable throttle wait in progress, if any.
+        net: the net drain rate behind the ETA (``workflows/eta.py``).
+        bucket: the ``max_tasks_per_second`` bucket (``workflows/ratecap.py``).
+    """
+
+    input: ResumptionInput
+    progress: Progress
+    pacer: Pacer
+    stall: StallWatch
+    seq: int = 0
+    owner: str = ""
+    request_id: str = ""
+    started_at: datetime | None = None
+    publish_next: bool = False
+    nothing_held: bool = False
+    stopping: bool = False
+    failed: bool = False
+    wake: bool = False
+    net: NetRate = field(default_factory=NetRate)
+    bucket: TaskBucket = field(default_factory=TaskBucket)
+
+    @classmethod
+    def of(cls, inp: ResumptionInput) -> RunState:
+        """The state a run starts from: ``inp.carry``'s when it continues a resumption, else fresh.
+        The owner, request ID and start time are ``begin``'s."""
+        carry = inp.carry
+        return cls(
+            input=inp,
+            progress=Progress(
+                experiment_id=inp.experiment_id,
+                threshold=inp.max_backlog_threshold,
+                policy=inp.throttle_policy,
+                token=carry.token if carry else 0,
+                replayed=carry.replayed if carry else 0,
+                throttles=carry.throttles if carry else 0,
+                turns=carry.turns if carry else 0,
+                runs=carry.runs + 1 if carry else 1,
+                drain_rate=carry.drain_rate if carry else None,
+                max_tasks_per_second=inp.max_tasks_per_second,
+            ),
+            pacer=Pacer(
+                adaptive=inp.throttle_policy is ThrottlePolicy.ADAPTIVE,
+                threshold=inp.max_backlog_threshold,
+                throttle_seconds=inp.throttle_seconds,
+                min_wait=inp.min_wait_seconds,
+                max_wait=inp.longest_wait_seconds,
+                rate=carry.drain_rate if carry else None,
+                reaction=carry.reaction_seconds if carry else None,
+            ),
+            stall=StallWatch(
+                inp.stall_window_seconds,
+                inp.max_stall_seconds,
+                progress_at=carry.progress_at if carry else None,
+                last=carry.stall_reading if carry else None,
+            ),
+            seq=carry.seq if carry else 0,
+            net=carry.net_rate.model_copy() if carry and carry.net_rate else NetRate(),
+            bucket=carry.rate_bucket.model_copy() if carry and carry.rate_bucket else TaskBucket(),
+        )
+
+    def begin(
+        self, workflow_id: str, continued_run_id: str | None, now: datetime, draw_request_id: Callable[[], str]
+    ) -> None:
+        """Set the owner, the start time and the request ID: the carry's in a continued run (one
+        with a ``continued_run_id``), else ``workflow_id``, ``now`` and one ``draw_request_id()``
+        (drawn once per resumption and carried: every try of the acquire, in any run, is one
+        request).
+
+        Raises:
+            ApplicationError: non-retryable, type ``InvalidInput``: a caller set ``carry``.
+        """
+        carry = self.input.carry
+        if carry is not None and continued_run_id is None:
+            raise ApplicationError(
+                "carry: set by the workflow itself when it continues as new; leave it out of the input",
+                type="InvalidInput",
+                non_retryable=True,
+            )
+        self.owner = carry.owner if carry else workflow_id
+        self.started_at = carry.started_at if carry else now
+        self.request_id = carry.request_id if carry else draw_request_id()
+
+    @property
+    def token(self) -> int:
+        """The fencing token this resumption holds; 0 until the claim is taken."""
+        return self.progress.token
+
+    def observe(self, reading: BacklogReading, now: datetime, moved: int = 0) -> bool:
+        """Fold a backlog ``reading`` taken at workflow time ``now``, before a move of ``moved``
+        entries in the same step, into the progress, the pacer and the stall watch; returns True
+        when the reading starts a stall."""
+        p = self.progress
+        pending, lag, last_delivered_id = reading.pending, reading.lag, reading.last_delivered_id
+        backlog = pending + lag
+        p.backlog, p.pending, p.lag = backlog + moved, pending, lag + moved
+        self.pacer.observe(backlog, backlog + moved, reading.capped, now)
+        p.drain_rate, p.low_watermark = self.pacer.rate, self.pacer.low_watermark
+        self.net.observe(p.replayed, backlog + moved, reading.capped, now)
+        p.net_rate = self.net.rate
+        p.stalled_seconds = self.stall.observe(now, backlog, pending, last_delivered_id, moved)
+        stalled = self.stall.stalled(p.stalled_seconds)
+        started = stalled and not p.stalled
+        p.stalled = stalled
+        p.stall_reason = (
+            f"backlog {backlog} (pending {pending}) not going down, last-delivered-id {last_delivered_id or 'none'}"
+            if stalled
+            else None
+        )
+        return started
+
+    def count(self, result: PublishResult) -> int:
+        """Take a publish's counts into the progress; returns the tasks newly counted (entries).
+        Redis's count is the authority: publishes whose history was lost are in it too (a stale
+        reply after a lost history adds what this run never saw)."""
+        p = self.progress
+        counted = p.replayed
+        p.replayed = result.total_moved if result.total_moved is not None else p.replayed + result.moved
+        p.remaining = result.remaining
+        return p.replayed - counted
+
+    def refuse(self, change: ControlChange) -> None:
+        """Refuse a control change once the run is ending, or one that breaks a bound or a rule of
+        ``ResumptionInput`` (an Update's validator).
+
+        Raises:
+            ApplicationError: type ``ResumptionEnding``, or ``InvalidControl`` with one line naming
+                the field.
+        """
+        if self.progress.outcome is not None or self.stopping:
+            raise ApplicationError("the resumption is ending; nothing to change", type="ResumptionEnding")
+        try:
+            change.applied_to(self.input)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(x) for x in first["loc"]) or "input"
+            raise ApplicationError(f"{field}: {first['msg']}", type="InvalidControl") from None
+
+    def apply(self, change: ControlChange) -> ResumptionInput:
+        """Apply a change ``refuse`` let through to the input, the pacer and the progress, and wake
+        a durable throttle wait; returns the new input."""
+        inp = self.input = change.applied_to(self.input)
+        pacer, p = self.pacer, self.progress
+        pacer.adaptive = inp.throttle_policy is ThrottlePolicy.ADAPTIVE
+        pacer.threshold, pacer.throttle_seconds = inp.max_backlog_threshold, inp.throttle_seconds
+        pacer.max_wait = inp.longest_wait_seconds
+        p.threshold, p.policy = inp.max_backlog_threshold, inp.throttle_policy
+        p.max_tasks_per_second = inp.max_tasks_per_second
+        p.settings_changes += 1
+        self.wake = True
+        return inp
+
+    def result(self) -> ResumptionResult:
+        """The run's result, once ``progress.outcome`` is set."""
+        p = self.progress
+        assert p.outcome is not None, "set the outcome first"
+        return ResumptionResult(
+            experiment_id=p.experiment_id,
+            outcome=p.outcome,
+            replayed=p.replayed,
+            remaining=p.remaining or 0,
+            throttles=p.throttles,
+            turns=p.turns,
+            runs=p.runs,
+            token=p.token,
+            set_aside=p.set_aside,
+        )
+
+    def carry(self) -> Carry:
+        """What the next run needs, for continue-as-new."""
+        p = self.progress
+        assert self.started_at is not None, "begin() sets it before the first turn"
+        return Carry(
+            token=p.token,
+            request_id=self.request_id,
+            owner=self.owner,
+            seq=self.seq,
+            replayed=p.replayed,
+            throttles=p.throttles,
+            turns=p.turns,
+            runs=p.runs,
+            started_at=self.started_at,
+            drain_rate=self.pacer.rate,
+            reaction_seconds=self.pacer.reaction,
+            progress_at=self.stall.progress_at,
+            stall_reading=self.stall.last,
+            net_rate=self.net,
+            rate_bucket=self.bucket if self.bucket.at is not None else None,
+        )
+
+    def estimate(self, now: datetime) -> None:
+        """Set the progress's ETA at workflow time ``now`` (``workflows/eta.py``): from the net
+        drain rate, the last reading, the adaptive policy's refill, the rate caps and a durable
+        wait in progress; 0 once completed, None once ended otherwise."""
+        p = self.progress
+        if p.outcome is not None or self.failed:
+            p.eta_seconds = 0.0 if p.outcome is Outcome.COMPLETED else None
+        else:
+            headroom = p.threshold - p.backlog if p.backlog is not None else 0
+            caps = [c for c in (self.input.max_tasks_per_second, p.stream_rate_limit) if c]
+            low = self.pacer.low_watermark
+            wait_left = (p.throttled_until - now).total_seconds() if p.throttled_until else 0.0
+            p.eta_seconds = eta_seconds(
+                p.remaining,
+                headroom,
+                self.net.rate,
+                min(caps) if caps else None,
+                refill=p.threshold - low if low is not None else 0,
+                wait_left=max(0.0, wait_left),
+            )
+        p.eta_at = None if p.eta_seconds is None else now + timedelta(seconds=p.eta_seconds)
+
+    def next_input(self) -> ResumptionInput:
+        """The input of the next run: the current input (with accepted changes) and ``carry()``."""
+        return self.input.model_copy(update={"carry": self.carry()})

@@ -1,0 +1,337 @@
+"""What every ``xmc`` command shares: the click group, the settings, the parameter types and the
+options taken from ``ResumptionInput``, output, and the error handling of ``main`` (the exit codes
+of the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import annotated_types
+import click
+from pydantic import TypeAdapter
+
+from xmc_resumption import __version__
+from xmc_resumption.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_OPERATOR_ERROR,
+    EXIT_RUN_FAILED,
+    RunFailedError,
+    one_line,
+    operator_message,
+)
+from xmc_resumption.redisclient.keys import DEFAULT_STREAM, validate_name
+from xmc_resumption.redisclient.results import MissingGroupPolicy
+from xmc_resumption.settings import Settings
+from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy, duration_text
+
+T = TypeVar("T")
+
+DESCRIPTION = (
+    "Operate xmc-resumption: pause experiments, enqueue tasks, inspect them, plan, start, watch, "
+    "change and stop resumptions, cap a stream's rate, list the fleet, run the demo. Redis from "
+    "XMC_REDIS_URL; Temporal from TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE / profiles. Exit codes: 0 "
+    "done, 1 a run awaited with --wait ended without a result, 2 an operator error or refusal (one "
+    "line on stderr)."
+)
+
+QUERY_TIMEOUT_SECONDS = 5.0
+"""How long one progress query may take before it counts as unanswered (seconds)."""
+
+
+@dataclass
+class AppState:
+    """What the error handler of ``main`` needs from the command that ran."""
+
+    settings: Settings | None = None
+    interrupted_note: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def app_state(ctx: click.Context) -> AppState:
+    """The ``AppState`` ``main`` handed the group."""
+    state = ctx.find_root().obj
+    assert isinstance(state, AppState)
+    return state
+
+
+def settings_of(ctx: click.Context) -> Settings:
+    """The settings, read once; a bad one raises ``ValidationError`` (one line, exit 2)."""
+    state = app_state(ctx)
+    if state.settings is None:
+        state.settings = Settings()
+    return state.settings
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a command; raised instead of ``KeyboardInterrupt`` so that Click does not
+    print a line of its own before ``main``'s one."""
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; Ctrl-C raises ``Interrupted``."""
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        raise Interrupted from None
+
+
+def emit(as_json: bool, doc: Mapping[str, Any] | Sequence[Any], text: str) -> None:
+    """One JSON document or the text on stdout, never both."""
+    print(json.dumps(doc, indent=2, default=str) if as_json else text)
+
+
+class NameType(click.ParamType):
+    """A name that becomes part of a key (an experiment ID, a stream): ``validate_name``'s rule."""
+
+    name = "name"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return validate_name(self.what, str(value))
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+class EntryIdType(click.ParamType):
+    """A stream entry ID, ``<ms>-<seq>``."""
+
+    name = "entry-id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if not re.fullmatch(r"\d+-\d+", str(value)):
+            self.fail(f"not a stream entry ID (<ms>-<seq>): {str(value)[:40]!r}", param, ctx)
+        return str(value)
+
+
+EXPERIMENT_ID = NameType("experiment_id")
+STREAM_NAME = NameType("stream")
+GROUP_NAME = NameType("consumer_group")
+"""Consumer group names follow the same rule: not keys, but they reach XINFO, the logs and the UI."""
+
+
+def input_bounds(name: str) -> str:
+    """The bounds ``ResumptionInput`` puts on field ``name``, for help texts (``>= 1, <= 10000``)."""
+    parts = []
+    for m in ResumptionInput.model_fields[name].metadata:
+        for kind, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            bound = getattr(m, kind, None)
+            if isinstance(m, annotated_types.BaseMetadata) and bound is not None:
+                parts.append(f"{sign} {bound:g}")
+    return ", ".join(parts)
+
+
+def field_adapter(name: str) -> TypeAdapter[Any]:
+    """``ResumptionInput``'s rule for one field (type and bounds), to check a value alone."""
+    info = ResumptionInput.model_fields[name]
+    return TypeAdapter(Annotated[info.annotation, *info.metadata])  # type: ignore[arg-type,name-defined]
+
+
+@dataclass(frozen=True)
+class InputOption:
+    """A ``resume`` option that sets one ``ResumptionInput`` field (its default, bounds and rule
+    come from the model)."""
+
+    flag: str
+    field: str
+    type: click.ParamType
+    help: str
+    default_text: str | None = None
+
+
+INPUT_OPTIONS = (
+    InputOption("--group", "consumer_group", click.STRING, "the consumer group whose backlog throttles the replay"),
+    InputOption("--batch", "batch_size", click.INT, "most tasks one publish moves (entries)"),
+    InputOption("--threshold", "max_backlog_threshold", click.INT, "at or above this backlog the replay waits"),
+    InputOption("--throttle-seconds", "throttle_seconds", click.FLOAT, "one fixed throttle wait (seconds)"),
+    InputOption(
+        "--policy",
+        "throttle_policy",
+        click.Choice([p.value for p in ThrottlePolicy]),
+        "fixed waits, or adaptive to the measured drain rate",
+    ),
+    InputOption("--min-wait", "min_wait_seconds", click.FLOAT, "shortest adaptive wait (seconds)"),
+    InputOption("--max-wait", "max_wait_seconds", click.FLOAT, "longest adaptive wait (seconds)", "--throttle-seconds"),
+    InputOption(
+        "--claim-lease-seconds",
+        "claim_lease_seconds",
+        click.FLOAT,
+        "the claim's lease (seconds); must exceed --throttle-seconds and --max-wait",
+    ),
+    InputOption(
+        "--redis-retry-seconds", "redis_retry_seconds", click.FLOAT, "wait after a Redis fault outlasted retries"
+    ),
+    InputOption(
+        "--stall-window-seconds",
+        "stall_window_seconds",
+        click.FLOAT,
+        "stalled once the backlog has not gone down for this long (seconds)",
+    ),
+    InputOption(
+        "--max-stall-seconds",
+        "max_stall_seconds",
+        click.FLOAT,
+        "end the run 'stalled' after a stall this long (seconds)",
+        "never",
+    ),
+    InputOption(
+        "--missing-group",
+        "missing_group",
+        click.Choice([p.value for p in MissingGroupPolicy]),
+        "a missing consumer group: zero (backlog 0, warning) or error (the run fails)",
+    ),
+    InputOption("--max-bytes-per-call", "max_bytes_per_call", click.INT, "byte budget of one Redis script"),
+    InputOption("--turns-per-run", "turns_per_run", click.INT, "continue-as-new after this many turns"),
+    InputOption(
+        "--max-memory-fraction",
+        "max_memory_fraction",
+        click.FLOAT,
+        "wait while Redis's used memory is at or above this share of maxmemory",
+    ),
+    InputOption(
+        "--fair-share/--no-fair-share",
+        "fair_share",
+        click.BOOL,
+        "take at most this experiment's weighted share of the stream's headroom",
+    ),
+    InputOption(
+        "--max-tasks-per-second",
+        "max_tasks_per_second",
+        click.FLOAT,
+        "this replay's rate cap, tasks per second (xmc rate sets the stream's)",
+        "none",
+    ),
+)
+"""One option per ``ResumptionInput`` field but the experiment, the stream (every command's) and
+``carry`` (the workflow's own); tests/test_cli.py checks that none is missing."""
+
+
+def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``INPUT_OPTIONS`` to a command, each with the model's default (a default of None, such
+    as ``max_wait_seconds``'s, stays None: the model fills it in)."""
+    for opt in reversed(INPUT_OPTIONS):
+        bounds = input_bounds(opt.field)
+        default = ResumptionInput.model_fields[opt.field].default
+        fn = click.option(
+            opt.flag,
+            opt.field,
+            type=opt.type,
+            default=getattr(default, "value", default),
+            show_default=opt.default_text or True,
+            help=f"{opt.field}: {opt.help}" + (f" ({bounds})" if bounds else ""),
+        )(fn)
+    return fn
+
+
+def experiment_command(group: click.Group, name: str, help_text: str) -> Callable[..., Any]:
+    """A command of ``group`` taking EXPERIMENT_ID, ``--stream`` and ``--json``."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn = click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")(fn)
+        fn = click.option(
+            "--stream", type=STREAM_NAME, default=DEFAULT_STREAM, show_default=True, help="the task stream"
+        )(fn)
+        fn = click.argument("experiment_id", type=EXPERIMENT_ID)(fn)
+        return group.command(name, help=help_text, short_help=help_text.split(";")[0])(click.pass_context(fn))
+
+    return wrap
+
+
+def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")(fn)
+
+
+def _int_range(name: str) -> click.IntRange:
+    """A click range with the ``ge``/``le`` bounds ``ResumptionInput`` puts on integer field ``name``."""
+    metadata = ResumptionInput.model_fields[name].metadata
+    low = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), None)
+    high = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), None)
+    return click.IntRange(low, high)  # type: ignore[arg-type]
+
+
+THRESHOLD_TYPE = _int_range("max_backlog_threshold")
+"""A backlog threshold on the command line: ``ResumptionInput.max_backlog_threshold``'s bounds."""
+
+UPDATE_TIMEOUT = click.FloatRange(0, 3_600, min_open=True)
+
+
+@click.group(help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="xmc", message="%(prog)s %(version)s")
+def cli() -> None:
+    """The ``xmc`` group; see ``DESCRIPTION``."""
+
+
+def eta_text(eta_seconds: float | None, eta_at: str | datetime | None) -> str:
+    """An ETA for people, counted from now on this machine's clock: ``~3m 07s (at 12:34:56Z)``,
+    ``0s`` when nothing is left, ``-`` while it cannot be estimated (``Progress.eta_seconds``,
+    ``eta_at``: a datetime, or its ISO text from JSON)."""
+    if eta_seconds is None or eta_at is None:
+        return "-"
+    if eta_seconds == 0:
+        return "0s"
+    at = eta_at if isinstance(eta_at, datetime) else datetime.fromisoformat(eta_at)
+    left = (at - datetime.now(UTC)).total_seconds()
+    return f"~{duration_text(max(0.0, left))} (at {at.astimezone(UTC).strftime('%H:%M:%SZ')})"
+
+
+def or_missing(value: object, missing: str = "?") -> str:
+    """``value`` as text, ``missing`` for None."""
+    return missing if value is None else str(value)
+
+
+def text_table(header: list[str], rows: list[list[object]]) -> str:
+    """Rows as plain columns, left-aligned (no terminal width games: scripts use ``--json``)."""
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def _command_path(err: click.ClickException) -> str:
+    ctx = getattr(err, "ctx", None)
+    return ctx.command_path if ctx is not None else "xmc"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``xmc`` command; returns its exit code (see the module docstring)."""
+    state = AppState()
+    args = sys.argv[1:] if argv is None else argv
+    name = "xmc " + next((a for a in args if not a.startswith("-")), "")
+    try:
+        code = cli.main(args=args, prog_name="xmc", standalone_mode=False, obj=state)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handler, not at interpreter exit
+        return code if isinstance(code, int) else 0
+    except click.exceptions.NoArgsIsHelpError as err:
+        err.show()
+        return EXIT_OPERATOR_ERROR
+    except click.ClickException as err:
+        where = _command_path(err)
+        print(f"{where}: error: {one_line(err.format_message())} (see {where} --help)", file=sys.stderr)
+        return EXIT_OPERATOR_ERROR
+    except BrokenPipeError:
+        # the reader went away (xmc status E | head): say nothing; point stdout at /dev/null so the
+        # interpreter's last flush does not fail again (Python docs, "Note on SIGPIPE")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except (KeyboardInterrupt, click.Abort, Interrupted):
+        note = f"; {state.interrupted_note}" if state.interrupted_note else ""
+        print(f"{name.strip()}: interrupted{note}", file=sys.stderr)
+        return 130
+    except Exception as err:
+        message = operator_message(err, state.settings)
+        if message is None:
+            raise  # a bug: keep its traceback
+        print(f"{name.strip()}: {message}", file=sys.stderr)
+        return EXIT_RUN_FAILED if isinstance(err, RunFailedError) else EXIT_OPERATOR_ERROR
+    finally:
+        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")

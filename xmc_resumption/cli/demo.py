@@ -1,0 +1,78 @@
+"""``xmc demo``: replay held tasks end to end on local services (``xmc_resumption.demo``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from xmc_resumption.cli.common import cli, run_sync, settings_of
+from xmc_resumption.demo import DemoOptions, run_demo
+from xmc_resumption.workflows.models import ThrottlePolicy
+
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
+"""The demo's defaults, from ``DemoOptions`` (whose threshold, batch and policy are
+``ResumptionInput``'s)."""
+
+
+@cli.command("demo", short_help="replay held tasks end to end on local services")
+@click.option(
+    "--tasks",
+    type=click.IntRange(1, 10_000_000),
+    default=DEFAULTS["tasks"],
+    show_default=True,
+    help="tasks to hold and replay",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(0, 1e6, min_open=True),
+    default=DEFAULTS["rate"],
+    show_default=True,
+    help="consumer rate, tasks per second in all",
+)
+@click.option(
+    "--consumers",
+    type=click.IntRange(1, 1_000),
+    default=DEFAULTS["consumers"],
+    show_default=True,
+    help="consumers in the group",
+)
+@click.option(
+    "--threshold",
+    type=click.INT,
+    default=DEFAULTS["threshold"],
+    show_default=True,
+    help="max_backlog_threshold, entries",
+)
+@click.option(
+    "--batch", type=click.INT, default=DEFAULTS["batch"], show_default=True, help="most tasks one publish moves"
+)
+@click.option(
+    "--throttle-seconds",
+    type=click.FLOAT,
+    default=DEFAULTS["throttle_seconds"],
+    show_default=True,
+    help="one throttle wait, seconds",
+)
+@click.option(
+    "--policy",
+    type=click.Choice([p.value for p in ThrottlePolicy]),
+    default=DEFAULTS["policy"],
+    show_default=True,
+    help="throttle_policy",
+)
+@click.option(
+    "--linger",
+    type=click.FloatRange(0, 86_400),
+    default=DEFAULTS["linger"],
+    show_default=True,
+    help="seconds to keep the services up at the end (Ctrl-C ends it early)",
+)
+@click.pass_context
+def demo(ctx: click.Context, **opts: Any) -> None:
+    """Replay held tasks end to end; starts redis-server and a Temporal dev server unless
+    XMC_REDIS_URL / TEMPORAL_ADDRESS are set. Prints its own report (no --json)."""
+    settings_of(ctx)
+    code = run_sync(run_demo(DemoOptions(**opts)))
+    ctx.exit(code)

@@ -1,0 +1,277 @@
+"""The Redis-side commands on experiments: ``pause``, ``enqueue``, ``status``, ``dead`` and
+``held``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+from redis.exceptions import ResponseError, WatchError
+
+from xmc_resumption.cli.common import (
+    GROUP_NAME,
+    QUERY_TIMEOUT_SECONDS,
+    STREAM_NAME,
+    THRESHOLD_TYPE,
+    EntryIdType,
+    app_state,
+    cli,
+    emit,
+    eta_text,
+    experiment_command,
+    json_option,
+    or_missing,
+    run_sync,
+    settings_of,
+    text_table,
+)
+from xmc_resumption.errors import OperatorError, operator_message
+from xmc_resumption.ops import MAX_LISTED, experiment_status, held_experiments, live_run
+from xmc_resumption.redisclient import deadletter, held
+from xmc_resumption.redisclient.acl import is_denial
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.settings import connect_temporal
+from xmc_resumption.workflows.models import Phase, ResumptionInput
+
+MAX_TASKS_ENQUEUED = 1_000_000
+"""The most synthetic tasks one ``xmc enqueue`` writes."""
+
+
+@experiment_command(cli, "pause", "pause an experiment: its new tasks are held")
+def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) -> None:
+    """``xmc pause E``: set the state ``paused`` (``redisclient.held.pause``); producers hold."""
+
+    async def go() -> None:
+        redis = settings_of(ctx).redis()
+        try:
+            await held.pause(redis, ExperimentKeys(stream, experiment_id))
+        finally:
+            await redis.aclose()
+
+    run_sync(go())
+    emit(
+        as_json,
+        {"experiment_id": experiment_id, "stream": stream, "state": ExperimentState.PAUSED.value},
+        f"experiment {experiment_id} paused: its new tasks are held",
+    )
+
+
+@experiment_command(cli, "enqueue", "enqueue synthetic tasks through the pause-aware script")
+@click.option(
+    "--count", type=click.IntRange(1, MAX_TASKS_ENQUEUED), default=100, show_default=True, help="tasks to enqueue"
+)
+def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, count: int) -> None:
+    """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script."""
+
+    async def go() -> dict[str, int]:
+        redis = settings_of(ctx).redis()
+        keys = ExperimentKeys(stream, experiment_id)
+        where: dict[str, int] = {}
+        try:
+            for i in range(count):
+                dest, _ = await held.enqueue_task(redis, keys, {"task": f"{experiment_id}:{i:06d}", "n": i})
+                where[dest] = where.get(dest, 0) + 1
+        finally:
+            await redis.aclose()
+        return where
+
+    where = run_sync(go())
+    text = f"enqueued {count} tasks of {experiment_id}: " + ", ".join(f"{n} to {dest}" for dest, n in where.items())
+    emit(as_json, {"experiment_id": experiment_id, "enqueued": where}, text)
+
+
+@experiment_command(
+    cli,
+    "status",
+    "state, held tasks, claim, fencing token and backlog in Redis; and the resumption in Temporal, if any",
+)
+@click.option("--group", type=GROUP_NAME, default=DEFAULT_GROUP, show_default=True, help="the consumer group")
+@click.option(
+    "--threshold",
+    type=THRESHOLD_TYPE,
+    default=ResumptionInput.model_fields["max_backlog_threshold"].default,
+    show_default=True,
+    help="count the backlog up to this many entries",
+)
+def status(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, group: str, threshold: int) -> None:
+    """``xmc status E``: ``ops.experiment_status`` from Redis, and ``ops.live_run`` from Temporal
+    when it can be reached (else ``run`` holds the one-line reason)."""
+
+    async def go() -> dict[str, object]:
+        redis = settings_of(ctx).redis()
+        try:
+            doc = await experiment_status(redis, ExperimentKeys(stream, experiment_id), group, threshold)
+        finally:
+            await redis.aclose()
+        try:
+            client = await connect_temporal()
+            doc["run"] = await live_run(client, experiment_id, QUERY_TIMEOUT_SECONDS / 2)
+        except Exception as err:  # the Redis part stands; say why the Temporal part is missing
+            message = operator_message(err, app_state(ctx).settings)
+            if message is None:
+                raise
+            doc["run"] = {"error": message}
+        return doc
+
+    doc = run_sync(go())
+    emit(as_json, doc, _status_text(doc))
+
+
+def _status_text(doc: Mapping[str, Any]) -> str:
+    """``xmc status`` as text: one fact a line; keys it does not know are printed as they are."""
+    e, s = doc["experiment_id"], doc["stream"]
+    if not doc["exists"]:
+        lines = [f"{e} on {s}: unknown: no key of this experiment in Redis (never paused here: a typo, or --stream?)"]
+    else:
+        lines = [f"{e} on {s}: {doc['state']}" + (" (orphaned: resuming, no live claim)" if doc["orphaned"] else "")]
+        lines.append(f"  held: {doc['held']} tasks; set aside: {doc['set_aside']}")
+    claim = doc["claim"]
+    if claim:
+        lease = int(claim.get("lease_ms", "0")) / 1000
+        lines.append(f"  claim: token {claim.get('token')} owned by {claim.get('owner')}, lease {lease:.0f}s left")
+    elif doc["exists"]:
+        lines.append("  claim: none")
+    lines.append(f"  fencing token: {doc['fence']}")
+    b = doc["backlog"]
+    lag = f"{b['lag']}{'+' if b['capped'] else ''}"
+    side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
+    group = "" if b["status"] == "ok" else f"; consumer group: {b['status']}"
+    lines.append(
+        f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered, {side} "
+        f"{b['threshold']} (counted up to --threshold){group}"
+    )
+    memory = doc.get("redis_memory")
+    if memory:
+        limit = f"of {memory['maxmemory']:,} bytes" if memory["maxmemory"] else "(no maxmemory)"
+        lines.append(
+            f"  redis memory: {memory['used_memory']:,} bytes used {limit}, maxmemory-policy {memory['policy']}"
+            + (f": {memory['problem']}" if memory["problem"] else "")
+        )
+    lines.append("  " + _run_text(doc.get("run")))
+    known = {"experiment_id", "stream", "exists", "state", "orphaned", "held", "set_aside", "claim", "fence"}
+    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in known | {"backlog", "run", "redis_memory"}]
+    return "\n".join(lines)
+
+
+def _run_text(run: Mapping[str, Any] | None) -> str:
+    if run is None:
+        return "resumption: none in Temporal"
+    if "error" in run:
+        return f"resumption: unknown ({run['error']})"
+    text = f"resumption: {run['workflow_id']} {run['status']} (run {run['run_id']})"
+    progress = run.get("progress")
+    if progress:
+        text += (
+            f": {progress['phase']}, replayed {progress['replayed']}, remaining {or_missing(progress['remaining'])}, "
+            f"backlog {or_missing(progress['backlog'])}/{progress['threshold']}, "
+            f"ETA {eta_text(progress.get('eta_seconds'), progress.get('eta_at'))}"
+            + (
+                f", STALLED {progress['stalled_seconds']:.0f}s: {progress['stall_reason']}"
+                if progress["stalled"]
+                else ""
+            )
+            + (f", RATE LIMITED: {progress['rate_reason']}" if progress["phase"] == Phase.RATE_LIMITED.value else "")
+        )
+    else:
+        text += f": phase {or_missing(run['phase'])}, replayed {or_missing(run['replayed'])}, "
+        text += f"remaining {or_missing(run['remaining'])}"
+        text += f", outcome {run['outcome']}" if run.get("outcome") else ""
+        text += f" ({run['progress_error']})" if run.get("progress_error") else ""
+    return text
+
+
+@experiment_command(cli, "dead", "list the tasks set aside (too many fields to move by script), or retry or drop one")
+@click.option(
+    "--retry", metavar="ID", type=EntryIdType(), help="put it back: held if the experiment holds tasks, else the stream"
+)
+@click.option("--drop", metavar="ID", type=EntryIdType(), help="delete it")
+def dead(
+    ctx: click.Context, experiment_id: str, stream: str, as_json: bool, retry: str | None, drop: str | None
+) -> None:
+    """``xmc dead E``: list the set-aside tasks, or ``--retry`` / ``--drop`` one (``redisclient.deadletter``)."""
+    if retry and drop:
+        raise click.UsageError("--retry and --drop exclude each other", ctx)
+    keys = ExperimentKeys(stream, experiment_id)
+
+    async def go() -> dict[str, Any]:
+        redis = settings_of(ctx).redis()
+        try:
+            if not (retry or drop):
+                rows = await deadletter.dead_letters(redis, keys)
+                return {"key": keys.dead, "tasks": [{"id": i, "fields": f, "bytes": b} for i, f, b in rows]}
+            entry_id = retry or drop
+            assert entry_id is not None
+            where: str | bool | None = (
+                await deadletter.retry(redis, keys, entry_id) if retry else await deadletter.drop(redis, keys, entry_id)
+            )
+            if not where:
+                raise OperatorError(f"no set-aside task {entry_id} in {keys.dead}")
+            return {"entry_id": entry_id, "retried_to" if retry else "dropped": where}
+        except WatchError as err:
+            raise OperatorError(f"{keys.dead} or the experiment changed meanwhile; nothing moved: try again") from err
+        except ResponseError as err:
+            if is_denial(err):
+                raise  # an ACL refusal: operator_message names the user and the command
+            raise OperatorError(f"nothing moved: {err}") from err
+        finally:
+            await redis.aclose()
+
+    doc = run_sync(go())
+    if "tasks" in doc:
+        text = "\n".join(
+            [f"{len(doc['tasks'])} tasks set aside in {doc['key']}"]
+            + [f"  {t['id']}: {t['fields']} fields, {t['bytes']} bytes" for t in doc["tasks"]]
+        )
+    elif "retried_to" in doc:
+        text = f"{doc['entry_id']} put back into {doc['retried_to']}"
+    else:
+        text = f"{doc['entry_id']} dropped from {doc['dropped']}"
+    emit(as_json, doc, text)
+
+
+@cli.command("held", short_help="experiments paused or orphaned in Redis, with their held tasks")
+@click.option("--stream", type=STREAM_NAME, default=DEFAULT_STREAM, show_default=True, help="the task stream")
+@click.option("--orphaned", is_flag=True, help="only orphaned experiments (resuming, no live claim)")
+@click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=1_000, show_default=True, help="most experiments")
+@json_option
+@click.pass_context
+def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_json: bool) -> None:
+    """Every experiment on the stream that Redis holds something for: paused, orphaned (resuming
+    with no live claim: start a resumption again), resuming (a replay holds the claim), unknown
+    (a state value the contract does not know), stranded (tasks held but no state key), bad_keys.
+    Found by SCAN (never KEYS), so it is safe on a busy Redis."""
+
+    async def go() -> tuple[list[dict[str, object]], bool]:
+        redis = settings_of(ctx).redis()
+        try:
+            return await held_experiments(redis, stream, limit)
+        finally:
+            await redis.aclose()
+
+    rows, truncated = run_sync(go())
+    if orphaned:
+        rows = [r for r in rows if r["condition"] == "orphaned"]
+    table = text_table(
+        ["EXPERIMENT", "CONDITION", "STATE", "HELD", "CLAIM"],
+        [
+            [
+                r["experiment_id"],
+                r["condition"],
+                or_missing(r["state"]),
+                or_missing(r["held"]),
+                r.get("error") or _claim_text(r["claim"]),  # type: ignore[arg-type]
+            ]
+            for r in rows
+        ],
+    )
+    more = f"\n(more than {limit} experiments: --limit)" if truncated else ""
+    text = (table if rows else f"no experiment on {stream} is paused, resuming or holding tasks") + more
+    emit(as_json, {"stream": stream, "experiments": rows, "truncated": truncated}, text)
+
+
+def _claim_text(claim: Mapping[str, str]) -> str:
+    if not claim:
+        return "-"
+    return f"token {claim.get('token')} by {claim.get('owner')}, {int(claim.get('lease_ms', '0')) / 1000:.0f}s left"
