@@ -345,10 +345,12 @@ class Progress(BaseModel):
         net_rate: the net drain rate (tasks per second: replayed minus backlog, per second of
             workflow time, averaged; ``workflows/eta.py``), None until a second was measured.
         eta_seconds: the time left until the last held task moves (seconds, as of the last
-            reading: ``max(0, remaining - headroom) / net_rate``, at least ``remaining / cap``
-            under a rate cap); 0 once nothing is held; None before a rate is known, with a rate of
-            0, or once the run ended otherwise than ``completed``. eta_at: when that is (workflow
-            time, UTC): clients show ``eta_at - now``, which stays right during a long wait.
+            reading: ``max(0, remaining - headroom) / net_rate``, and at least the adaptive
+            policy's last refill, ``remaining / cap`` under a rate cap and what is left of a
+            durable wait: ``workflows/eta.py``); 0 once nothing is held; None before a rate is
+            known, with a rate of 0, or once the run ended otherwise than ``completed``. eta_at:
+            when that is (workflow time, UTC): clients show ``eta_at - now``, which stays right
+            during a long wait.
         max_tasks_per_second: the replay's own rate cap in force (tasks/s) or None;
             stream_rate_limit: the stream-wide cap (``{S}:rate``) the last publish saw (tasks/s),
             None without one.
@@ -432,7 +434,8 @@ class Progress(BaseModel):
         return "\n".join(lines)
 
     def eta_text(self) -> str:
-        """The ETA for people: ``~1m 05s (at 12:34:56Z), net ~412/s``, ``0s (done)``, or ``-`` and why."""
+        """The ETA for people: ``~1m 05s (at 12:34:56Z), net ~412/s``, ``0s (nothing left to move)``,
+        or ``-`` and why."""
         if self.eta_seconds is None or self.eta_at is None:
             why = "no net drain rate measured yet" if self.net_rate is None else f"net ~{self.net_rate:,.0f}/s"
             return f"- ({why})"
