@@ -1,14 +1,17 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   venv + install + local redis-server and Temporal dev server + the 5,000-task demo
 #   make test   venv + install + the whole test suite (what CI runs through .ci/run); installs Debian's
-#               redis-server and chromium (for the web UI test) when missing
+#               redis-server and chromium (for the web UI test) when missing, and the Node producer
+#               test's npm packages (tests/node, npm ci from its lock file, once)
 #   make wheel  the distribution's wheel in dist/ (offline: the venv's setuptools, no dependency)
 #   make bench  the benchmarks of issue 5 (fresh redis-server and dev server; ARGS=--smoke for a quick run)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint worker wheel bench clean
+NODE_DEPS := tests/node/node_modules/.package-lock.json
+
+.PHONY: install node-deps demo test lint worker wheel bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +21,18 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# the Node producer test's packages (tests/test_node_producer.py); skipped where npm is missing
+$(NODE_DEPS): tests/node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then cd tests/node && npm ci --no-audit --no-fund --loglevel=error; \
+	else echo "npm not found: tests/test_node_producer.py will be skipped"; fi
+
+node-deps: $(NODE_DEPS)
+
 demo: install
 	scripts/ensure-redis-server --unless-configured
 	$(PY) -m xmc_resumption demo $(ARGS)
 
-test: install
+test: install node-deps
 	scripts/ensure-redis-server
 	scripts/ensure-chromium
 	$(PY) -m pytest $(ARGS)
@@ -44,4 +54,4 @@ worker: install
 	$(PY) -m worker
 
 clean:
-	rm -rf $(VENV) .xmc .pytest_cache .ruff_cache .mypy_cache build dist
+	rm -rf $(VENV) .xmc .pytest_cache .ruff_cache .mypy_cache build dist tests/node/node_modules

@@ -35,7 +35,7 @@ async def hold_tasks(redis: Redis, keys: ExperimentKeys, count: int, payload_byt
     """
     payload = b"x" * payload_bytes
     await held.pause(redis, keys)
-    where, _ = await held.enqueue_task(redis, keys, task_fields(keys.experiment_id, 0, payload))
+    where = (await held.enqueue_task(redis, keys, task_fields(keys.experiment_id, 0, payload))).destination
     if where != "held":
         raise RuntimeError(f"task 0 went to the {where}, not the held stream")
     for start in range(1, count, PIPELINE_CHUNK):

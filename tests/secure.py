@@ -22,6 +22,8 @@ from xmc_resumption.services import free_port, installed_binary, stop_process, w
 ROOT = Path(__file__).resolve().parents[1]
 ACL_FILE = ROOT / "deploy" / "redis-acl.conf"
 ACL_USER = "xmc-resumption"
+PRODUCER_ACL_FILE = ROOT / "deploy" / "redis-acl-producer.conf"
+PRODUCER_USER = "xmc-producer"
 SECRET = "Xs3cret-acl-Pa55"
 """The ACL user's password in these tests: it must never show in any output."""
 
@@ -54,6 +56,19 @@ def acl_redis() -> Iterator[tuple[str, str]]:
             capture_output=True,
         )
         yield f"redis://127.0.0.1:{port}/0", f"redis://{ACL_USER}:{SECRET}@127.0.0.1:{port}/0"
+
+
+@contextmanager
+def producer_acl_redis() -> Iterator[tuple[str, str]]:
+    """A redis-server that loads ``deploy/redis-acl-producer.conf``, its producer user switched on
+    with the password ``SECRET``. Yields (admin URL, the producer's URL)."""
+    with redis_server("--aclfile", str(PRODUCER_ACL_FILE)) as port:
+        subprocess.run(
+            [installed_binary("redis-cli"), "-p", str(port), "ACL", "SETUSER", PRODUCER_USER, "on", f">{SECRET}"],
+            check=True,
+            capture_output=True,
+        )
+        yield f"redis://127.0.0.1:{port}/0", f"redis://{PRODUCER_USER}:{SECRET}@127.0.0.1:{port}/0"
 
 
 @dataclass(frozen=True)

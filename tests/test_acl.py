@@ -115,7 +115,7 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     acts, env = ResumptionActivities(user), ActivityEnvironment()
 
     await held.pause(user, keys)
-    ids = [(await held.enqueue_task(user, keys, {"task": f"t{i}"}))[1] for i in range(5)]
+    ids = [(await held.enqueue_task(user, keys, {"task": f"t{i}"})).entry_id for i in range(5)]
     grant = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w1", lease_ms=60_000, request_id="r1"))
     assert (grant.token, grant.held) == (1, 5)
     assert not (await env.run(acts.check_claim, CheckRequest(ref=ref, token=1, owner="w1", lease_ms=60_000))).fenced
@@ -124,7 +124,7 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
         ref=ref, threshold=10, low_watermark=0, min_seconds=0, max_seconds=0.1, poll_seconds=0.05
     )
     assert (await env.run(acts.wait_for_drain, drained)).reached
-    aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=1, entry_id=ids[0].decode()))
+    aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=1, entry_id=ids[0]))
     assert (aside.status.value, aside.dead) == ("set_aside", 1)
     published = await env.run(
         acts.publish_batch,
@@ -235,7 +235,16 @@ async def test_a_command_refused_inside_a_script_names_the_script(admin: Redis, 
 async def test_the_cli_names_the_user_and_the_command(admin: Redis, narrow_url: str, args: list[str]) -> None:
     await admin.xadd(ExperimentKeys(STREAM, "A4").dead, {"task": "t"}, id="1-1")  # for --retry to move
     proc = run_module("xmc_resumption", *args, XMC_REDIS_URL=narrow_url)
-    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    if args[0] == "status":  # every part it may not read is one line; the rest is shown on stdout
+        lines = proc.stderr.splitlines()
+        assert [line.split(", reading ")[1].split(":")[0] for line in lines] == ["state", "set_aside"], lines
+        for line in lines:
+            assert line.startswith(f"xmc status: Redis ACL user '{NARROW_USER}' may not run XLEN, reading "), line
+        assert json.loads(run_module("xmc_resumption", *args, "--json", XMC_REDIS_URL=narrow_url).stdout)["fence"] == 0
+        assert SECRET not in proc.stderr + proc.stdout
+        return
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
     line = proc.stderr.strip()
     assert line.startswith(f"xmc {args[0]}: Redis ACL user '{NARROW_USER}' may not run "), line
     assert f", at XMC_REDIS_URL=redis://{NARROW_USER}:***@127.0.0.1:" in line and SECRET not in line
@@ -359,3 +368,45 @@ def test_the_refusal_forms_of_later_redis_versions(reply: str, error: type[Excep
     sha = hashlib.sha1(source("publish").encode(), usedforsecurity=False).hexdigest()
     message = denial_message(error(reply.format(sha=sha)), "u", "in x")
     assert message is None if expected is None else (message and expected in message), message
+
+
+@pytest_asyncio.fixture
+async def no_info_url(admin: Redis, acl_urls: tuple[str, str]) -> AsyncIterator[str]:
+    """A user with the file's rule minus ``INFO`` (which the scripts read the memory settings with)."""
+    rule = [t for t in file_rule() if t != "+info"]
+    await admin.execute_command("ACL", "SETUSER", "xmc-no-info", "reset", "on", f">{SECRET}", *rule)
+    yield acl_urls[1].replace(f"{ACL_USER}:", "xmc-no-info:")
+    await admin.execute_command("ACL", "DELUSER", "xmc-no-info")
+
+
+async def test_a_refused_info_is_named_and_status_shows_the_rest(admin: Redis, no_info_url: str) -> None:
+    """Redis 7.0 names no command refused inside a script, only the script's line: the message
+    names INFO from that line (it said "EVALSHA" once). ``xmc status`` shows every part it can
+    read and marks the memory part unknown with the reason (it failed outright once), exit 2."""
+    keys = ExperimentKeys(STREAM, "A7")
+    await held.pause(admin, keys)
+    await held.enqueue_task(admin, keys, {"task": "t"})
+    client = Redis.from_url(no_info_url)
+    ref = ExperimentRef(experiment_id="A7", stream=STREAM, consumer_group=GROUP)
+    try:
+        with pytest.raises(ApplicationError) as err:
+            await activity_env("acquire_claim").run(
+                ResumptionActivities(client).acquire_claim,
+                AcquireRequest(ref=ref, owner="me", lease_ms=60_000, request_id="r1"),
+            )
+    finally:
+        await client.aclose()
+    assert (err.value.type, err.value.non_retryable) == ("RedisPermissionDenied", True)
+    assert "Redis ACL user 'xmc-no-info' may not run INFO (from the acquire script), in acquire_claim" in str(err.value)
+    proc = run_module("xmc_resumption", "status", "A7", "--json", XMC_REDIS_URL=no_info_url)
+    assert proc.returncode == 2, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["state"], doc["held"], doc["fence"], doc["set_aside"], doc["redis_memory"]) == ("paused", 1, 0, 0, None)
+    assert doc["backlog"]["status"] == "no_stream"
+    reason = "Redis ACL user 'xmc-no-info' may not run INFO (from the memory_status script), reading redis_memory"
+    assert list(doc["unknown"]) == ["redis_memory"] and doc["unknown"]["redis_memory"].startswith(reason)
+    assert proc.stderr.splitlines() == [f"xmc status: {doc['unknown']['redis_memory']}"]
+    text = run_module("xmc_resumption", "status", "A7", XMC_REDIS_URL=no_info_url)
+    assert text.returncode == 2 and f"A7 on {STREAM}: paused\n  held: 1 tasks; set aside: 0\n" in text.stdout
+    assert f"  redis memory: unknown ({reason}" in text.stdout
+    assert SECRET not in proc.stdout + proc.stderr + text.stdout + text.stderr

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Awaitable
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
-from xmc_resumption.redisclient import fencing, held
+from tests.helpers import STREAM, fill_backlog, hold_tasks, resumption_worker, start, throttled, wait_for
+from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus, SetAsideStatus
+from xmc_resumption.workflows.models import Outcome
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
 
@@ -141,3 +147,74 @@ async def test_acquire_resumes_held_tasks_whose_state_key_is_gone(redis: Redis) 
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
     assert (grant.state, grant.held) == (ExperimentState.RESUMING, 2)
     assert (await held.enqueue_task(redis, KEYS, {b"task": b"new"}))[0] == "held"  # queued behind h0, h1
+
+
+def publish(redis: Redis, token: int, seq: int = 1) -> Awaitable[PublishResult]:
+    return publish_batch(
+        redis, KEYS, "g", token=token, seq=seq, batch_size=10, threshold=100, owner="me", lease_ms=60_000
+    )
+
+
+@pytest.mark.parametrize(
+    "counter", [8, 9, 92, 93, 98, 99, 922, 923, 998, 999, 9_999, 10**18 - 1, fencing.MAX_TOKEN - 2]
+)
+async def test_tokens_compare_as_integers_whatever_their_length(redis: Redis, counter: int) -> None:
+    """Tokens are integers, never text, in the scripts and in Python: compared as text, a counter
+    at 93..99 or 923..999 reads as exhausted (past 9223372036854775806) and can never be claimed
+    again, and token 9 against counter 10 reads as data loss (fence_lost) instead of a takeover."""
+    await held.pause(redis, KEYS)
+    for i in range(3):
+        await held.enqueue_task(redis, KEYS, {"task": f"t{i}"})
+    await redis.set(KEYS.fence, counter)
+    stale = counter  # as if a replay held the counter's token when a newer claim came
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    assert grant.token == counter + 1
+    current = await fencing.check_claim(redis, KEYS, grant.token, "me", 60_000)
+    assert (current.fenced, current.fence_lost, current.current_token) == (False, False, counter + 1)
+    older = await fencing.check_claim(redis, KEYS, stale, "old", 60_000)
+    assert (older.fenced, older.fence_lost) == (True, False)
+    assert (await publish(redis, stale)).status is PublishStatus.FENCED
+    first = await redis.xadd(KEYS.held, {"f": "v"})  # an entry to set aside (the last one)
+    assert (await deadletter.set_aside(redis, KEYS, stale, first.decode())).status is SetAsideStatus.FENCED
+    ahead = await fencing.check_claim(redis, KEYS, counter + 5, "lost", 60_000)
+    assert (ahead.fenced, ahead.fence_lost) == (False, True)  # a counter below the token: Redis lost data
+    assert (await publish(redis, counter + 5)).status is PublishStatus.FENCE_LOST
+    moved = await publish(redis, grant.token)
+    assert (moved.status, moved.moved) == (PublishStatus.COMPLETED, 4)
+    assert await fencing.release_claim(redis, KEYS, stale, owner="old", back_to_paused=False) == 0
+    assert await fencing.release_claim(redis, KEYS, grant.token, owner="me", back_to_paused=False) == grant.token
+    assert await fencing.current_token(redis, KEYS) == counter + 2
+
+
+@pytest.mark.parametrize("raw", ["-1", "007", "ten", "1.5", "9223372036854775808", " 1"])
+async def test_a_fence_counter_that_is_no_token_is_refused_alike_in_lua_and_python(redis: Redis, raw: str) -> None:
+    await held.pause(redis, KEYS)
+    await held.enqueue_task(redis, KEYS, {"task": "t"})
+    await redis.set(KEYS.fence, raw)
+    with pytest.raises(ResponseError, match=f"XMCCORRUPT {re.escape(KEYS.fence)} holds"):
+        await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    with pytest.raises(ValueError, match=f"{re.escape(KEYS.fence)} holds .*, not a fencing token"):
+        await fencing.current_token(redis, KEYS)
+    entry = (await redis.xrange(KEYS.held))[0][0].decode()
+    with pytest.raises(ValueError, match="not a fencing token"):
+        await deadletter.set_aside(redis, KEYS, 1, entry)
+    assert await redis.xlen(KEYS.held) == 1 and await redis.xlen(KEYS.dead) == 0
+
+
+async def test_a_replay_whose_token_is_one_digit_shorter_ends_fenced(ts_env, redis, redis_url, task_queue) -> None:
+    """A run holding token 9 when a newer claim takes 10: outcome ``fenced`` (a takeover), not
+    ``fence_lost`` (data loss), and it publishes nothing more."""
+    e = "E9to10"
+    await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    keys = ExperimentKeys(STREAM, e)
+    await redis.set(keys.fence, 8)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
+        progress = await wait_for(handle, throttled)
+        newer = await fencing.acquire_claim(redis, keys, "someone-else", 60_000)
+        await ts_env.sleep(15)  # past the throttle wait: the next check sees the newer token
+        result = await handle.result()
+    assert (progress.token, newer.token) == (9, 10)
+    assert (result.outcome, result.token, result.replayed) == (Outcome.FENCED, 9, 0)
+    assert await redis.xlen(keys.held) == 10

@@ -41,17 +41,14 @@ async def test_rate_shows_sets_and_clears_the_stream_cap(redis: Redis, xmc: Xmc)
 
 
 def test_resume_and_set_check_the_rate_cap_by_the_model(xmc: Xmc) -> None:
-    """Checked before Redis or Temporal is asked (neither is reachable here); 0 removes a running
-    replay's cap, so ``set`` lets it through to Temporal."""
+    """Checked at parse time by the input model's bounds, before Redis or Temporal is asked (neither
+    is reachable here); 0 removes a running replay's cap, so ``set`` lets it through to Temporal."""
     nowhere = {"redis_at": "redis://127.0.0.1:1/0"}
-    one_line(
-        xmc("resume", "E7", "--max-tasks-per-second", "0", **nowhere),
-        "xmc resume: invalid ResumptionInput: max_tasks_per_second: Input should be greater than or equal to 0.001",
-    )
-    one_line(
-        xmc("set", "E7", "--max-tasks-per-second", "-3", **nowhere),
-        "xmc set: invalid ControlChange: max_tasks_per_second: Input should be greater than or equal to 0.001",
-    )
+    for command, value in (("resume", "0"), ("set", "-3"), ("set", "0.0001"), ("set", "nan")):
+        one_line(
+            xmc(command, "E7", "--max-tasks-per-second", value, **nowhere),
+            f"xmc {command}: error: Invalid value for '--max-tasks-per-second': ",
+        )
     one_line(xmc("set", "E7", "--max-tasks-per-second", "0", **nowhere), "xmc set: cannot reach Temporal at")
     assert "--max-tasks-per-second" in xmc("resume", "--help").stdout
 

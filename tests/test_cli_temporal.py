@@ -7,6 +7,7 @@ the control Updates; and what the Temporal CLI's ``workflow start`` does while a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -19,12 +20,24 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import GROUP, consume, fill_backlog, hold_tasks, resumption_worker, stream_tasks
+from tests.helpers import (
+    GROUP,
+    consume,
+    fill_backlog,
+    hold_tasks,
+    resumption_worker,
+    stream_tasks,
+    throttled,
+    wait_for,
+)
 from tests.test_cli import Ran, Xmc, one_line, xmc_fixture  # noqa: F401  (the fixture)
+from xmc_resumption.client import XmcClient
 from xmc_resumption.services import installed_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,3 +335,106 @@ async def test_wait_warns_when_no_worker_answers_and_ctrl_c_leaves_the_run(
         f"worker polling task queue {task_queue}?\n",
         f"xmc resume: interrupted; resumption-{experiment} keeps running (xmc stop {experiment} stops it)\n",
     ]
+
+
+async def _started(client: Client, experiment: str, timeout: float = 20) -> None:
+    """Wait until ``resumption-<experiment>`` exists."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await client.get_workflow_handle(f"resumption-{experiment}").describe()
+            return
+        except RPCError as err:
+            if err.status is not RPCStatusCode.NOT_FOUND or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
+async def _terminate(client: Client, *experiments: str) -> None:
+    for e in experiments:
+        with contextlib.suppress(RPCError):  # not started, or ended already
+            await client.get_workflow_handle(f"resumption-{e}").terminate("test over")
+
+
+async def test_resume_starts_several_experiments_each_checked(
+    dev_env: WorkflowEnvironment, redis: Redis, task_queue: str, xmc: Xmc
+) -> None:
+    """``xmc resume E1 E2``: one line per started run, on the ``--task-queue`` given (else
+    ``XMC_TASK_QUEUE``); a refusal of one starts none; one already running is reported (exit 2)
+    after the others started. No worker polls: the runs stay open."""
+    tag = uuid.uuid4().hex[:6]
+    r1, r2, r3, r4, idle = (f"M{tag}-{i}" for i in range(5))
+    for e in (r1, r2, r3, r4):
+        await hold_tasks(redis, e, 2)
+    env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
+    try:
+        ran = await asyncio.to_thread(xmc, "resume", r1, r2, "--task-queue", f"{task_queue}-x", "--batch", "9", **env)
+        assert (ran.returncode, ran.stderr) == (0, ""), ran
+        lines = ran.stdout.splitlines()
+        assert [line.split(" (run ")[0] for line in lines] == [f"started resumption-{r1}", f"started resumption-{r2}"]
+        for e, line in zip((r1, r2), lines, strict=True):
+            desc = await dev_env.client.get_workflow_handle(f"resumption-{e}").describe()
+            assert (desc.task_queue, desc.run_id) == (f"{task_queue}-x", line.split(" (run ")[1].rstrip(")"))
+
+        refused = await asyncio.to_thread(xmc, "resume", r3, idle, **env)
+        one_line(
+            refused,
+            f"xmc resume: experiment {idle} has no key on xmc-tasks-stream (never paused here: a typo, or another "
+            "--stream?): nothing to resume "
+            "(--force starts the workflow anyway)",
+        )
+        with pytest.raises(RPCError):  # the refusal of one started none
+            await dev_env.client.get_workflow_handle(f"resumption-{r3}").describe()
+
+        partial = await asyncio.to_thread(xmc, "resume", r1, r3, "--json", **env)
+        assert partial.returncode == 2 and len(partial.stderr.splitlines()) == 1, partial
+        assert [d["workflow_id"] for d in json.loads(partial.stdout)["resumptions"]] == [f"resumption-{r3}"]
+        assert partial.stderr.startswith(
+            f"xmc resume: 1 of 2 resumptions started; {r1}: a resumption is already running: resumption-{r1} (run "
+        ), partial.stderr
+
+        single = await asyncio.to_thread(xmc, "resume", r4, "--json", **env)
+        doc = json.loads(single.stdout)  # one experiment: the document of one run, as before
+        assert (doc["workflow_id"], doc["input"]["experiment_id"]) == (f"resumption-{r4}", r4)
+        desc = await dev_env.client.get_workflow_handle(f"resumption-{r4}").describe()
+        assert desc.task_queue == task_queue  # XMC_TASK_QUEUE
+        shown = " ".join((await asyncio.to_thread(xmc, "resume", "--help")).stdout.split())
+        assert "EXPERIMENT_ID..." in shown and "--task-queue TASK-QUEUE the task queue the workers poll" in shown
+        assert "[default: (XMC_TASK_QUEUE, else xmc-resumption)]" in shown
+    finally:
+        await _terminate(dev_env.client, r1, r2, r3, r4)
+
+
+async def test_resume_wait_follows_several_runs_and_exits_1_when_one_ends_without_a_result(
+    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    first, second = f"V{tag}-1", f"V{tag}-2"
+    for e in (first, second):
+        await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)  # no consumer reads: both runs throttle at threshold 5
+    env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        waiting = asyncio.create_task(
+            asyncio.to_thread(
+                xmc, "resume", first, second, "--threshold", "5", "--throttle-seconds", "1", "--wait", "--json", **env
+            )
+        )
+        try:
+            for e in (first, second):
+                await _started(dev_env.client, e)
+                await wait_for(dev_env.client.get_workflow_handle(f"resumption-{e}"), throttled)
+            await dev_env.client.get_workflow_handle(f"resumption-{first}").terminate("gone")
+            # not with xmc stop: the xmc fixture captures one command's output at a time
+            assert (await XmcClient(redis, dev_env.client).stop(second)).settings.stopping
+            ran = await asyncio.wait_for(waiting, 60)
+        finally:
+            await _terminate(dev_env.client, first, second)
+    assert ran.returncode == 1, ran
+    runs = json.loads(ran.stdout)["resumptions"]
+    assert [r["workflow_id"] for r in runs] == [f"resumption-{first}", f"resumption-{second}"]
+    assert "result" not in runs[0] and runs[1]["result"]["outcome"] == "paused"
+    failed = [line for line in ran.stderr.splitlines() if "warning" not in line]
+    assert failed == [f"xmc resume: resumption-{first} failed: TerminatedError: terminated by user via frontend"], (
+        ran.stderr
+    )

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import ResponseError, WatchError
 
 from tests.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, xmc_process
 from xmc_resumption.redisclient import deadletter, fencing, held
@@ -19,6 +19,7 @@ from xmc_resumption.redisclient.deadletter import MAX_TASK_FIELDS
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, PublishStatus, SetAsideStatus
+from xmc_resumption.redisclient.scripts import source
 from xmc_resumption.workflows.models import Outcome
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
@@ -132,3 +133,71 @@ async def test_a_dead_letter_key_of_the_wrong_type_moves_nothing(redis: Redis) -
     with pytest.raises(ResponseError, match=f"WRONGTYPE {keys.dead} is a string, expected a stream"):
         await deadletter.set_aside(redis, keys, grant.token, poison_id)
     assert (await redis.xrange(keys.held, count=1))[0][0].decode() == poison_id
+
+
+async def test_a_newer_claim_between_the_fence_read_and_the_commit_moves_nothing(
+    redis: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set-aside reads the fence under WATCH, then commits with MULTI/EXEC. A newer claim taken
+    by another client in between (here: right after the read, while the transaction checks the
+    dead-letter key's type) must make the commit fail, nothing moved: a fenced replayer may not move
+    a held task. The retry then sees the newer token and answers ``fenced``."""
+    keys, _, poison_id = await hold_with_poison(redis, "E1", 3, at=0)
+    grant = await fencing.acquire_claim(redis, keys, "me", 60_000)
+    other = Redis.from_url(redis_url)
+    checked = deadletter._must_be_a_stream
+    taken: list[int] = []
+
+    async def newer_claim_meanwhile(client: object, key: str) -> None:
+        if not taken:  # once, between the fence read and the MULTI
+            taken.append((await fencing.acquire_claim(other, keys, "newer", 60_000)).token)
+        await checked(client, key)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(deadletter, "_must_be_a_stream", newer_claim_meanwhile)
+    try:
+        with pytest.raises(WatchError):
+            await deadletter.set_aside(redis, keys, grant.token, poison_id)
+        retried = await deadletter.set_aside(redis, keys, grant.token, poison_id)
+    finally:
+        await other.aclose()
+    assert taken == [grant.token + 1]
+    assert retried.status is SetAsideStatus.FENCED
+    assert (await redis.xrange(keys.held, count=1))[0][0].decode() == poison_id
+    assert await redis.xlen(keys.held) == 3 and await redis.xlen(keys.dead) == 0
+
+
+def task_of(fields: int, name: bytes) -> dict[bytes, bytes]:
+    """A task of exactly ``fields`` fields, ``task`` among them."""
+    return {b"task": name, **{f"f{i}".encode(): b"v" for i in range(fields - 1)}}
+
+
+@pytest.mark.parametrize(("fields", "set_aside"), [(MAX_TASK_FIELDS, 0), (MAX_TASK_FIELDS + 1, 1)])
+async def test_the_most_fields_a_script_moves_is_the_boundary(
+    ts_env, redis, redis_url, task_queue, fields: int, set_aside: int
+) -> None:
+    """A held task of exactly ``MAX_TASK_FIELDS`` (3,995) fields goes through the publish script in
+    its place, in order; one of 3,996 is set aside and the replay goes on behind it."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 2)
+    await redis.xadd(keys.held, task_of(fields, b"big"))
+    names += [b"big"] + await hold_tasks(redis, e, 2, start=2)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with resumption_worker(ts_env.client, task_queue, redis_url):
+        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=100)
+        result = await asyncio.wait_for(handle.result(), 30)
+    assert (result.outcome, result.replayed, result.set_aside) == (Outcome.COMPLETED, 5 - set_aside, set_aside)
+    assert await stream_tasks(redis) == [n for n in names if not (set_aside and n == b"big")]
+    if set_aside:
+        [(_, dead)] = await redis.xrange(keys.dead)
+        assert dead == task_of(fields, b"big")
+    else:
+        big = [f for _, f in await redis.xrange(STREAM) if f[b"task"] == b"big"]
+        assert big == [task_of(fields, b"big")]
+    assert await redis.xlen(keys.held) == 0
+
+
+def test_the_scripts_limit_is_the_producers() -> None:
+    """``publish.lua``'s XMC_MAX_VALUES (names and values) is twice MAX_TASK_FIELDS: the most a
+    producer may enqueue is the most a replay can move."""
+    assert f"local XMC_MAX_VALUES = {2 * MAX_TASK_FIELDS}\n" in source("publish")

@@ -26,6 +26,7 @@ from tests.helpers import (
     hold_tasks,
     redis_outage,
     resumption_worker,
+    run_module,
     start,
     stream_tasks,
     throttled,
@@ -36,6 +37,7 @@ from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.services import installed_binary
+from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, Phase
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
@@ -118,7 +120,8 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
 
 
 async def test_a_rejected_update_leaves_nothing_in_the_history(dev_env, redis, redis_url, task_queue) -> None:
-    """On a real server the validator runs in a speculative workflow task: a rejection adds no event."""
+    """On a real server the validator runs in a speculative workflow task: a rejection adds no event,
+    whether the Update came from the SDK or the Temporal CLI."""
     e = f"E{uuid.uuid4().hex[:6]}"
     await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
@@ -128,9 +131,19 @@ async def test_a_rejected_update_leaves_nothing_in_the_history(dev_env, redis, r
         before = (await handle.fetch_history()).events
         with pytest.raises(WorkflowUpdateFailedError) as raised:
             await handle.execute_update(ResumptionWorkflow.set_throttle_seconds, 600.0)
+        # typed at the Temporal CLI: JSON true is no threshold (it was taken as 1 once)
+        typed = await asyncio.to_thread(
+            temporal,
+            dev_env, "workflow", "update", "execute", "--workflow-id", f"resumption-{e}",
+            "--name", "set_threshold", "--input", "true",
+        )  # fmt: skip
         after = (await handle.fetch_history()).events
+        progress = await handle.query(ResumptionWorkflow.progress)
         await handle.cancel()
     assert "claim_lease_seconds" in str(raised.value.cause)
+    assert typed.returncode != 0
+    assert "set_threshold: max_backlog_threshold: Input should be a valid integer (got a bool)" in typed.stderr
+    assert (progress.threshold, progress.settings_changes) == (5, 0)
     assert len(after) == len(before)
 
 
@@ -170,6 +183,15 @@ async def test_a_failed_run_shows_failed_in_the_fleet_view(dev_env, redis, redis
     rows = await listed(dev_env, f'XmcPhase="failed" AND XmcOutcome="failed" AND XmcExperimentId="{e}"')
     assert [r["execution"]["workflowId"] for r in rows] == [f"resumption-{e}"]
     assert attributes(rows[0])["XmcRemaining"] == 3
+    # and xmc list finds it by that phase (its choices once left "failed" out)
+    address = dev_env.client.service_client.config.target_host
+    xmc = await asyncio.to_thread(
+        run_module, "xmc_resumption", "list", "--phase", "failed", "--experiment", e, "--json",
+        TEMPORAL_ADDRESS=address, XMC_REDIS_URL=redis_url,
+    )  # fmt: skip
+    assert xmc.returncode == 0, xmc.stderr
+    found = json.loads(xmc.stdout)["resumptions"]
+    assert [(r["workflow_id"], r["phase"], r["status"]) for r in found] == [(f"resumption-{e}", "failed", "failed")]
 
 
 async def test_the_pause_update_ends_a_wait_for_redis_at_once(dev_env, redis, redis_url, task_queue) -> None:
@@ -198,3 +220,27 @@ async def test_the_pause_update_ends_a_wait_for_redis_at_once(dev_env, redis, re
     assert await held.get_state(redis, keys) is ExperimentState.RESUMING  # the release never reached Redis
     assert 0 < await redis.pttl(keys.claim) <= 120_000  # the claim lapses with its lease
     assert await redis.xlen(keys.held) == 10
+
+
+def test_xmc_list_takes_every_phase_the_workflow_sets() -> None:
+    """``xmc list --phase`` takes its choices from ``phase_values``: every value ``fleet_phase``
+    returns must be among them (``failed`` was left out once, so a failed run could not be listed
+    by its phase), and nothing else."""
+    from datetime import UTC, datetime
+
+    from xmc_resumption.cli import cli
+    from xmc_resumption.workflows.models import Progress
+
+    seen = set()
+    for phase in Phase:
+        for outcome in [None, *Outcome]:
+            for failed in (False, True):
+                for stopping in (False, True):
+                    for until in (None, datetime(2026, 1, 1, tzinfo=UTC)):
+                        p = Progress(
+                            experiment_id="E", threshold=5, phase=phase, outcome=outcome, throttled_until=until
+                        )
+                        seen.add(fleet.fleet_phase(p, failed=failed, stopping=stopping))
+    assert seen == set(fleet.phase_values())
+    choices = next(p for p in cli.commands["list"].params if p.name == "phase").type.choices  # type: ignore[attr-defined]
+    assert list(choices) == fleet.phase_values()

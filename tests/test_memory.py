@@ -12,6 +12,8 @@ import logging
 import random
 import uuid
 from collections.abc import AsyncIterator
+from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -32,16 +34,17 @@ from tests.helpers import (
     wait_for,
     xmc_process,
 )
+from xmc_resumption import redisclient
 from xmc_resumption.activities.errors import ErrorType
 from xmc_resumption.activities.requests import AcquireRequest, ExperimentRef
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.backlog import MAX_BYTE_BUDGET
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.memory import read_memory
+from xmc_resumption.redisclient.memory import fraction_arg, read_memory
 from xmc_resumption.redisclient.publish import publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
-from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.redisclient.scripts import run_script, source
 from xmc_resumption.settings import Settings
 from xmc_resumption.worker import check_redis
 from xmc_resumption.workflows.models import Outcome
@@ -139,6 +142,7 @@ async def test_the_publish_waits_at_the_memory_fraction(memory: Redis) -> None:
     result), 0.99 and None move, and without maxmemory the check is off."""
     await hold_tasks(memory, KEYS.experiment_id, 6)
     grant = await fencing.acquire_claim(memory, KEYS, "me", 60_000)
+    await memory.script_load(source("publish"))  # the script cache counts in used_memory: loaded first
     used = (await memory.info("memory"))["used_memory"]
     await memory.config_set("maxmemory", str(int(used / 0.95)))
     full = await publish(memory, grant.token, 1, max_memory_fraction=0.9)
@@ -331,3 +335,40 @@ async def test_a_publish_of_1_mib_tasks_costs_redis_a_fraction_of_an_unbudgeted_
     assert (unbounded.status, unbounded.moved) == (PublishStatus.COMPLETED, 47)
     assert len(budgeted) == 3 and len(whole) == 1
     assert whole[0] > 3 * min(budgeted), (whole, budgeted)
+
+
+def memory_full_probe() -> str:
+    """A script running ``memory.lua``'s own rule on given figures: ARGV used_memory, maxmemory
+    (bytes) and the fraction argument as the publish script gets it; returns 1 (stop) or 0."""
+    fragment = (Path(redisclient.__file__).parent / "lua" / "memory.lua").read_text()
+    return fragment + (
+        "\nlocal m = {used_memory = tonumber(ARGV[1]), maxmemory = tonumber(ARGV[2])}"
+        "\nreturn xmc_memory_full(m, xmc_memory_fraction(ARGV[3])) and 1 or 0\n"
+    )
+
+
+BOUNDARIES = [
+    # (maxmemory, fraction): used memory exactly at fraction x maxmemory, then one byte below
+    (1_000, 0.9),
+    (100, 0.07),  # 0.07 x 100 = 7.000000000000001 in floating point
+    (104_857_600, 0.55),  # 100 MiB: 0.55 x max = 57671680.00000001
+    (104_857_600, 0.9),
+    (3_000_000_000, 0.34),
+    (8 * MIB, 1.0),
+]
+
+
+@pytest.mark.parametrize(("maxmemory", "fraction"), BOUNDARIES)
+async def test_used_memory_exactly_at_the_fraction_stops_and_a_byte_below_does_not(
+    redis: Redis, maxmemory: int, fraction: float
+) -> None:
+    """``>=`` means stop: the rule of the publish script (``xmc_memory_full``) at the boundary,
+    both sides, with the fraction as ``fraction_arg`` passes it. Computed as used >= f x max, the
+    product rounded up past the exact figure and memory exactly at the fraction did not stop."""
+    at = int(Fraction(repr(fraction)) * maxmemory)
+    assert Fraction(repr(fraction)) * maxmemory == at  # the cases are exact
+    probe = memory_full_probe()
+    for used, full in ((at, 1), (at - 1, 0), (at + 1, 1), (maxmemory, 1), (0, 0)):
+        assert await redis.eval(probe, 0, used, maxmemory, fraction_arg(fraction)) == full, (used, maxmemory)
+    assert await redis.eval(probe, 0, at, 0, fraction_arg(fraction)) == 0  # no maxmemory: never
+    assert await redis.eval(probe, 0, maxmemory, maxmemory, fraction_arg(None)) == 0  # off: never

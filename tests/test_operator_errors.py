@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from redis.asyncio import Redis
@@ -22,8 +23,10 @@ from temporalio.worker import Worker
 
 from tests.helpers import run_module as run
 from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.cli import main
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.services import free_port
+from xmc_resumption.settings import Settings, redacted_url
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,8 +104,8 @@ def test_bad_arguments_are_one_line(args: list[str], expected: str) -> None:
 
 def test_bad_resume_input_names_the_field() -> None:
     one_line_error(
-        run("xmc_resumption", "resume", "E6", "--batch", "0", XMC_REDIS_URL=dead_url()),
-        "xmc resume: invalid ResumptionInput: batch_size: Input should be greater than or equal to 1",
+        run("xmc_resumption", "resume", "E6", "--throttle-seconds", "200", XMC_REDIS_URL=dead_url()),
+        "xmc resume: invalid ResumptionInput: claim_lease_seconds (120) must be longer than throttle_seconds (200)",
     )
 
 
@@ -114,7 +117,7 @@ def test_bad_resume_input_names_the_field() -> None:
         ({"XMC_REDIS_TIMEOUT_SECONDS": "301"}, "XMC_REDIS_TIMEOUT_SECONDS: Input should be less than or equal to 300"),
         ({"XMC_REDIS_URL": f"http://u:{SECRET}@x"}, "XMC_REDIS_URL: Redis URL must specify one of the following"),
         ({"XMC_REDIS_URL": f"redis://:{SECRET}@127.0.0.1/abc"}, "XMC_REDIS_URL: the database must be a number"),
-        ({"XMC_REDIS_URL": f"redis://:{SECRET}@127.0.0.1:port/0"}, "XMC_REDIS_URL: Port could not be cast"),
+        ({"XMC_REDIS_URL": f"redis://:{SECRET}@127.0.0.1:port/0"}, "XMC_REDIS_URL: the port is not a number"),
         ({"XMC_REDIS_URL": "redis://127.0.0.1/0?db=x"}, "XMC_REDIS_URL: Invalid value for 'db' in connection URL"),
         ({"XMC_METRICS_BIND": "9090"}, "XMC_METRICS_BIND: must be host:port with a port in 1..65535"),
         ({"XMC_TASK_QUEUE": ""}, "XMC_TASK_QUEUE: String should have at least 1 character"),
@@ -284,3 +287,39 @@ async def test_worker_logs_one_line_per_failed_attempt_during_an_outage(
     assert all("error=ConnectionError: Error 111 connecting to 127.0.0.1" in line for line in failed), text
     assert "Traceback" not in text and SECRET not in text
     assert "redis://admin:***@127.0.0.1" in text  # the start-up warning names the Redis, masked
+
+
+SEGMENTS = ("Qz7", "Kx9", "Vw3", "Jm5", "Ht2")
+"""Pieces of the passwords below: none may show in any output."""
+
+
+@pytest.mark.parametrize(
+    "password",
+    ["Qz7@Kx9", "Qz7:Kx9", "Qz7/Kx9", "Qz7%Kx9", "Qz7%40Kx9", "Qz7@Kx9:Vw3/Jm5%Ht2", "@Qz7:", "Qz7@@Kx9::"],
+)
+@pytest.mark.parametrize("escaped", [True, False], ids=["escaped", "as-typed"])
+@pytest.mark.parametrize("user", ["admin", ""], ids=["user", "no-user"])
+def test_a_password_with_url_characters_never_shows(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, password: str, escaped: bool, user: str
+) -> None:
+    """``@ : / %`` in the password, percent-escaped (a valid URL) or typed as is: every printed URL
+    masks all of it. ``/`` typed as is ends the host part early; redis-py cannot read such a URL,
+    so it is refused as a setting, and never printed."""
+    port = free_port()
+    url = f"redis://{user}:{quote(password, safe='') if escaped else password}@127.0.0.1:{port}/0"
+    shown = redacted_url(url)
+    monkeypatch.setenv("XMC_REDIS_URL", url)
+    monkeypatch.setenv("TEMPORAL_ADDRESS", f"127.0.0.1:{free_port()}")
+    code = main(["status", "E6"])
+    out, err = capsys.readouterr()
+    for text in (shown, out, err):
+        for piece in (password, quote(password, safe=""), *SEGMENTS):
+            assert piece not in text, (piece, text)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    if escaped or "/" not in password:  # a URL redis-py reads: the user and host shown, the password as ***
+        assert shown == f"redis://{user}:***@127.0.0.1:{port}/0"
+        assert err.startswith(f"xmc status: cannot reach Redis at {shown} (XMC_REDIS_URL)"), err
+        assert Settings().redis_location() == shown
+    else:
+        assert shown == "<unparseable URL>"
+        assert err.startswith("xmc status: invalid setting: XMC_REDIS_URL: "), err

@@ -129,7 +129,7 @@ async def test_plan_names_every_refusal_and_wait(dev_env: WorkflowEnvironment, r
     assert doc["run"]["status"] == "running" and doc["at_least_seconds"] == 20 / 40
     waits = json.loads(over.stdout)["waits"]
     assert waits[-1] == f"backlog of {GROUP} is 6+ >= threshold 5: the replay waits for the consumers first"
-    assert (dry.returncode, dry.stderr) == (2, f"xmc resume: the start would be refused: {doc['refusals'][0]}\n")
+    assert (dry.returncode, dry.stderr) == (2, f"xmc resume: the start would be refused: {e}: {doc['refusals'][0]}\n")
     assert "  refused: a resumption is already running: " in dry.stdout
     assert dry.stdout.endswith("  xmc resume would be refused; nothing was written\n")
 

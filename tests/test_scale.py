@@ -22,11 +22,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench.env import BenchEnv
 from bench.scale import Group, ScaleCase, ScaleSize, scale_run, two_workers
+from xmc_resumption.cli.params import field_type
 from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.fencing import MAX_LEASE_MS
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import publish_batch
-from xmc_resumption.redisclient.results import PublishResult, PublishStatus
-from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus
+from xmc_resumption.redisclient.scripts import run_script, source
 from xmc_resumption.redisclient.weights import (
     MAX_WEIGHT,
     active_replayers,
@@ -256,9 +258,82 @@ async def test_a_released_replay_leaves_the_fair_share_at_once(group: Redis) -> 
     assert sorted(await redis.zrange(replayers_key(STREAM), 0, -1)) == [b"A", b"B"]
     assert await fencing.release_claim(redis, keys("A"), a, owner="me", back_to_paused=True) == a
     assert await redis.zrange(replayers_key(STREAM), 0, -1) == [b"B"]
-    # a key of the wrong type in its place fails the release before its first write
-    await redis.delete(replayers_key(STREAM))
+
+
+async def test_a_replayers_key_of_the_wrong_type_does_not_stop_the_release(group: Redis) -> None:
+    """The stream's shared key, of the wrong type, holds no entry of this replay: the release
+    leaves it alone and hands the experiment back all the same (it failed every release on the
+    stream once); the fair publishes on the stream fail on it, naming it."""
+    redis = group
+    b = await claimed(redis, "B", 30)
     await redis.set(replayers_key(STREAM), "x")
-    with pytest.raises(ResponseError, match="WRONGTYPE"):
-        await fencing.release_claim(redis, keys("B"), b, owner="me", back_to_paused=True)
-    assert await fencing.current_token(redis, keys("B")) == b
+    with pytest.raises(ResponseError, match=r"WRONGTYPE \{scale-stream\}:replayers is a string, expected a zset"):
+        await fair_publish(redis, "B", b, 1, threshold=10)
+    assert await fencing.release_claim(redis, keys("B"), b, owner="me", back_to_paused=True) == b
+    assert await fencing.current_token(redis, keys("B")) == b + 1  # revoked
+    assert await held.get_state(redis, keys("B")) is ExperimentState.PAUSED
+    assert await redis.exists(keys("B").claim) == 0
+    assert await redis.get(replayers_key(STREAM)) == b"x"  # not the release's to mend
+    assert await held.held_count(redis, keys("B")) == 30
+
+
+async def test_a_corrupt_weight_affects_only_its_own_experiment(group: Redis) -> None:
+    """B's weight is garbage: B's own fair publish fails naming the key and field, before any
+    write; A's share counts B at the default weight 1 (a corrupt weight of one experiment failed
+    every other's fair publish once)."""
+    redis = group
+    a, b = await claimed(redis, "A", 100), await claimed(redis, "B", 100)
+    await redis.zadd(replayers_key(STREAM), {"B": (await redis.time())[0] * 1000 + 60_000})
+    await redis.hset(weights_key(STREAM), mapping={"B": "heavy", "A": "3"})
+    with pytest.raises(ResponseError, match=r"XMCCORRUPT \{scale-stream\}:weights field B holds \"heavy\""):
+        await fair_publish(redis, "B", b, 1)
+    assert await held.held_count(redis, keys("B")) == 100 and await redis.xlen(STREAM) == 0
+    result = await fair_publish(redis, "A", a, 1)
+    assert (result.status, result.moved, result.reading.headroom) == (
+        PublishStatus.PUBLISHED,
+        75,
+        75,
+    )  # 100 * 3 / (3 + 1)
+
+
+@pytest.mark.parametrize(
+    ("ahead_ms", "counted"),
+    [(MAX_LEASE_MS - 60_000, True), (MAX_LEASE_MS + 60_000, False), (10 * 365 * 86_400_000, False)],
+    ids=["within-the-longest-lease", "past-it", "ten-years"],
+)
+async def test_a_lease_end_beyond_the_longest_lease_counts_for_nobody(
+    group: Redis, ahead_ms: int, counted: bool
+) -> None:
+    """A ``{S}:replayers`` member whose lease ends further ahead than any replay could have set
+    (a week, the input's bound) never lapsed and shrank every share for good once: now it does
+    not count, and the next fair publish drops it."""
+    redis = group
+    a = await claimed(redis, "A", 200)
+    seconds, _ = await redis.time()
+    await redis.zadd(replayers_key(STREAM), {"Z": seconds * 1000 + ahead_ms})
+    result = await fair_publish(redis, "A", a, 1)
+    assert (result.moved, result.reading.headroom) == ((50, 50) if counted else (100, 100))
+    assert set(await active_replayers(redis, STREAM)) == ({"A", "Z"} if counted else {"A"})
+    members = {m.decode() for m in await redis.zrange(replayers_key(STREAM), 0, -1)}
+    assert members == ({"A", "Z"} if counted else {"A"})
+
+
+def test_the_longest_lease_is_one_number() -> None:
+    """``fair.lua`` holds the bound as a literal: it must be Python's, and the input's."""
+    lua = source("publish")
+    assert f"local XMC_MAX_LEASE_MS = {MAX_LEASE_MS} " in lua
+    assert field_type(ResumptionInput, "claim_lease_seconds").max * 1000 == MAX_LEASE_MS  # type: ignore[attr-defined]
+    assert ResumptionInput(experiment_id="E", claim_lease_seconds=MAX_LEASE_MS / 1000).lease_ms == MAX_LEASE_MS
+
+
+async def test_a_lease_past_the_longest_is_refused(group: Redis) -> None:
+    redis = group
+    token = await claimed(redis, "A", 5)
+    with pytest.raises(ValueError, match=r"lease must be an integer of 1\.\.604800000 ms"):
+        await fair_publish(redis, "A", token, 1, lease_ms=MAX_LEASE_MS + 1)
+    k = keys("A")
+    script_keys = [k.stream, k.held, k.state, k.fence, k.claim, k.publish, weights_key(STREAM), replayers_key(STREAM)]
+    args = [token, 1, 10, 100, GROUP, "zero", MAX_LEASE_MS + 1, "me", 4 * 1024 * 1024, "", "1", "A"]
+    with pytest.raises(ResponseError, match=r"fair share: lease 604800001 is not a whole number of milliseconds"):
+        await run_script(redis, "publish", script_keys, args)
+    assert await held.held_count(redis, k) == 5

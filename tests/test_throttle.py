@@ -6,7 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import ValidationError
 
+from xmc_resumption.workflows.models import ControlChange, InvalidControlError, ResumptionInput
 from xmc_resumption.workflows.throttle import (
     POLL_INTERVAL_BOUNDS,
     POLL_LIMIT_SECONDS,
@@ -126,3 +128,55 @@ def test_the_stall_window_survives_continue_as_new_and_restarts_after_an_outage(
     assert carried.observe(T0 + timedelta(seconds=130), 500, 500, "1-0") == 130  # the next run's first reading
     carried.restart(T0 + timedelta(seconds=400))  # Redis was away: consumers could not drain either
     assert carried.observe(T0 + timedelta(seconds=401), 500, 500, "1-0") == 1
+
+
+WAITS = {
+    # every wait one turn can take before it extends the lease again, and the input that sets it
+    "throttle_seconds": {},  # fixed waits, memory waits, and the adaptive longest by default
+    "max_wait_seconds": {"throttle_policy": "adaptive", "throttle_seconds": 1.0},
+}
+"""The Redis-outage wait (``redis_retry_seconds``) is not among them on purpose: a lease lapsed
+during an outage is taken again for the current token at the next check (models._waits_fit)."""
+
+
+@pytest.mark.parametrize("wait", sorted(WAITS))
+@pytest.mark.parametrize(("lease", "seconds", "ok"), [(120, 119.999, True), (120, 120, False), (120, 500, False)])
+def test_every_wait_is_shorter_than_the_claims_lease(wait: str, lease: float, seconds: float, ok: bool) -> None:
+    """A wait at or past the lease would let the claim lapse every turn: refused at the start and
+    by every Update, whichever wait it is (only throttle_seconds was tested once)."""
+    fields = {"experiment_id": "E", "claim_lease_seconds": lease, **WAITS[wait], wait: seconds}
+    if ok:
+        assert ResumptionInput.model_validate(fields).claim_lease_seconds == lease
+        return
+    with pytest.raises(ValidationError, match=rf"claim_lease_seconds \({lease:g}\) must be longer than {wait}"):
+        ResumptionInput.model_validate(fields)
+    if wait == "throttle_seconds":  # the same rule for the Update that sets it
+        running = ResumptionInput(experiment_id="E", claim_lease_seconds=lease)
+        with pytest.raises(InvalidControlError, match=f"must be longer than {wait}"):
+            ControlChange(throttle_seconds=seconds).checked_against(running)
+
+
+def test_waits_of_the_model_are_every_wait_of_the_pacer() -> None:
+    """The input's waits the lease is checked against are the pacer's bounds: its longest wait is
+    max_wait_seconds, else throttle_seconds, under either policy."""
+    for policy in ("fixed", "adaptive"):
+        inp = ResumptionInput(experiment_id="E", throttle_policy=policy, throttle_seconds=3, max_wait_seconds=5)
+        assert inp.longest_wait_seconds == (5 if policy == "adaptive" else 3) < inp.claim_lease_seconds
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"min_wait_seconds": 5, "max_wait_seconds": 1}, r"max_wait_seconds \(1\) must not be below min_wait_seconds"),
+        (
+            {"min_wait_seconds": 30, "throttle_seconds": 10},
+            r"max_wait_seconds \(= throttle_seconds\) \(10\) must not be below min_wait_seconds \(30\)",
+        ),
+    ],
+)
+def test_the_shortest_wait_may_not_pass_the_longest(fields: dict[str, float], message: str) -> None:
+    """With max_wait_seconds unset the longest wait is throttle_seconds: a min_wait_seconds above
+    it was accepted once (and clamped away in silence)."""
+    with pytest.raises(ValidationError, match=message):
+        ResumptionInput.model_validate({"experiment_id": "E", "throttle_policy": "adaptive", **fields})
+    ResumptionInput.model_validate({"experiment_id": "E", "min_wait_seconds": 10, "throttle_seconds": 10})

@@ -204,6 +204,15 @@ RAW_BAD_INPUTS = [
     ('{"experiment_id": "E", "claim_lease_seconds": 1e9}', "claim_lease_seconds"),
     ('{"experiment_id": "E", "batch_size": 1e30}', "batch_size"),
     ('{"experiment_id": "E", "throttle_policy": "eager"}', "throttle_policy"),
+    # strict types: a bool is no number, a string no integer, a number no bool (all were coerced once)
+    ('{"experiment_id": "E", "batch_size": true}', "batch_size"),
+    ('{"experiment_id": "E", "max_backlog_threshold": "500"}', "max_backlog_threshold"),
+    ('{"experiment_id": "E", "throttle_seconds": "10"}', "throttle_seconds"),
+    ('{"experiment_id": "E", "max_memory_fraction": false}', "max_memory_fraction"),
+    ('{"experiment_id": "E", "fair_share": 1}', "fair_share"),
+    ('{"experiment_id": "E", "fair_share": "yes"}', "fair_share"),
+    # the longest adaptive wait at the lease
+    ('{"experiment_id": "E", "throttle_policy": "adaptive", "max_wait_seconds": 120}', "claim_lease_seconds"),
 ]
 
 

@@ -56,7 +56,7 @@ async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis
         nonlocal held_later
         for i in range(2_000, 2_200):
             name = f"{e}-t{i}".encode()
-            where, _ = await held.enqueue_task(redis, keys, {b"task": name})
+            where = (await held.enqueue_task(redis, keys, {b"task": name})).destination
             later.append(name)
             held_later += where == "held"
             await asyncio.sleep(random.random() / 100)

@@ -19,7 +19,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey, SearchAttributeUpdate
 
-from xmc_resumption.workflows.models import Phase, Progress
+from xmc_resumption.workflows.models import Outcome, Phase, Progress
 
 EXPERIMENT_ID = SearchAttributeKey.for_keyword("XmcExperimentId")
 """The experiment being resumed (Keyword)."""
@@ -58,6 +58,14 @@ class FleetPhase(StrEnum):
 FAILED = "failed"
 """``XmcPhase`` and ``XmcOutcome`` of a run that failed (a fault retrying cannot mend, or a fault of
 the workflow code): the experiment was handed back as paused; the run has no ``Outcome``."""
+
+
+def phase_values() -> list[str]:
+    """Every value ``XmcPhase`` takes (``fleet_phase`` sets it): a ``FleetPhase``
+    while running, an ``Outcome`` once ended, ``FAILED`` for a failed run; each once, in that order.
+    ``xmc list --phase`` takes its choices from here."""
+    values = [p.value for p in FleetPhase] + [o.value for o in Outcome] + [FAILED]
+    return list(dict.fromkeys(values))
 
 
 def dev_server_args() -> list[str]:

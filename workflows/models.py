@@ -8,13 +8,15 @@ The activities' request envelopes are internal and live in ``activities/requests
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET
+from xmc_resumption.redisclient.fencing import MAX_LEASE_MS
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
 from xmc_resumption.redisclient.memory import DEFAULT_MEMORY_FRACTION
 from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND, MIN_TASKS_PER_SECOND
@@ -29,6 +31,9 @@ TASK_QUEUE = "xmc-resumption"
 
 MAX_WAIT_SECONDS = 86_400.0
 """The longest single wait (seconds): one day; a longer durable timer is never what an operator means."""
+
+MAX_LEASE_SECONDS = MAX_LEASE_MS / 1000
+"""The longest claim lease (seconds): a week (``redisclient.fencing.MAX_LEASE_MS``)."""
 
 
 class ThrottlePolicy(StrEnum):
@@ -153,8 +158,10 @@ class ResumptionInput(BaseModel):
             ``redisclient.ratecap``) and enforced by the publish script; both apply. Changed live
             by the ``set_max_tasks_per_second`` Update.
 
-    Every number is finite and bounded (the bounds are in the field definitions below); a bad
-    value fails the run at once with a ``ValidationError`` naming the field.
+    Every number is finite and bounded (the bounds are in the field definitions below), and of
+    its own type: numbers and ``fair_share`` are strict (``true`` is no integer, ``"5"`` no
+    number; an integer is a decimal). A bad value fails the run at once with a
+    ``ValidationError`` naming the field.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -162,24 +169,28 @@ class ResumptionInput(BaseModel):
     experiment_id: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
     stream: str = Field(default=DEFAULT_STREAM, min_length=1, max_length=MAX_NAME_LENGTH)
     consumer_group: str = Field(default=DEFAULT_GROUP, min_length=1, max_length=MAX_NAME_LENGTH)
-    batch_size: int = Field(default=100, ge=1, le=10_000)
-    max_backlog_threshold: int = Field(default=500, ge=1, le=100_000)
-    throttle_seconds: float = Field(default=10.0, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
+    batch_size: int = Field(default=100, ge=1, le=10_000, strict=True)
+    max_backlog_threshold: int = Field(default=500, ge=1, le=100_000, strict=True)
+    throttle_seconds: float = Field(default=10.0, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, strict=True)
     throttle_policy: ThrottlePolicy = ThrottlePolicy.FIXED
-    min_wait_seconds: float = Field(default=0.0, ge=0, le=60, allow_inf_nan=False)
-    max_wait_seconds: float | None = Field(default=None, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
-    claim_lease_seconds: float = Field(default=120.0, gt=0, le=7 * MAX_WAIT_SECONDS, allow_inf_nan=False)
-    redis_retry_seconds: float = Field(default=10.0, gt=0, le=3_600, allow_inf_nan=False)
-    stall_window_seconds: float = Field(default=300.0, gt=0, le=7 * MAX_WAIT_SECONDS, allow_inf_nan=False)
-    max_stall_seconds: float | None = Field(default=None, gt=0, le=30 * MAX_WAIT_SECONDS, allow_inf_nan=False)
-    max_bytes_per_call: int = Field(default=DEFAULT_BYTE_BUDGET, ge=64 * 1024, le=64 * 1024 * 1024)
+    min_wait_seconds: float = Field(default=0.0, ge=0, le=60, allow_inf_nan=False, strict=True)
+    max_wait_seconds: float | None = Field(default=None, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, strict=True)
+    claim_lease_seconds: float = Field(default=120.0, gt=0, le=MAX_LEASE_SECONDS, allow_inf_nan=False, strict=True)
+    redis_retry_seconds: float = Field(default=10.0, gt=0, le=3_600, allow_inf_nan=False, strict=True)
+    stall_window_seconds: float = Field(default=300.0, gt=0, le=7 * MAX_WAIT_SECONDS, allow_inf_nan=False, strict=True)
+    max_stall_seconds: float | None = Field(
+        default=None, gt=0, le=30 * MAX_WAIT_SECONDS, allow_inf_nan=False, strict=True
+    )
+    max_bytes_per_call: int = Field(default=DEFAULT_BYTE_BUDGET, ge=64 * 1024, le=64 * 1024 * 1024, strict=True)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.ZERO
-    turns_per_run: int = Field(default=500, ge=1, le=10_000)
+    turns_per_run: int = Field(default=500, ge=1, le=10_000, strict=True)
     carry: Carry | None = None
-    max_memory_fraction: float | None = Field(default=DEFAULT_MEMORY_FRACTION, gt=0, le=1, allow_inf_nan=False)
-    fair_share: bool = False
+    max_memory_fraction: float | None = Field(
+        default=DEFAULT_MEMORY_FRACTION, gt=0, le=1, allow_inf_nan=False, strict=True
+    )
+    fair_share: bool = Field(default=False, strict=True)
     max_tasks_per_second: float | None = Field(
-        default=None, ge=MIN_TASKS_PER_SECOND, le=MAX_TASKS_PER_SECOND, allow_inf_nan=False
+        default=None, ge=MIN_TASKS_PER_SECOND, le=MAX_TASKS_PER_SECOND, allow_inf_nan=False, strict=True
     )
 
     @field_validator("experiment_id", "stream", "consumer_group")
@@ -189,11 +200,11 @@ class ResumptionInput(BaseModel):
 
     @model_validator(mode="after")
     def _waits_fit(self) -> ResumptionInput:
-        if self.max_wait_seconds is not None and self.max_wait_seconds < self.min_wait_seconds:
-            raise ValueError(
-                f"max_wait_seconds ({self.max_wait_seconds:g}) must not be below "
-                f"min_wait_seconds ({self.min_wait_seconds:g})"
-            )
+        # the longest adaptive wait defaults to throttle_seconds: the shortest may not pass it either
+        longest = self.max_wait_seconds if self.max_wait_seconds is not None else self.throttle_seconds
+        if longest < self.min_wait_seconds:
+            named = "max_wait_seconds" if self.max_wait_seconds is not None else "max_wait_seconds (= throttle_seconds)"
+            raise ValueError(f"{named} ({longest:g}) must not be below min_wait_seconds ({self.min_wait_seconds:g})")
         # the Redis-outage wait is not among them: a lease lapsed during an outage is taken again
         # for the current token at the next check (the fence counter, not the lease, decides)
         for name in ("throttle_seconds", "max_wait_seconds"):
@@ -467,7 +478,8 @@ class ControlChange(BaseModel):
     """The argument of the ``configure`` Update: settings of a running replay to change; a field
     left out (None) keeps its value. The change is checked by the whole of ``ResumptionInput``'s
     validation (bounds, and ``claim_lease_seconds`` longer than every wait), so a running replay
-    accepts exactly what a start would. Unknown fields are errors.
+    accepts exactly what a start would. Unknown fields are errors; numbers are strict (``true``
+    is no integer, ``"5"`` no number).
 
     Attributes:
         max_backlog_threshold: the backlog bound (entries, 1..100,000).
@@ -479,11 +491,11 @@ class ControlChange(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_backlog_threshold: int | None = None
-    batch_size: int | None = None
-    throttle_seconds: float | None = Field(default=None, allow_inf_nan=False)
+    max_backlog_threshold: int | None = Field(default=None, strict=True)
+    batch_size: int | None = Field(default=None, strict=True)
+    throttle_seconds: float | None = Field(default=None, allow_inf_nan=False, strict=True)
     throttle_policy: ThrottlePolicy | None = None
-    max_tasks_per_second: float | None = Field(default=None, allow_inf_nan=False)
+    max_tasks_per_second: float | None = Field(default=None, allow_inf_nan=False, strict=True)
 
     def applied_to(self, inp: ResumptionInput) -> ResumptionInput:
         """``inp`` with this change, validated as a start's input would be.
@@ -495,6 +507,84 @@ class ControlChange(BaseModel):
         if changes.get("max_tasks_per_second") == 0:
             changes["max_tasks_per_second"] = None  # 0 removes the cap
         return ResumptionInput.model_validate({**inp.model_dump(), **changes})
+
+    def checked_against(self, inp: ResumptionInput) -> ResumptionInput:
+        """``applied_to``, its refusal on one line.
+
+        Raises:
+            InvalidControlError: ``<field>: <message>`` when the result breaks a bound or a rule
+                (a rule over several fields names them in its message).
+        """
+        try:
+            return self.applied_to(inp)
+        except ValidationError as err:
+            raise InvalidControlError(_first_error(None, err, self.model_dump(exclude_none=True))) from None
+
+    @classmethod
+    def of_update(cls, update: Control, args: Sequence[object]) -> ControlChange:
+        """The change an Update asks for, from its arguments as JSON decoded them (any type).
+
+        ``configure`` takes one JSON object (the fields of this model); each ``set_*`` one value of
+        its field (``SET_FIELDS``); ``pause`` none (an empty change).
+
+        Raises:
+            InvalidControlError: one line naming the Update and the field: the wrong number of
+                arguments, a value of the wrong type (a bool or a string for a number), out of
+                bounds, nan or inf, an unknown field or policy.
+        """
+        wanted = 0 if update is Control.PAUSE else 1
+        if len(args) != wanted:
+            raise InvalidControlError(f"{update.value}: takes {wanted} argument(s), got {len(args)}")
+        if update is Control.PAUSE:
+            return cls()
+        value = args[0]
+        if update is Control.CONFIGURE:
+            if not isinstance(value, dict | ControlChange):
+                raise InvalidControlError(
+                    f"configure: the change must be a JSON object of {', '.join(cls.model_fields)}, "
+                    f"got {_json_kind(value)}"
+                )
+            data = value.model_dump(exclude_none=True) if isinstance(value, ControlChange) else value
+        else:
+            field = SET_FIELDS[update]
+            if value is None:
+                raise InvalidControlError(f"{update.value}: {field}: a value is required, got null")
+            data = {field: value}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise InvalidControlError(_first_error(update, err, data)) from None
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON-decoded value is, for a message: ``a bool``, ``a str``, ``null``, ..."""
+    if value is None:
+        return "null"
+    return f"a {type(value).__name__}"
+
+
+def _first_error(update: Control | None, err: ValidationError, data: object) -> str:
+    """One line for a rejected Update: ``[<update>: ]<field>: <pydantic's message> (got <kind>)``,
+    never the value itself (it may be long)."""
+    first = err.errors(include_url=False)[0]
+    field = ".".join(str(x) for x in first["loc"]) or "change"
+    msg = first["msg"].removeprefix("Value error, ")
+    given = first.get("input", data)
+    got = f" (got {_json_kind(given)})" if first["type"].endswith("_type") else ""
+    prefix = f"{update.value}: " if update is not None else ""
+    return " ".join(f"{prefix}{field}: {msg}{got}".split())
+
+
+INVALID_CONTROL = "InvalidControl"
+"""``ApplicationError.type`` of an Update refused for its argument (non-retryable)."""
+
+RESUMPTION_ENDING = "ResumptionEnding"
+"""``ApplicationError.type`` of an Update refused because the run is ending (non-retryable)."""
+
+
+class InvalidControlError(ValueError):
+    """An Update's arguments break the contract (``ControlChange.of_update``); ``str()`` is one line
+    naming the Update and the field."""
 
 
 class EffectiveSettings(BaseModel):
@@ -529,13 +619,14 @@ class EffectiveSettings(BaseModel):
 class Control(StrEnum):
     """Names of the workflow's Updates (``temporal workflow update execute --name <name>``).
 
-    ``configure`` takes a ``ControlChange``; ``set_threshold`` (int, entries), ``set_batch_size``
-    (int, entries), ``set_throttle_seconds`` (float, seconds), ``set_throttle_policy``
-    (``fixed``/``adaptive``) and ``set_max_tasks_per_second`` (float, tasks/s; 0 removes the cap)
-    take one value; ``pause`` takes none and ends the run ``paused`` at
-    the next turn (claim released, experiment paused, held tasks kept). Each returns
-    ``EffectiveSettings``; a bad value is rejected by the Update's validator, which leaves nothing
-    in the history.
+    ``configure`` takes a ``ControlChange`` (a JSON object); ``set_threshold`` (integer, entries),
+    ``set_batch_size`` (integer, entries), ``set_throttle_seconds`` (number, seconds),
+    ``set_throttle_policy`` (``fixed``/``adaptive``) and ``set_max_tasks_per_second`` (number,
+    tasks/s; 0 removes the cap) take one value; ``pause`` takes none and ends the run ``paused`` at
+    the next turn (claim released, experiment paused, held tasks kept).
+    Each returns ``EffectiveSettings``. Arguments are strict (``ControlChange.of_update``): a bad
+    one is rejected by the Update's validator with a non-retryable ``ApplicationError`` of type
+    ``InvalidControl``, one line naming the field, which leaves nothing in the history.
     """
 
     CONFIGURE = "configure"
@@ -545,3 +636,13 @@ class Control(StrEnum):
     SET_THROTTLE_POLICY = "set_throttle_policy"
     SET_MAX_TASKS_PER_SECOND = "set_max_tasks_per_second"
     PAUSE = "pause"
+
+
+SET_FIELDS: dict[Control, str] = {
+    Control.SET_THRESHOLD: "max_backlog_threshold",
+    Control.SET_BATCH_SIZE: "batch_size",
+    Control.SET_THROTTLE_SECONDS: "throttle_seconds",
+    Control.SET_THROTTLE_POLICY: "throttle_policy",
+    Control.SET_MAX_TASKS_PER_SECOND: "max_tasks_per_second",
+}
+"""The ``ControlChange`` field each one-value Update sets."""

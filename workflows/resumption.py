@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from pydantic import ValidationError
 from temporalio import workflow
@@ -50,19 +51,21 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, RELEASE_RETRY, call, permanent
     from xmc_resumption.workflows.metrics import Instruments
     from xmc_resumption.workflows.models import (
+        INVALID_CONTROL,
         WORKFLOW_TYPE,
         Control,
         ControlChange,
         EffectiveSettings,
+        InvalidControlError,
         Outcome,
         Phase,
         Progress,
         ResumptionInput,
         ResumptionResult,
-        ThrottlePolicy,
     )
     from xmc_resumption.workflows.state import RunState
     from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan, wait_reason
+
 
 CHAINED_PUBLISH = "chained-publish"
 """``workflow.patched`` ID of the cheap turn: a publish that left headroom is followed by the next
@@ -101,64 +104,70 @@ class ResumptionWorkflow:
 
     # -- control: validated Updates (workflows/models.py Control, RunState.refuse); a rejected one leaves no event
 
+    # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in
+    # its validator (``ControlChange.of_update``): a typed parameter would have the data converter
+    # coerce ``true`` to 1 and turn a wrong type into a multi-line, retryable ValidationError
+    # before the validator could say which field is wrong.
+
     @workflow.update(name=Control.CONFIGURE)
-    def configure(self, change: ControlChange) -> EffectiveSettings:
-        """Change settings of the running replay; returns the effective settings. An accepted
-        change wakes a durable throttle wait, so the next turn (check, measure, publish) runs
-        under it at once; it is carried across continue-as-new (it is part of the input)."""
-        return self._apply(change)
+    def configure(self, *args: Any) -> EffectiveSettings:
+        """Change settings of the running replay (a ``ControlChange``, as a JSON object); returns
+        the effective settings. An accepted change wakes a durable throttle wait, so the next
+        turn (check, measure, publish) runs under it at once; it is carried across
+        continue-as-new (it is part of the input)."""
+        return self._apply(self._change(Control.CONFIGURE, args))
 
     @configure.validator
-    def _check_configure(self, change: ControlChange) -> None:
-        self._state.refuse(change)
+    def _check_configure(self, *args: Any) -> None:
+        self._state.refuse(self._change(Control.CONFIGURE, args))
 
     @workflow.update(name=Control.SET_THRESHOLD)
-    def set_threshold(self, value: int) -> EffectiveSettings:
-        """``configure`` with ``max_backlog_threshold`` only (entries)."""
-        return self._apply(ControlChange(max_backlog_threshold=value))
+    def set_threshold(self, *args: Any) -> EffectiveSettings:
+        """``configure`` with ``max_backlog_threshold`` only (an integer, entries)."""
+        return self._apply(self._change(Control.SET_THRESHOLD, args))
 
     @set_threshold.validator
-    def _check_threshold(self, value: int) -> None:
-        self._state.refuse(ControlChange(max_backlog_threshold=value))
+    def _check_threshold(self, *args: Any) -> None:
+        self._state.refuse(self._change(Control.SET_THRESHOLD, args))
 
     @workflow.update(name=Control.SET_BATCH_SIZE)
-    def set_batch_size(self, value: int) -> EffectiveSettings:
-        """``configure`` with ``batch_size`` only (entries)."""
-        return self._apply(ControlChange(batch_size=value))
+    def set_batch_size(self, *args: Any) -> EffectiveSettings:
+        """``configure`` with ``batch_size`` only (an integer, entries)."""
+        return self._apply(self._change(Control.SET_BATCH_SIZE, args))
 
     @set_batch_size.validator
-    def _check_batch_size(self, value: int) -> None:
-        self._state.refuse(ControlChange(batch_size=value))
+    def _check_batch_size(self, *args: Any) -> None:
+        self._state.refuse(self._change(Control.SET_BATCH_SIZE, args))
 
     @workflow.update(name=Control.SET_THROTTLE_SECONDS)
-    def set_throttle_seconds(self, value: float) -> EffectiveSettings:
-        """``configure`` with ``throttle_seconds`` only (seconds)."""
-        return self._apply(ControlChange(throttle_seconds=value))
+    def set_throttle_seconds(self, *args: Any) -> EffectiveSettings:
+        """``configure`` with ``throttle_seconds`` only (a number, seconds)."""
+        return self._apply(self._change(Control.SET_THROTTLE_SECONDS, args))
 
     @set_throttle_seconds.validator
-    def _check_throttle_seconds(self, value: float) -> None:
-        self._state.refuse(ControlChange(throttle_seconds=value))
+    def _check_throttle_seconds(self, *args: Any) -> None:
+        self._state.refuse(self._change(Control.SET_THROTTLE_SECONDS, args))
 
     @workflow.update(name=Control.SET_THROTTLE_POLICY)
-    def set_throttle_policy(self, value: ThrottlePolicy) -> EffectiveSettings:
+    def set_throttle_policy(self, *args: Any) -> EffectiveSettings:
         """``configure`` with ``throttle_policy`` only (``fixed`` or ``adaptive``)."""
-        return self._apply(ControlChange(throttle_policy=value))
+        return self._apply(self._change(Control.SET_THROTTLE_POLICY, args))
 
     @set_throttle_policy.validator
-    def _check_throttle_policy(self, value: ThrottlePolicy) -> None:
-        self._state.refuse(ControlChange(throttle_policy=value))
+    def _check_throttle_policy(self, *args: Any) -> None:
+        self._state.refuse(self._change(Control.SET_THROTTLE_POLICY, args))
 
     @workflow.update(name=Control.SET_MAX_TASKS_PER_SECOND)
-    def set_max_tasks_per_second(self, value: float) -> EffectiveSettings:
-        """``configure`` with ``max_tasks_per_second`` only (tasks per second; 0 removes the cap)."""
-        return self._apply(ControlChange(max_tasks_per_second=value))
+    def set_max_tasks_per_second(self, *args: Any) -> EffectiveSettings:
+        """``configure`` with ``max_tasks_per_second`` only (a number, tasks per second; 0 removes the cap)."""
+        return self._apply(self._change(Control.SET_MAX_TASKS_PER_SECOND, args))
 
     @set_max_tasks_per_second.validator
-    def _check_max_tasks_per_second(self, value: float) -> None:
-        self._state.refuse(ControlChange(max_tasks_per_second=value))
+    def _check_max_tasks_per_second(self, *args: Any) -> None:
+        self._state.refuse(self._change(Control.SET_MAX_TASKS_PER_SECOND, args))
 
     @workflow.update(name=Control.PAUSE)
-    def pause(self) -> EffectiveSettings:
+    def pause(self, *args: Any) -> EffectiveSettings:
         """Graceful stop: the run ends ``paused`` at its next turn (a durable throttle wait ends at
         once): claim released, experiment back to paused, held tasks kept for a later resume."""
         self._state.stopping = self._state.wake = self._state.progress.stopping = True
@@ -167,8 +176,8 @@ class ResumptionWorkflow:
         return EffectiveSettings.of(self._state.input, stopping=True)
 
     @pause.validator
-    def _check_pause(self) -> None:
-        self._state.refuse(ControlChange())
+    def _check_pause(self, *args: Any) -> None:
+        self._state.refuse(self._change(Control.PAUSE, args))
 
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
@@ -179,6 +188,18 @@ class ResumptionWorkflow:
             ", ".join(c.value for c in Control),
             extra={"experiment_id": self._state.input.experiment_id},
         )
+
+    @staticmethod
+    def _change(update: Control, args: Sequence[Any]) -> ControlChange:
+        """The change Update ``update`` asks for, from its arguments (``ControlChange.of_update``).
+
+        Raises:
+            ApplicationError: non-retryable, type ``InvalidControl``: one line naming the field.
+        """
+        try:
+            return ControlChange.of_update(update, args)
+        except InvalidControlError as err:
+            raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
 
     def _apply(self, change: ControlChange) -> EffectiveSettings:
         """Apply a validated change (``RunState.apply``), which wakes a durable throttle wait."""

@@ -11,14 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
 from xmc_resumption.redisclient.results import BacklogReading, PublishResult
 from xmc_resumption.workflows.eta import NetRate, eta_seconds
 from xmc_resumption.workflows.models import (
+    INVALID_CONTROL,
+    RESUMPTION_ENDING,
     Carry,
     ControlChange,
+    InvalidControlError,
     Outcome,
     Progress,
     ResumptionInput,
@@ -173,17 +175,17 @@ class RunState:
         ``ResumptionInput`` (an Update's validator).
 
         Raises:
-            ApplicationError: type ``ResumptionEnding``, or ``InvalidControl`` with one line naming
-                the field.
+            ApplicationError: non-retryable, type ``ResumptionEnding``, or ``InvalidControl`` with
+                one line naming the field.
         """
         if self.progress.outcome is not None or self.stopping:
-            raise ApplicationError("the resumption is ending; nothing to change", type="ResumptionEnding")
+            raise ApplicationError(
+                "the resumption is ending; nothing to change", type=RESUMPTION_ENDING, non_retryable=True
+            )
         try:
-            change.applied_to(self.input)
-        except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(x) for x in first["loc"]) or "input"
-            raise ApplicationError(f"{field}: {first['msg']}", type="InvalidControl") from None
+            change.checked_against(self.input)
+        except InvalidControlError as err:
+            raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
 
     def apply(self, change: ControlChange) -> ResumptionInput:
         """Apply a change ``refuse`` let through to the input, the pacer and the progress, and wake

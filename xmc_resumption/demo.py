@@ -71,6 +71,24 @@ class DemoOptions:
     stream: str = DEFAULT_STREAM
     group: str = DEFAULT_GROUP
 
+    def resumption_input(self, experiment: str) -> ResumptionInput:
+        """The workflow input of the demo's resumption of ``experiment``.
+
+        Raises:
+            pydantic.ValidationError: a knob breaks a bound or a rule of ``ResumptionInput``
+                (e.g. a throttle wait longer than the claim's lease); checked by the CLI before
+                any service starts.
+        """
+        return ResumptionInput(
+            experiment_id=experiment,
+            stream=self.stream,
+            consumer_group=self.group,
+            batch_size=self.batch,
+            max_backlog_threshold=self.threshold,
+            throttle_seconds=self.throttle_seconds,
+            throttle_policy=ThrottlePolicy(self.policy),
+        )
+
 
 def _bar(done: int, total: int, width: int = 30) -> str:
     filled = width * done // max(total, 1)
@@ -123,15 +141,7 @@ async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> 
             )
             for i in range(opts.consumers)
         ]
-        inp = ResumptionInput(
-            experiment_id=experiment,
-            stream=opts.stream,
-            consumer_group=opts.group,
-            batch_size=opts.batch,
-            max_backlog_threshold=opts.threshold,
-            throttle_seconds=opts.throttle_seconds,
-            throttle_policy=ThrottlePolicy(opts.policy),
-        )
+        inp = opts.resumption_input(experiment)
         started = time.monotonic()
         handle = await start_resumption(client, inp, settings.task_queue)
         print(

@@ -6,16 +6,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
-from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.common import TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from xmc_resumption.errors import KeyContentError, OperatorError, one_line
+from xmc_resumption.errors import KeyContentError, OperatorError, one_line, update_failure_message
 from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient.acl import acl_user, denial_message
 from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, validate_name
@@ -24,7 +32,8 @@ from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import (
     WORKFLOW_TYPE,
-    Outcome,
+    Control,
+    EffectiveSettings,
     Progress,
     ResumptionInput,
     ResumptionResult,
@@ -92,29 +101,62 @@ async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str
     ``maxmemory-policy``, used memory and ``maxmemory`` (bytes, 0: no limit) and ``problem``, why a
     resumption would refuse this Redis (None under ``noeviction``; ``redisclient.memory``).
 
+    Each part is read on its own: a part that cannot be read (a key of the wrong type or holding
+    garbage, a command the ACL user may not run) is None, and ``unknown`` maps its name to the
+    one-line reason; the other parts are still shown. (``state`` stands for the state and the held
+    tasks, ``orphaned`` is None when the state or the claim is unknown.)
+
     Raises:
-        KeyContentError: a key holds the wrong type or a value the contract does not know.
+        redis.exceptions.RedisError: a fault that is not one part's (Redis unreachable, a timeout).
     """
-    reading = await _read_key(
-        redis, keys.stream, "a stream (the task stream)", measure_backlog(redis, keys.stream, group, threshold)
+    unknown: dict[str, str] = {}
+
+    async def part(name: str, read: Awaitable[T]) -> T | None:
+        try:
+            return await read
+        except KeyContentError as err:
+            unknown[name] = str(err)
+        except ResponseError as err:
+            # only this part's: a refused command or key, a key of the wrong type, a script's
+            # refusal of what a key holds (XMC...); any other reply (no such database, OOM,
+            # LOADING) is the whole Redis's and fails the command
+            denied = denial_message(err, acl_user(redis), f"reading {name}")
+            if denied is None and not str(err).startswith(("WRONGTYPE", "XMC")):
+                raise
+            unknown[name] = denied or one_line(str(err))
+        return None
+
+    reading = await part(
+        "backlog",
+        _read_key(
+            redis, keys.stream, "a stream (the task stream)", measure_backlog(redis, keys.stream, group, threshold)
+        ),
     )
-    state, held_tasks = await state_and_held(redis, keys)
-    claim = await _read_key(redis, keys.claim, "a hash (token, owner)", fencing.claim_info(redis, keys))
-    fence = await _read_key(
-        redis, keys.fence, "an integer (the fencing token)", fencing.current_token(redis, keys), parses=True
+    state_held = await part("state", state_and_held(redis, keys))
+    claim = await part("claim", _read_key(redis, keys.claim, "a hash (token, owner)", fencing.claim_info(redis, keys)))
+    fence = await part(
+        "fence",
+        _read_key(redis, keys.fence, "an integer (the fencing token)", fencing.current_token(redis, keys), parses=True),
     )
-    exists = await has_keys(redis, keys)
-    return {
+    exists = await part("exists", has_keys(redis, keys))
+    set_aside = await part(
+        "set_aside", _read_key(redis, keys.dead, "a stream (the set-aside tasks)", redis.xlen(keys.dead))
+    )
+    memory = await part("redis_memory", read_memory(redis, keys.stream))
+    state, held_tasks = state_held if state_held is not None else (None, None)
+    doc: dict[str, object] = {
         "experiment_id": keys.experiment_id,
         "stream": keys.stream,
         "exists": exists,
-        "state": state.value if exists else ExperimentState.UNKNOWN.value,
-        "orphaned": state is ExperimentState.RESUMING and not claim,
+        "state": state.value if state is not None and exists is not False else ExperimentState.UNKNOWN.value,
+        "orphaned": None if state is None or claim is None else state is ExperimentState.RESUMING and not claim,
         "held": held_tasks,
         "claim": claim,
         "fence": fence,
-        "set_aside": await _read_key(redis, keys.dead, "a stream (the set-aside tasks)", redis.xlen(keys.dead)),
-        "backlog": {
+        "set_aside": set_aside,
+        "backlog": None
+        if reading is None
+        else {
             "group": group,
             "pending": reading.pending,
             "lag": reading.lag,
@@ -122,8 +164,11 @@ async def experiment_status(redis: RedisClient, keys: ExperimentKeys, group: str
             "status": reading.status.value,
             "threshold": threshold,
         },
-        "redis_memory": (await read_memory(redis, keys.stream)).model_dump(),
+        "redis_memory": memory.model_dump() if memory is not None else None,
     }
+    if unknown:
+        doc["unknown"] = unknown
+    return doc
 
 
 async def refuse_evicting_redis(redis: RedisClient, keys: ExperimentKeys) -> None:
@@ -141,7 +186,8 @@ async def refuse_evicting_redis(redis: RedisClient, keys: ExperimentKeys) -> Non
 async def start_resumption(
     client: Client, inp: ResumptionInput, task_queue: str
 ) -> WorkflowHandle[ResumptionWorkflow, ResumptionResult]:
-    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``.
+    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``, without any check
+    (``xmc_resumption.client.XmcClient.resume`` makes ``xmc resume``'s checks first, then calls this).
 
     Raises:
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
@@ -254,15 +300,15 @@ def fleet_query(
 
     Raises:
         ValueError: an experiment ID or stream that breaks ``validate_name`` (its characters hold
-            no quote, so a checked value cannot change the query); a phase that is no
-            ``FleetPhase`` and no ``Outcome``.
+            no quote, so a checked value cannot change the query); a phase that is not
+            among ``fleet.phase_values``.
     """
     clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'", "ExecutionStatus != 'ContinuedAsNew'"]
     if running:
         clauses.append("ExecutionStatus = 'Running'")
     if phase is not None:
-        if phase not in fleet_phases():
-            raise ValueError(f"phase must be one of {', '.join(fleet_phases())}, got {phase[:40]!r}")
+        if phase not in fleet.phase_values():
+            raise ValueError(f"phase must be one of {', '.join(fleet.phase_values())}, got {phase[:40]!r}")
         clauses.append(f"{fleet.PHASE.name} = '{phase}'")
     if experiment_id is not None:
         name = validate_name("experiment_id", experiment_id)
@@ -271,11 +317,6 @@ def fleet_query(
     if stream is not None:
         clauses.append(f"{fleet.STREAM.name} = '{validate_name('stream', stream)}'")
     return " AND ".join(clauses)
-
-
-def fleet_phases() -> list[str]:
-    """Every value ``XmcPhase`` takes: a ``FleetPhase`` while running, an ``Outcome`` once ended."""
-    return [p.value for p in fleet.FleetPhase] + [o.value for o in Outcome if o.value not in set(fleet.FleetPhase)]
 
 
 async def list_resumptions(client: Client, query: str, limit: int) -> list[dict[str, object]]:
@@ -351,6 +392,33 @@ async def running_handle(client: Client, experiment_id: str) -> WorkflowHandle[A
         ended = desc.status.name.lower() if desc.status else "unknown"
         raise OperatorError(f"no resumption of {experiment_id} runs: {workflow_id} ended ({ended}, run {desc.run_id})")
     return handle  # no run ID: Updates reach the newest run of the chain
+
+
+async def run_update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, seconds: float) -> EffectiveSettings:
+    """Run Update ``name`` (with ``arg``, or none) on the running resumption; at most ``seconds``;
+    returns the settings the run goes on with.
+
+    Raises:
+        OperatorError: the validator rejected it, the run ended meanwhile, or no worker answered.
+    """
+    args = [] if arg is None else [arg]
+    try:
+        return await asyncio.wait_for(
+            handle.execute_update(
+                name.value, args=args, result_type=EffectiveSettings, rpc_timeout=timedelta(seconds=seconds)
+            ),
+            seconds,
+        )
+    except WorkflowUpdateFailedError as err:
+        raise OperatorError(update_failure_message(err, handle.id)) from err
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
+        raise OperatorError(
+            f"no worker answered the {name.value} Update of {handle.id} within {seconds:g}s: is a worker running?"
+        ) from err
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            raise OperatorError(f"{handle.id} ended before the {name.value} Update: {one_line(err.message)}") from err
+        raise
 
 
 async def add_etas(client: Client, rows: list[dict[str, object]], most: int, within_seconds: float) -> None:

@@ -15,17 +15,20 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.retry import Retry as SyncRetry
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig, ClientConnectConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from xmc_resumption.redisclient.connection import ClusterClient, RedisClient
+from xmc_resumption.redisclient.connection import ClusterClient, RedisClient, SyncRedisClient
 from xmc_resumption.workflows import metrics
 from xmc_resumption.workflows.models import TASK_QUEUE
 
@@ -49,8 +52,12 @@ SECRET_QUERY_ARGS = frozenset({"password", "username"})
 def redacted_url(url: str) -> str:
     """``url`` with its password (and any ``password=`` query argument) replaced by ``***``.
 
-    Every URL the CLI and the worker print goes through this. A URL that cannot be parsed at all
-    is shown as ``<unparseable URL>``: printing it could print a secret.
+    Every URL the CLI and the worker print goes through this. The password is what follows the
+    first ``:`` of the user part, up to the last ``@`` before the host, so ``@``, ``:`` and ``%``
+    in it (escaped or not) are masked with it. A URL that cannot be parsed at all is shown as
+    ``<unparseable URL>``, and so is one whose password holds an unescaped ``/``, ``?`` or ``#``
+    (it ends the host part early, spilling the rest of the password into the path: redis-py cannot
+    read such a URL either): printing it could print a secret.
     """
     try:
         parts = urlsplit(url)
@@ -59,10 +66,10 @@ def redacted_url(url: str) -> str:
             userinfo, _, hostport = netloc.rpartition("@")
             user = userinfo.partition(":")[0]
             netloc = f"{user}:***@{hostport}"
-        query = urlencode(
-            [(k, "***" if k in SECRET_QUERY_ARGS else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)],
-            safe="*",
-        )
+        pairs = [(k, "***" if k in SECRET_QUERY_ARGS else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        if "@" in parts.path + parts.fragment + "".join(k + v for k, v in pairs):
+            return "<unparseable URL>"  # a user part that did not end at its '@': see above
+        query = urlencode(pairs, safe="*")
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return "<unparseable URL>"
@@ -145,7 +152,12 @@ class Settings(BaseSettings):
         try:
             kwargs = parse_url(url)
         except ValueError as err:  # the scheme, a port that is no number, a bad query argument
-            raise ValueError(str(err).rstrip(".")) from None
+            message = str(err).rstrip(".")
+            if message.startswith("Port could not be cast"):
+                # urllib quotes what it took for the port: the rest of a password whose unescaped
+                # '/', '?' or '#' ended the host part early
+                message = "the port is not a number (in a password, '/', '?' and '#' must be escaped: %2F, %3F, %23)"
+            raise ValueError(message) from None
         parts = urlsplit(url)
         if parts.scheme in ("redis", "rediss") and "db" not in kwargs:
             db = parts.path.strip("/")
@@ -183,12 +195,33 @@ class Settings(BaseSettings):
         """The Redis URL for messages and logs, its password masked."""
         return redacted_url(self.redis_url)
 
-    def redis(self) -> RedisClient:
+    def redis(self, *, retries: int | None = None) -> RedisClient:
         """A new asyncio Redis client; bytes in, bytes out (task field maps move byte for byte).
-        With ``XMC_REDIS_CLUSTER`` a cluster client (``redis_cluster_client``)."""
+        With ``XMC_REDIS_CLUSTER`` a cluster client (``redis_cluster_client``).
+
+        Args:
+            retries: how often redis-py sends a command again after a connection error or a
+                timeout, at once; None keeps redis-py's default (``CLUSTER_RETRIES`` for a
+                cluster). 0 for a producer: a command resent after its reply was lost runs twice
+                (``xmc_resumption.client`` retries only what is idempotent).
+        """
         if self.redis_cluster:
-            return self.redis_cluster_client()
-        return Redis.from_url(self.redis_url, **self._client_kwargs())
+            return self.redis_cluster_client(retries=retries)
+        retry: dict[str, Any] = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
+        return Redis.from_url(self.redis_url, **retry, **self._client_kwargs())
+
+    def sync_redis(self, *, retries: int | None = None) -> SyncRedisClient:
+        """A new blocking Redis client with the same settings as ``redis`` (bytes, timeouts, TLS;
+        with ``XMC_REDIS_CLUSTER`` redis-py's blocking cluster client), for producers in sync code
+        (``xmc_resumption.client.XmcSyncClient``); ``retries`` as for ``redis``."""
+        if self.redis_cluster:
+            return SyncRedisCluster.from_url(
+                self.redis_url,
+                retry=SyncRetry(NoBackoff(), CLUSTER_RETRIES if retries is None else retries),
+                **self._client_kwargs(),
+            )
+        retry: dict[str, Any] = {} if retries is None else {"retry": SyncRetry(NoBackoff(), retries)}
+        return SyncRedis.from_url(self.redis_url, **retry, **self._client_kwargs())
 
     def _client_kwargs(self) -> dict[str, Any]:
         """What both clients are built with: bytes, the socket timeouts, health checks, TLS."""
@@ -200,7 +233,7 @@ class Settings(BaseSettings):
             **self.redis_tls_kwargs(),
         }
 
-    def redis_cluster_client(self) -> RedisCluster:
+    def redis_cluster_client(self, *, retries: int | None = None) -> RedisCluster:
         """A new asyncio Redis Cluster client (a ``ClusterClient``) seeded by ``XMC_REDIS_URL``;
         bytes in, bytes out.
 
@@ -213,7 +246,9 @@ class Settings(BaseSettings):
         that cannot be reached fails like a single Redis (``redisclient.connection.ClusterClient``).
         """
         return ClusterClient.from_url(
-            self.redis_url, retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES), **self._client_kwargs()
+            self.redis_url,
+            retry=Retry(NoBackoff(), retries=CLUSTER_RETRIES if retries is None else retries),
+            **self._client_kwargs(),
         )
 
 

@@ -8,18 +8,17 @@ import asyncio
 import gc
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-import annotated_types
 import click
-from pydantic import TypeAdapter
 
 from xmc_resumption import __version__
+from xmc_resumption.cli.params import FiniteFloat, NameType, TaskQueueType, field_type
+from xmc_resumption.client import XmcClient
 from xmc_resumption.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_OPERATOR_ERROR,
@@ -28,10 +27,9 @@ from xmc_resumption.errors import (
     one_line,
     operator_message,
 )
-from xmc_resumption.redisclient.keys import DEFAULT_STREAM, validate_name
-from xmc_resumption.redisclient.results import MissingGroupPolicy
+from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.settings import Settings
-from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy, duration_text
+from xmc_resumption.workflows.models import ResumptionInput, duration_text
 
 T = TypeVar("T")
 
@@ -71,6 +69,13 @@ def settings_of(ctx: click.Context) -> Settings:
     return state.settings
 
 
+def client_of(ctx: click.Context, stream: str) -> XmcClient:
+    """The client of a command (``xmc_resumption.client``): the settings' Redis and task queue, the
+    command's stream. It sends nothing twice: a command reports a Redis fault at once (the operator
+    runs it again)."""
+    return XmcClient.from_settings(settings_of(ctx), stream=stream, retries=0)
+
+
 class Interrupted(Exception):
     """Ctrl-C during a command; raised instead of ``KeyboardInterrupt`` so that Click does not
     print a line of its own before ``main``'s one."""
@@ -89,126 +94,79 @@ def emit(as_json: bool, doc: Mapping[str, Any] | Sequence[Any], text: str) -> No
     print(json.dumps(doc, indent=2, default=str) if as_json else text)
 
 
-class NameType(click.ParamType):
-    """A name that becomes part of a key (an experiment ID, a stream): ``validate_name``'s rule."""
+class ManyArgument(click.Argument):
+    """An argument taking one or more values: ``NAME...`` in the usage line, ``'NAME'`` in errors
+    (as a single argument names itself there)."""
 
-    name = "name"
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        try:
-            return validate_name(self.what, str(value))
-        except ValueError as err:
-            self.fail(str(err), param, ctx)
-
-
-class EntryIdType(click.ParamType):
-    """A stream entry ID, ``<ms>-<seq>``."""
-
-    name = "entry-id"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        if not re.fullmatch(r"\d+-\d+", str(value)):
-            self.fail(f"not a stream entry ID (<ms>-<seq>): {str(value)[:40]!r}", param, ctx)
-        return str(value)
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        return f"'{self.human_readable_name}'"
 
 
 EXPERIMENT_ID = NameType("experiment_id")
 STREAM_NAME = NameType("stream")
+TASK_QUEUE_NAME = TaskQueueType()
 GROUP_NAME = NameType("consumer_group")
 """Consumer group names follow the same rule: not keys, but they reach XINFO, the logs and the UI."""
 
 
-def input_bounds(name: str) -> str:
-    """The bounds ``ResumptionInput`` puts on field ``name``, for help texts (``>= 1, <= 10000``)."""
-    parts = []
-    for m in ResumptionInput.model_fields[name].metadata:
-        for kind, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-            bound = getattr(m, kind, None)
-            if isinstance(m, annotated_types.BaseMetadata) and bound is not None:
-                parts.append(f"{sign} {bound:g}")
-    return ", ".join(parts)
-
-
-def field_adapter(name: str) -> TypeAdapter[Any]:
-    """``ResumptionInput``'s rule for one field (type and bounds), to check a value alone."""
-    info = ResumptionInput.model_fields[name]
-    return TypeAdapter(Annotated[info.annotation, *info.metadata])  # type: ignore[arg-type,name-defined]
-
-
 @dataclass(frozen=True)
 class InputOption:
-    """A ``resume`` option that sets one ``ResumptionInput`` field (its default, bounds and rule
-    come from the model)."""
+    """A ``resume`` option that sets one ``ResumptionInput`` field: its type, bounds and default
+    come from the model (``params.field_type``)."""
 
     flag: str
     field: str
-    type: click.ParamType
     help: str
     default_text: str | None = None
 
+    @property
+    def type(self) -> click.ParamType:
+        """The option's click type: the field's type and bounds."""
+        return field_type(ResumptionInput, self.field)
+
 
 INPUT_OPTIONS = (
-    InputOption("--group", "consumer_group", click.STRING, "the consumer group whose backlog throttles the replay"),
-    InputOption("--batch", "batch_size", click.INT, "most tasks one publish moves (entries)"),
-    InputOption("--threshold", "max_backlog_threshold", click.INT, "at or above this backlog the replay waits"),
-    InputOption("--throttle-seconds", "throttle_seconds", click.FLOAT, "one fixed throttle wait (seconds)"),
-    InputOption(
-        "--policy",
-        "throttle_policy",
-        click.Choice([p.value for p in ThrottlePolicy]),
-        "fixed waits, or adaptive to the measured drain rate",
-    ),
-    InputOption("--min-wait", "min_wait_seconds", click.FLOAT, "shortest adaptive wait (seconds)"),
-    InputOption("--max-wait", "max_wait_seconds", click.FLOAT, "longest adaptive wait (seconds)", "--throttle-seconds"),
+    InputOption("--group", "consumer_group", "the consumer group whose backlog throttles the replay"),
+    InputOption("--batch", "batch_size", "most tasks one publish moves (entries)"),
+    InputOption("--threshold", "max_backlog_threshold", "at or above this backlog the replay waits"),
+    InputOption("--throttle-seconds", "throttle_seconds", "one fixed throttle wait (seconds)"),
+    InputOption("--policy", "throttle_policy", "fixed waits, or adaptive to the measured drain rate"),
+    InputOption("--min-wait", "min_wait_seconds", "shortest adaptive wait (seconds)"),
+    InputOption("--max-wait", "max_wait_seconds", "longest adaptive wait (seconds)", "--throttle-seconds"),
     InputOption(
         "--claim-lease-seconds",
         "claim_lease_seconds",
-        click.FLOAT,
         "the claim's lease (seconds); must exceed --throttle-seconds and --max-wait",
     ),
-    InputOption(
-        "--redis-retry-seconds", "redis_retry_seconds", click.FLOAT, "wait after a Redis fault outlasted retries"
-    ),
+    InputOption("--redis-retry-seconds", "redis_retry_seconds", "wait after a Redis fault outlasted retries"),
     InputOption(
         "--stall-window-seconds",
         "stall_window_seconds",
-        click.FLOAT,
         "stalled once the backlog has not gone down for this long (seconds)",
     ),
     InputOption(
-        "--max-stall-seconds",
-        "max_stall_seconds",
-        click.FLOAT,
-        "end the run 'stalled' after a stall this long (seconds)",
-        "never",
+        "--max-stall-seconds", "max_stall_seconds", "end the run 'stalled' after a stall this long (seconds)", "never"
     ),
     InputOption(
         "--missing-group",
         "missing_group",
-        click.Choice([p.value for p in MissingGroupPolicy]),
         "a missing consumer group: zero (backlog 0, warning) or error (the run fails)",
     ),
-    InputOption("--max-bytes-per-call", "max_bytes_per_call", click.INT, "byte budget of one Redis script"),
-    InputOption("--turns-per-run", "turns_per_run", click.INT, "continue-as-new after this many turns"),
+    InputOption("--max-bytes-per-call", "max_bytes_per_call", "byte budget of one Redis script"),
+    InputOption("--turns-per-run", "turns_per_run", "continue-as-new after this many turns"),
     InputOption(
         "--max-memory-fraction",
         "max_memory_fraction",
-        click.FLOAT,
         "wait while Redis's used memory is at or above this share of maxmemory",
     ),
     InputOption(
         "--fair-share/--no-fair-share",
         "fair_share",
-        click.BOOL,
         "take at most this experiment's weighted share of the stream's headroom",
     ),
     InputOption(
         "--max-tasks-per-second",
         "max_tasks_per_second",
-        click.FLOAT,
         "this replay's rate cap, tasks per second (xmc rate sets the stream's)",
         "none",
     ),
@@ -221,7 +179,6 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add ``INPUT_OPTIONS`` to a command, each with the model's default (a default of None, such
     as ``max_wait_seconds``'s, stays None: the model fills it in)."""
     for opt in reversed(INPUT_OPTIONS):
-        bounds = input_bounds(opt.field)
         default = ResumptionInput.model_fields[opt.field].default
         fn = click.option(
             opt.flag,
@@ -229,9 +186,15 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             type=opt.type,
             default=getattr(default, "value", default),
             show_default=opt.default_text or True,
-            help=f"{opt.field}: {opt.help}" + (f" ({bounds})" if bounds else ""),
+            help=f"{opt.field}: {opt.help}",
         )(fn)
     return fn
+
+
+def field_option(flag: str, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An option that sets ``ResumptionInput`` field ``name``: its type and bounds (click shows
+    them in the help), no default."""
+    return click.option(flag, name, type=field_type(ResumptionInput, name), help=name)
 
 
 def experiment_command(group: click.Group, name: str, help_text: str) -> Callable[..., Any]:
@@ -252,18 +215,11 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")(fn)
 
 
-def _int_range(name: str) -> click.IntRange:
-    """A click range with the ``ge``/``le`` bounds ``ResumptionInput`` puts on integer field ``name``."""
-    metadata = ResumptionInput.model_fields[name].metadata
-    low = next((m.ge for m in metadata if isinstance(m, annotated_types.Ge)), None)
-    high = next((m.le for m in metadata if isinstance(m, annotated_types.Le)), None)
-    return click.IntRange(low, high)  # type: ignore[arg-type]
-
-
-THRESHOLD_TYPE = _int_range("max_backlog_threshold")
+THRESHOLD_TYPE = field_type(ResumptionInput, "max_backlog_threshold")
 """A backlog threshold on the command line: ``ResumptionInput.max_backlog_threshold``'s bounds."""
 
-UPDATE_TIMEOUT = click.FloatRange(0, 3_600, min_open=True)
+UPDATE_TIMEOUT = FiniteFloat(0.1, 3_600)
+"""``--timeout`` of the Updates (seconds): below 0.1 s no server round trip fits."""
 
 
 @click.group(help=DESCRIPTION, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -297,9 +253,14 @@ def text_table(header: list[str], rows: list[list[object]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
 
 
-def _command_path(err: click.ClickException) -> str:
+def _command_path(err: click.ClickException, args: Sequence[str]) -> str:
+    """The command an error is about: its context's, else (click raises some parse errors, such
+    as a value given to a flag, without one) the command named in ``args``, else ``xmc``."""
     ctx = getattr(err, "ctx", None)
-    return ctx.command_path if ctx is not None else "xmc"
+    if ctx is not None:
+        return str(ctx.command_path)
+    named = next((a for a in args if not a.startswith("-")), None)
+    return f"xmc {named}" if named in cli.commands else "xmc"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         err.show()
         return EXIT_OPERATOR_ERROR
     except click.ClickException as err:
-        where = _command_path(err)
+        where = _command_path(err, args)
         print(f"{where}: error: {one_line(err.format_message())} (see {where} --help)", file=sys.stderr)
         return EXIT_OPERATOR_ERROR
     except BrokenPipeError:

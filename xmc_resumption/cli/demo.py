@@ -8,8 +8,9 @@ from typing import Any
 import click
 
 from xmc_resumption.cli.common import cli, run_sync, settings_of
+from xmc_resumption.cli.params import FiniteFloat, field_type
 from xmc_resumption.demo import DemoOptions, run_demo
-from xmc_resumption.workflows.models import ThrottlePolicy
+from xmc_resumption.workflows.models import ResumptionInput
 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
 """The demo's defaults, from ``DemoOptions`` (whose threshold, batch and policy are
@@ -26,7 +27,7 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(0, 1e6, min_open=True),
+    type=FiniteFloat(0, 1e6, min_open=True),
     default=DEFAULTS["rate"],
     show_default=True,
     help="consumer rate, tasks per second in all",
@@ -40,31 +41,35 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
 )
 @click.option(
     "--threshold",
-    type=click.INT,
+    type=field_type(ResumptionInput, "max_backlog_threshold"),
     default=DEFAULTS["threshold"],
     show_default=True,
     help="max_backlog_threshold, entries",
 )
 @click.option(
-    "--batch", type=click.INT, default=DEFAULTS["batch"], show_default=True, help="most tasks one publish moves"
+    "--batch",
+    type=field_type(ResumptionInput, "batch_size"),
+    default=DEFAULTS["batch"],
+    show_default=True,
+    help="most tasks one publish moves",
 )
 @click.option(
     "--throttle-seconds",
-    type=click.FLOAT,
+    type=field_type(ResumptionInput, "throttle_seconds"),
     default=DEFAULTS["throttle_seconds"],
     show_default=True,
     help="one throttle wait, seconds",
 )
 @click.option(
     "--policy",
-    type=click.Choice([p.value for p in ThrottlePolicy]),
+    type=field_type(ResumptionInput, "throttle_policy"),
     default=DEFAULTS["policy"],
     show_default=True,
     help="throttle_policy",
 )
 @click.option(
     "--linger",
-    type=click.FloatRange(0, 86_400),
+    type=FiniteFloat(0, 86_400),
     default=DEFAULTS["linger"],
     show_default=True,
     help="seconds to keep the services up at the end (Ctrl-C ends it early)",
@@ -73,6 +78,8 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
 def demo(ctx: click.Context, **opts: Any) -> None:
     """Replay held tasks end to end; starts redis-server and a Temporal dev server unless
     XMC_REDIS_URL / TEMPORAL_ADDRESS are set. Prints its own report (no --json)."""
+    options = DemoOptions(**opts)
+    options.resumption_input("demo")  # a knob the workflow would refuse fails here, before any service starts
     settings_of(ctx)
-    code = run_sync(run_demo(DemoOptions(**opts)))
+    code = run_sync(run_demo(options))
     ctx.exit(code)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,9 +15,8 @@ from xmc_resumption.cli.common import (
     QUERY_TIMEOUT_SECONDS,
     STREAM_NAME,
     THRESHOLD_TYPE,
-    EntryIdType,
-    app_state,
     cli,
+    client_of,
     emit,
     eta_text,
     experiment_command,
@@ -26,13 +26,15 @@ from xmc_resumption.cli.common import (
     settings_of,
     text_table,
 )
-from xmc_resumption.errors import OperatorError, operator_message
-from xmc_resumption.ops import MAX_LISTED, experiment_status, held_experiments, live_run
-from xmc_resumption.redisclient import deadletter, held
+from xmc_resumption.cli.params import EntryIdType
+from xmc_resumption.client import MAX_ENQUEUE_TASKS
+from xmc_resumption.errors import EXIT_OPERATOR_ERROR, MAX_DETAIL_CHARS, OperatorError, one_line
+from xmc_resumption.ops import MAX_LISTED
+from xmc_resumption.redisclient import deadletter
 from xmc_resumption.redisclient.acl import is_denial
+from xmc_resumption.redisclient.held import Task
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
-from xmc_resumption.settings import connect_temporal
 from xmc_resumption.workflows.models import Phase, ResumptionInput
 
 MAX_TASKS_ENQUEUED = 1_000_000
@@ -41,14 +43,11 @@ MAX_TASKS_ENQUEUED = 1_000_000
 
 @experiment_command(cli, "pause", "pause an experiment: its new tasks are held")
 def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) -> None:
-    """``xmc pause E``: set the state ``paused`` (``redisclient.held.pause``); producers hold."""
+    """``xmc pause E``: set the state ``paused`` (``XmcClient.pause``); producers hold."""
 
     async def go() -> None:
-        redis = settings_of(ctx).redis()
-        try:
-            await held.pause(redis, ExperimentKeys(stream, experiment_id))
-        finally:
-            await redis.aclose()
+        async with client_of(ctx, stream) as client:
+            await client.pause(experiment_id)
 
     run_sync(go())
     emit(
@@ -63,18 +62,19 @@ def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) ->
     "--count", type=click.IntRange(1, MAX_TASKS_ENQUEUED), default=100, show_default=True, help="tasks to enqueue"
 )
 def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, count: int) -> None:
-    """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script."""
+    """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script
+    (``XmcClient.enqueue_many``, ``MAX_ENQUEUE_TASKS`` a call)."""
 
     async def go() -> dict[str, int]:
-        redis = settings_of(ctx).redis()
-        keys = ExperimentKeys(stream, experiment_id)
         where: dict[str, int] = {}
-        try:
-            for i in range(count):
-                dest, _ = await held.enqueue_task(redis, keys, {"task": f"{experiment_id}:{i:06d}", "n": i})
-                where[dest] = where.get(dest, 0) + 1
-        finally:
-            await redis.aclose()
+        async with client_of(ctx, stream) as client:
+            for first in range(0, count, MAX_ENQUEUE_TASKS):
+                tasks: list[Task] = [
+                    {"task": f"{experiment_id}:{i:06d}", "n": i}
+                    for i in range(first, min(count, first + MAX_ENQUEUE_TASKS))
+                ]
+                for done in await client.enqueue_many(experiment_id, tasks):
+                    where[done.destination] = where.get(done.destination, 0) + 1
         return where
 
     where = run_sync(go())
@@ -96,52 +96,65 @@ def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     help="count the backlog up to this many entries",
 )
 def status(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, group: str, threshold: int) -> None:
-    """``xmc status E``: ``ops.experiment_status`` from Redis, and ``ops.live_run`` from Temporal
-    when it can be reached (else ``run`` holds the one-line reason)."""
+    """``xmc status E``: ``XmcClient.status``: Redis's side, and the run in Temporal when it can
+    be reached (else ``run`` holds the one-line reason)."""
 
     async def go() -> dict[str, object]:
-        redis = settings_of(ctx).redis()
-        try:
-            doc = await experiment_status(redis, ExperimentKeys(stream, experiment_id), group, threshold)
-        finally:
-            await redis.aclose()
-        try:
-            client = await connect_temporal()
-            doc["run"] = await live_run(client, experiment_id, QUERY_TIMEOUT_SECONDS / 2)
-        except Exception as err:  # the Redis part stands; say why the Temporal part is missing
-            message = operator_message(err, app_state(ctx).settings)
-            if message is None:
-                raise
-            doc["run"] = {"error": message}
+        async with client_of(ctx, stream) as client:
+            found = await client.status(
+                experiment_id, group=group, threshold=threshold, query_timeout=QUERY_TIMEOUT_SECONDS / 2
+            )
+        doc = found.model_dump(mode="json")
+        if doc["unknown"] is None:
+            del doc["unknown"]  # the document names ``unknown`` only when a part could not be read
         return doc
 
     doc = run_sync(go())
     emit(as_json, doc, _status_text(doc))
+    unknown: Mapping[str, str] = doc.get("unknown") or {}  # type: ignore[assignment]
+    for reason in unknown.values():
+        print(f"{ctx.command_path}: {one_line(reason, limit=2 * MAX_DETAIL_CHARS)}", file=sys.stderr)
+    if unknown:
+        ctx.exit(EXIT_OPERATOR_ERROR)
 
 
 def _status_text(doc: Mapping[str, Any]) -> str:
-    """``xmc status`` as text: one fact a line; keys it does not know are printed as they are."""
+    """``xmc status`` as text: one fact a line; a part that could not be read says ``unknown`` and
+    why (``ops.experiment_status``); keys it does not know are printed as they are."""
     e, s = doc["experiment_id"], doc["stream"]
-    if not doc["exists"]:
+    unknown: Mapping[str, str] = doc.get("unknown") or {}
+
+    def why(*parts: str) -> str:
+        return "unknown (" + "; ".join(unknown[p] for p in parts if p in unknown) + ")"
+
+    if doc["exists"] is False:
         lines = [f"{e} on {s}: unknown: no key of this experiment in Redis (never paused here: a typo, or --stream?)"]
     else:
-        lines = [f"{e} on {s}: {doc['state']}" + (" (orphaned: resuming, no live claim)" if doc["orphaned"] else "")]
-        lines.append(f"  held: {doc['held']} tasks; set aside: {doc['set_aside']}")
+        state = doc["state"] if "state" not in unknown else why("state")
+        lines = [f"{e} on {s}: {state}" + (" (orphaned: resuming, no live claim)" if doc["orphaned"] else "")]
+        held_text = f"{doc['held']} tasks" if "state" not in unknown else why("state")
+        dead = doc["set_aside"] if "set_aside" not in unknown else why("set_aside")
+        lines.append(f"  held: {held_text}; set aside: {dead}")
     claim = doc["claim"]
-    if claim:
+    if "claim" in unknown:
+        lines.append(f"  claim: {why('claim')}")
+    elif claim:
         lease = int(claim.get("lease_ms", "0")) / 1000
         lines.append(f"  claim: token {claim.get('token')} owned by {claim.get('owner')}, lease {lease:.0f}s left")
-    elif doc["exists"]:
+    elif doc["exists"] is not False:
         lines.append("  claim: none")
-    lines.append(f"  fencing token: {doc['fence']}")
+    lines.append(f"  fencing token: {doc['fence'] if 'fence' not in unknown else why('fence')}")
     b = doc["backlog"]
-    lag = f"{b['lag']}{'+' if b['capped'] else ''}"
-    side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
-    group = "" if b["status"] == "ok" else f"; consumer group: {b['status']}"
-    lines.append(
-        f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered, {side} "
-        f"{b['threshold']} (counted up to --threshold){group}"
-    )
+    if b is None:
+        lines.append(f"  backlog: {why('backlog')}")
+    else:
+        lag = f"{b['lag']}{'+' if b['capped'] else ''}"
+        side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
+        group = "" if b["status"] == "ok" else f"; consumer group: {b['status']}"
+        lines.append(
+            f"  backlog of {b['group']}: {b['pending']} pending + {lag} undelivered, {side} "
+            f"{b['threshold']} (counted up to --threshold){group}"
+        )
     memory = doc.get("redis_memory")
     if memory:
         limit = f"of {memory['maxmemory']:,} bytes" if memory["maxmemory"] else "(no maxmemory)"
@@ -149,9 +162,12 @@ def _status_text(doc: Mapping[str, Any]) -> str:
             f"  redis memory: {memory['used_memory']:,} bytes used {limit}, maxmemory-policy {memory['policy']}"
             + (f": {memory['problem']}" if memory["problem"] else "")
         )
+    elif "redis_memory" in unknown:
+        lines.append(f"  redis memory: {why('redis_memory')}")
     lines.append("  " + _run_text(doc.get("run")))
     known = {"experiment_id", "stream", "exists", "state", "orphaned", "held", "set_aside", "claim", "fence"}
-    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in known | {"backlog", "run", "redis_memory"}]
+    shown = known | {"backlog", "run", "redis_memory", "unknown"}
+    lines += [f"  {k}: {v}" for k, v in doc.items() if k not in shown]
     return "\n".join(lines)
 
 
@@ -214,7 +230,8 @@ def dead(
         except ResponseError as err:
             if is_denial(err):
                 raise  # an ACL refusal: operator_message names the user and the command
-            raise OperatorError(f"nothing moved: {err}") from err
+            # a WRONGTYPE names the key (redisclient.scripts.naming_wrong_type)
+            raise OperatorError(f"nothing moved: {err}" if retry or drop else str(err)) from err
         finally:
             await redis.aclose()
 
@@ -244,11 +261,9 @@ def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_jso
     Found by SCAN (never KEYS), so it is safe on a busy Redis."""
 
     async def go() -> tuple[list[dict[str, object]], bool]:
-        redis = settings_of(ctx).redis()
-        try:
-            return await held_experiments(redis, stream, limit)
-        finally:
-            await redis.aclose()
+        async with client_of(ctx, stream) as client:
+            found, truncated = await client.held(limit=limit)
+        return [row.model_dump(mode="json", exclude_unset=True) for row in found], truncated
 
     rows, truncated = run_sync(go())
     if orphaned:
@@ -267,7 +282,8 @@ def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_jso
         ],
     )
     more = f"\n(more than {limit} experiments: --limit)" if truncated else ""
-    text = (table if rows else f"no experiment on {stream} is paused, resuming or holding tasks") + more
+    none = "is orphaned" if orphaned else "is paused, resuming or holding tasks"
+    text = (table if rows else f"no experiment on {stream} {none}") + more
     emit(as_json, {"stream": stream, "experiments": rows, "truncated": truncated}, text)
 
 

@@ -8,24 +8,22 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from temporalio.client import Client
 
 from xmc_resumption.cli.common import (
-    QUERY_TIMEOUT_SECONDS,
     STREAM_NAME,
     cli,
+    client_of,
     emit,
     experiment_command,
     input_options,
     json_option,
     run_sync,
-    settings_of,
 )
-from xmc_resumption.errors import OperatorError, operator_message
-from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, MAX_SAMPLE_SECONDS, Plan, plan
+from xmc_resumption.cli.params import FiniteFloat
+from xmc_resumption.errors import OperatorError
+from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, MAX_SAMPLE_SECONDS, Plan
 from xmc_resumption.redisclient import ratecap
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
-from xmc_resumption.settings import connect_temporal
 from xmc_resumption.workflows.models import ResumptionInput, duration_text
 
 
@@ -33,7 +31,7 @@ def sample_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--sample-seconds`` of ``plan`` and ``resume --dry-run``."""
     return click.option(
         "--sample-seconds",
-        type=click.FloatRange(0, MAX_SAMPLE_SECONDS),
+        type=FiniteFloat(0, MAX_SAMPLE_SECONDS),
         default=DEFAULT_SAMPLE_SECONDS,
         show_default=True,
         help="plan: sample the consumer groups' drain this long (seconds; 0: no sample, no estimate)",
@@ -65,28 +63,9 @@ def plan_cmd(
 
 
 async def run_plan(ctx: click.Context, inp: ResumptionInput, sample_seconds: float) -> Plan:
-    """``plan.plan`` with the CLI's Redis, and its Temporal when it can be reached."""
-    settings = settings_of(ctx)
-    temporal: Client | None = None
-    error: str | None = None
-    try:
-        temporal = await connect_temporal()
-    except Exception as err:  # the Redis part stands; the plan says what is unknown and why
-        error = operator_message(err, settings)
-        if error is None:
-            raise
-    redis = settings.redis()
-    try:
-        return await plan(
-            redis,
-            inp,
-            temporal=temporal,
-            temporal_error=error,
-            sample_seconds=sample_seconds,
-            query_timeout=QUERY_TIMEOUT_SECONDS / 2,
-        )
-    finally:
-        await redis.aclose()
+    """``XmcClient.plan`` with the CLI's Redis, and its Temporal when it can be reached."""
+    async with client_of(ctx, inp.stream) as client:
+        return await client.plan(inp, sample_seconds=sample_seconds)
 
 
 def plan_text(p: Plan) -> str:
@@ -124,7 +103,7 @@ def plan_text(p: Plan) -> str:
 @click.option(
     "--set",
     "limit",
-    type=click.FloatRange(ratecap.MIN_TASKS_PER_SECOND, ratecap.MAX_TASKS_PER_SECOND),
+    type=FiniteFloat(ratecap.MIN_TASKS_PER_SECOND, ratecap.MAX_TASKS_PER_SECOND),
     help="cap every replay of the stream together at this many tasks per second",
 )
 @click.option("--clear", is_flag=True, help="remove the stream's cap")
@@ -139,17 +118,15 @@ def rate_cmd(ctx: click.Context, stream: str, limit: float | None, clear: bool, 
         raise click.UsageError("--set and --clear exclude each other", ctx)
 
     async def go() -> ratecap.StreamRate | None:
-        redis = settings_of(ctx).redis()
-        try:
-            if clear:
-                await ratecap.clear_stream_rate(redis, stream)
-            elif limit is not None:
-                await ratecap.set_stream_rate(redis, stream, limit)
-            return await ratecap.stream_rate(redis, stream)
-        except ValueError as err:
-            raise OperatorError(str(err)) from err
-        finally:
-            await redis.aclose()
+        async with client_of(ctx, stream) as client:
+            try:
+                if clear:
+                    await ratecap.clear_stream_rate(client.redis, stream)
+                elif limit is not None:
+                    await ratecap.set_stream_rate(client.redis, stream, limit)
+                return await ratecap.stream_rate(client.redis, stream)
+            except ValueError as err:
+                raise OperatorError(str(err)) from err
 
     cap = run_sync(go())
     doc: dict[str, Any] = {"stream": stream, "key": ratecap.rate_key(stream), "limit": cap.limit if cap else None}

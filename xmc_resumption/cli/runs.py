@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
 import click
-from pydantic import ValidationError
 from temporalio.client import (
     WorkflowFailureError,
-    WorkflowHandle,
-    WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.service import RPCError, RPCStatusCode
 
 from xmc_resumption.cli.common import (
     EXPERIMENT_ID,
     QUERY_TIMEOUT_SECONDS,
     STREAM_NAME,
+    TASK_QUEUE_NAME,
     UPDATE_TIMEOUT,
+    ManyArgument,
     app_state,
     cli,
+    client_of,
     emit,
     eta_text,
     experiment_command,
-    field_adapter,
-    input_bounds,
+    field_option,
     input_options,
     json_option,
     or_missing,
@@ -37,36 +32,31 @@ from xmc_resumption.cli.common import (
     settings_of,
     text_table,
 )
+from xmc_resumption.cli.params import FiniteFloat, field_type
 from xmc_resumption.cli.planning import plan_text, run_plan, sample_option
 from xmc_resumption.cli.watch import Watcher
+from xmc_resumption.client import NothingToResumeError, ResumeError
 from xmc_resumption.errors import (
     EXIT_OPERATOR_ERROR,
+    EXIT_RUN_FAILED,
     OperatorError,
     RunFailedError,
     one_line,
-    update_failure_message,
     workflow_failure_message,
 )
 from xmc_resumption.ops import (
     MAX_LISTED,
     add_etas,
-    fleet_phases,
     fleet_query,
-    list_resumptions,
-    refuse_evicting_redis,
-    running_handle,
-    start_resumption,
-    state_and_held,
 )
-from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.results import ExperimentState
-from xmc_resumption.settings import connect_temporal
+from xmc_resumption.redisclient.keys import DEFAULT_STREAM
+from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND
+from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import (
-    Control,
+    TASK_QUEUE,
     ControlChange,
     EffectiveSettings,
     ResumptionInput,
-    ThrottlePolicy,
     workflow_id_for,
 )
 
@@ -77,7 +67,7 @@ newest first); the others show '-'. The queries run together, all within ``QUERY
 
 @cli.command("list", short_help="every resumption in Temporal visibility, with its phase and progress")
 @click.option("--running", is_flag=True, help="only running resumptions")
-@click.option("--phase", type=click.Choice(fleet_phases()), help="only this XmcPhase (an outcome once ended)")
+@click.option("--phase", type=click.Choice(fleet.phase_values()), help="only this XmcPhase (an outcome once ended)")
 @click.option("--experiment", "experiment_id", type=EXPERIMENT_ID, help="only this experiment")
 @click.option("--stream", type=STREAM_NAME, help="only resumptions into this stream")
 @click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=200, show_default=True, help="most runs listed")
@@ -108,11 +98,13 @@ def list_cmd(
     query = fleet_query(running=running, phase=phase, experiment_id=experiment_id, stream=stream)
 
     async def go() -> list[dict[str, object]]:
-        settings_of(ctx)
-        client = await connect_temporal()
-        rows = await list_resumptions(client, query, limit)
-        if eta:
-            await add_etas(client, rows, ETA_QUERIES, QUERY_TIMEOUT_SECONDS)
+        async with client_of(ctx, stream or DEFAULT_STREAM) as client:
+            found = await client.list_resumptions(
+                running=running, phase=phase, experiment_id=experiment_id, stream=stream, limit=limit
+            )
+            rows = [row.model_dump(mode="json") for row in found]
+            if eta:
+                await add_etas(await client.temporal(), rows, ETA_QUERIES, QUERY_TIMEOUT_SECONDS)
         return rows
 
     rows = run_sync(go())
@@ -136,20 +128,32 @@ def list_cmd(
     emit(as_json, {"query": query, "resumptions": rows}, table if rows else f"no resumption matches {query}")
 
 
-@experiment_command(
-    cli, "resume", "start ResumptionWorkflow for the experiment (ID resumption-<E>); --wait shows its progress"
+@cli.command(
+    "resume", short_help="start ResumptionWorkflow for each experiment (ID resumption-<E>); --wait shows progress"
 )
+@click.argument("experiment_id", cls=ManyArgument, nargs=-1, required=True, type=EXPERIMENT_ID)
+@click.option("--stream", type=STREAM_NAME, default=DEFAULT_STREAM, show_default=True, help="the task stream")
+@json_option
 @input_options
-@click.option("--wait", is_flag=True, help="show progress until the run ends, then print its result")
+@click.option(
+    "--task-queue",
+    type=TASK_QUEUE_NAME,
+    default=None,
+    show_default="XMC_TASK_QUEUE, else " + TASK_QUEUE,
+    help="the task queue the workers poll",
+)
+@click.option("--wait", is_flag=True, help="show progress until the runs end, then print their results")
 @click.option("--quiet", "-q", is_flag=True, help="with --wait: no progress display (warnings still shown)")
-@click.option("--force", is_flag=True, help="start even if the experiment is running and holds nothing")
-@click.option("--dry-run", is_flag=True, help="start nothing: print what xmc plan prints for this input")
+@click.option("--force", is_flag=True, help="start even if an experiment is running and holds nothing")
+@click.option("--dry-run", is_flag=True, help="start nothing: print what xmc plan prints for each input")
 @sample_option
+@click.pass_context
 def resume(
     ctx: click.Context,
-    experiment_id: str,
+    experiment_id: tuple[str, ...],
     stream: str,
     as_json: bool,
+    task_queue: str | None,
     wait: bool,
     quiet: bool,
     force: bool,
@@ -157,60 +161,98 @@ def resume(
     sample_seconds: float,
     **fields: Any,
 ) -> None:
-    """Start a resumption. Options left out take ResumptionInput's defaults; the whole input is
-    validated by the model before anything is read or started (one rule: the workflow's).
-    Refused (exit 2) when the experiment is running and holds nothing, or a resumption of it
-    already runs. With --wait: progress every second on stderr (a bar on a terminal, a line every
-    few seconds otherwise), a warning when no consumer drains the stream or no worker answers;
-    exit 1 when the run ends without a result (failed, terminated, cancelled). With --dry-run:
-    nothing is written or started; the plan is printed (as xmc plan), exit 2 when the start
-    would be refused."""
+    """Start a resumption of each experiment (XmcClient.resume_many). Options left out take
+    ResumptionInput's defaults; every input is validated by the model, and every experiment
+    checked, before anything starts: a refusal (exit 2) starts none. Refused: an experiment that is
+    running and holds nothing, a Redis that may evict keys. A run already going is reported (exit 2)
+    after the others have started. One line per started run. With --wait: progress every second on
+    stderr for each run in turn (a bar on a terminal, a line every few seconds otherwise), a warning
+    when no consumer drains the stream or no worker answers; exit 1 when a run ends without a result
+    (failed, terminated, cancelled). --json: one document, and with several experiments
+    {"resumptions": [...]}. With --dry-run: nothing is written or started; each experiment's plan
+    is printed (as xmc plan; --json: one document, with several {"plans": [...]}), exit 2 with one
+    line when a start would be refused."""
     given = {name: value for name, value in fields.items() if value is not None}
-    inp = ResumptionInput.model_validate({"experiment_id": experiment_id, "stream": stream, **given})
+    inputs = [
+        ResumptionInput.model_validate({"experiment_id": e, "stream": stream, **given})
+        for e in dict.fromkeys(experiment_id)
+    ]
     if dry_run:
-        found = run_sync(run_plan(ctx, inp, sample_seconds))
-        emit(as_json, found.model_dump(mode="json"), plan_text(found))
-        if not found.startable:
-            print(f"{ctx.command_path}: the start would be refused: {one_line(found.refusals[0])}", file=sys.stderr)
+        plans = [run_sync(run_plan(ctx, inp, sample_seconds)) for inp in inputs]
+        docs = [p.model_dump(mode="json") for p in plans]
+        emit(as_json, docs[0] if len(plans) == 1 else {"plans": docs}, "\n".join(plan_text(p) for p in plans))
+        refusing = [f"{p.experiment_id}: {p.refusals[0]}" for p in plans if not p.startable]
+        if refusing:
+            print(f"{ctx.command_path}: the start would be refused: {one_line('; '.join(refusing))}", file=sys.stderr)
             ctx.exit(EXIT_OPERATOR_ERROR)
         return
-    doc = run_sync(_resume(ctx, inp, wait=wait, quiet=quiet or as_json, force=force, as_json=as_json))
-    if not as_json and doc.get("result"):
-        print(_result_text(doc["result"]))
-    elif as_json:
-        emit(True, doc, "")
+    docs, failed, refused = run_sync(
+        _resume(ctx, inputs, task_queue, wait=wait, quiet=quiet or as_json, force=force, as_json=as_json)
+    )
+    if as_json:
+        emit(True, docs[0] if len(inputs) == 1 and docs else {"resumptions": docs}, "")
+    else:
+        for doc in docs:
+            if doc.get("result"):
+                prefix = "" if len(inputs) == 1 else f"{doc['workflow_id']}: "
+                print(prefix + _result_text(doc["result"]))
+    for message in failed:
+        print(f"{ctx.command_path}: {message}", file=sys.stderr, flush=True)
+    if refused is not None:
+        raise refused
+    if failed:
+        ctx.exit(EXIT_RUN_FAILED)
 
 
 async def _resume(
-    ctx: click.Context, inp: ResumptionInput, *, wait: bool, quiet: bool, force: bool, as_json: bool
-) -> dict[str, Any]:
+    ctx: click.Context,
+    inputs: list[ResumptionInput],
+    task_queue: str | None,
+    *,
+    wait: bool,
+    quiet: bool,
+    force: bool,
+    as_json: bool,
+) -> tuple[list[dict[str, Any]], list[str], ResumeError | None]:
+    """Start the runs; with ``wait`` follow each to its end. Returns (one document per started
+    run, the one-line messages of runs that ended without a result, the error of runs that did not
+    start)."""
     settings = settings_of(ctx)
-    redis = settings.redis()
-    keys = ExperimentKeys(inp.stream, inp.experiment_id)
-    try:
-        state, waiting = await state_and_held(redis, keys)
-        await refuse_evicting_redis(redis, keys)
-    finally:
-        await redis.aclose()
-    if state is ExperimentState.RUNNING and not waiting and not force:
-        raise OperatorError(
-            f"experiment {inp.experiment_id} is running and holds no tasks on {inp.stream}: nothing to resume "
-            "(--force starts the workflow anyway)"
-        )
-    client = await connect_temporal()
-    handle = await start_resumption(client, inp, settings.task_queue)
-    doc: dict[str, Any] = {
-        "workflow_id": handle.id,
-        "run_id": handle.result_run_id,
-        "input": inp.model_dump(mode="json"),
-    }
-    if not as_json:
-        print(f"started {handle.id} (run {handle.result_run_id})", flush=True)
-    if wait:
-        app_state(ctx).interrupted_note = f"{handle.id} keeps running (xmc stop {inp.experiment_id} stops it)"
-        watcher = Watcher(ctx, client, settings, inp, quiet=quiet)
-        doc["result"] = (await watcher.run(handle.id)).model_dump(mode="json")
-    return doc
+    queue = task_queue or settings.task_queue
+    refused: ResumeError | None = None
+    async with client_of(ctx, inputs[0].stream) as client:
+        try:
+            handles = await client.resume_many(inputs, force=force, task_queue=queue)
+        except NothingToResumeError as err:
+            raise OperatorError(f"{err} (--force starts the workflow anyway)") from err
+        except ResumeError as err:
+            handles, refused = err.started, err
+        by_id = {workflow_id_for(inp.experiment_id): inp for inp in inputs}
+        docs: list[dict[str, Any]] = []
+        for handle in handles:
+            inp = by_id[handle.id]
+            docs.append(
+                {"workflow_id": handle.id, "run_id": handle.result_run_id, "input": inp.model_dump(mode="json")}
+            )
+            if not as_json:
+                print(f"started {handle.id} (run {handle.result_run_id})", flush=True)
+        failed: list[str] = []
+        if wait and handles:
+            stops = "; ".join(f"xmc stop {by_id[h.id].experiment_id}" for h in handles)
+            running = ", ".join(h.id for h in handles)
+            app_state(ctx).interrupted_note = (
+                f"{running} keeps running ({stops} stops it)"
+                if len(handles) == 1
+                else f"{running} keep running ({stops} stop them)"
+            )
+            temporal = await client.temporal()
+            for doc in docs:
+                watcher = Watcher(ctx, temporal, settings, by_id[doc["workflow_id"]], queue, quiet=quiet)
+                try:
+                    doc["result"] = (await watcher.run(doc["workflow_id"])).model_dump(mode="json")
+                except RunFailedError as err:
+                    failed.append(str(err))
+    return docs, failed, refused
 
 
 def _result_text(result: Mapping[str, Any]) -> str:
@@ -221,32 +263,32 @@ def _result_text(result: Mapping[str, Any]) -> str:
     )
 
 
+class RateCapChange(FiniteFloat):
+    """``xmc set --max-tasks-per-second``: 0 (remove the cap) or a value within
+    ``ResumptionInput.max_tasks_per_second``'s bounds."""
+
+    def __init__(self) -> None:
+        super().__init__(0, MAX_TASKS_PER_SECOND)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        return 0.0 if number == 0 else field_type(ResumptionInput, "max_tasks_per_second").convert(number, param, ctx)
+
+
 @experiment_command(
     cli,
     "set",
     "change a running resumption's threshold, batch, throttle wait, policy or rate cap (the configure Update)",
 )
-@click.option(
-    "--threshold",
-    "max_backlog_threshold",
-    type=click.INT,
-    help=f"max_backlog_threshold ({input_bounds('max_backlog_threshold')})",
-)
-@click.option("--batch", "batch_size", type=click.INT, help=f"batch_size ({input_bounds('batch_size')})")
-@click.option(
-    "--throttle-seconds",
-    "throttle_seconds",
-    type=click.FLOAT,
-    help=f"throttle_seconds ({input_bounds('throttle_seconds')})",
-)
-@click.option(
-    "--policy", "throttle_policy", type=click.Choice([p.value for p in ThrottlePolicy]), help="throttle_policy"
-)
+@field_option("--threshold", "max_backlog_threshold")
+@field_option("--batch", "batch_size")
+@field_option("--throttle-seconds", "throttle_seconds")
+@field_option("--policy", "throttle_policy")
 @click.option(
     "--max-tasks-per-second",
     "max_tasks_per_second",
-    type=click.FLOAT,
-    help=f"max_tasks_per_second ({input_bounds('max_tasks_per_second')}; 0 removes the cap)",
+    type=RateCapChange(),
+    help="max_tasks_per_second: the replay's rate cap, tasks per second; 0 removes it",
 )
 @click.option(
     "--timeout", type=UPDATE_TIMEOUT, default=30.0, show_default=True, help="seconds to wait for a worker to answer"
@@ -261,20 +303,11 @@ def set_cmd(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
         raise click.UsageError(
             "nothing to change: give --threshold, --batch, --throttle-seconds, --policy or --max-tasks-per-second", ctx
         )
-    for name, value in given.items():
-        if name == "max_tasks_per_second" and value == 0:
-            continue  # removes the cap
-        try:
-            field_adapter(name).validate_python(value)
-        except ValidationError as err:
-            msg = err.errors(include_url=False)[0]["msg"]
-            raise OperatorError(f"invalid ControlChange: {name}: {msg}") from None
     change = ControlChange.model_validate(given)
 
     async def go() -> EffectiveSettings:
-        settings_of(ctx)
-        handle = await running_handle(await connect_temporal(), experiment_id)
-        return await _update(handle, Control.CONFIGURE, change, timeout)
+        async with client_of(ctx, stream) as client:
+            return await client.configure(experiment_id, change, update_timeout=timeout)
 
     effective = run_sync(go())
     emit(as_json, effective.model_dump(mode="json"), _effective_text(workflow_id_for(experiment_id), effective))
@@ -293,10 +326,10 @@ def stop(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, wai
     short. xmc resume goes on from where it stopped."""
 
     async def go() -> dict[str, Any]:
-        settings_of(ctx)
-        handle = await running_handle(await connect_temporal(), experiment_id)
-        effective = await _update(handle, Control.PAUSE, None, timeout)
-        doc: dict[str, Any] = {"workflow_id": handle.id, "settings": effective.model_dump(mode="json")}
+        async with client_of(ctx, stream) as client:
+            stopping = await client.stop(experiment_id, update_timeout=timeout)
+        handle = stopping.handle
+        doc: dict[str, Any] = {"workflow_id": handle.id, "settings": stopping.settings.model_dump(mode="json")}
         if wait:
             try:
                 doc["result"] = (await handle.result()).model_dump(mode="json")
@@ -309,32 +342,6 @@ def stop(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, wai
     if "result" in doc:
         text = f"{doc['workflow_id']} stopped\n{_result_text(doc['result'])}"
     emit(as_json, doc, text)
-
-
-async def _update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, seconds: float) -> EffectiveSettings:
-    """Run Update ``name`` on the running resumption; at most ``seconds``.
-
-    Raises:
-        OperatorError: the validator rejected it, the run ended meanwhile, or no worker answered.
-    """
-    args = [] if arg is None else [arg]
-    try:
-        return await asyncio.wait_for(
-            handle.execute_update(
-                name.value, args=args, result_type=EffectiveSettings, rpc_timeout=timedelta(seconds=seconds)
-            ),
-            seconds,
-        )
-    except WorkflowUpdateFailedError as err:
-        raise OperatorError(update_failure_message(err, handle.id)) from err
-    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
-        raise OperatorError(
-            f"no worker answered the {name.value} Update of {handle.id} within {seconds:g}s: is a worker running?"
-        ) from err
-    except RPCError as err:
-        if err.status is RPCStatusCode.NOT_FOUND:
-            raise OperatorError(f"{handle.id} ended before the {name.value} Update: {one_line(err.message)}") from err
-        raise
 
 
 def _effective_text(workflow_id: str, s: EffectiveSettings) -> str:

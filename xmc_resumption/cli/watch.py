@@ -54,8 +54,18 @@ class Watcher:
     the threshold, nothing replayed, for ``drain_warning_seconds``) and once when no worker
     answers the query for ``NO_WORKER_WARNING_SECONDS``. It never waits silently."""
 
-    def __init__(self, ctx: click.Context, client: Client, settings: Settings, inp: ResumptionInput, *, quiet: bool):
+    def __init__(
+        self,
+        ctx: click.Context,
+        client: Client,
+        settings: Settings,
+        inp: ResumptionInput,
+        task_queue: str,
+        *,
+        quiet: bool,
+    ):
         self._ctx, self._client, self._settings, self._inp, self._quiet = ctx, client, settings, inp, quiet
+        self._task_queue = task_queue
         self.drain_warning_seconds = max(MIN_DRAIN_WARNING_SECONDS, 2.5 * inp.longest_wait_seconds)
         self._console = Console(stderr=True)
         self._bar: ProgressBar | None = None
@@ -97,7 +107,7 @@ class Watcher:
                             "worker",
                             f"no worker has answered {workflow_id}'s progress query for "
                             f"{NO_WORKER_WARNING_SECONDS:g}s: is a worker polling task queue "
-                            f"{self._settings.task_queue}?",
+                            f"{self._task_queue}?",
                         )
                     continue
                 answered = time.monotonic()

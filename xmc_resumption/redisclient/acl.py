@@ -33,6 +33,9 @@ _SCRIPT_DENIALS = ("The user executing the script can't", "ACL failure in script
 _QUOTED_COMMAND = re.compile(r"'([a-z0-9_|-]+)'", re.IGNORECASE)
 _SCRIPT_SHA = re.compile(r"script: ([0-9a-f]{40})")
 _SCRIPT_SUFFIX = re.compile(r"\s*script: [0-9a-f]{40}(, on @user_script:\d+)?\.?")
+_SCRIPT_LINE = re.compile(r"on @user_script:(\d+)")
+_REDIS_CALL = re.compile(r"redis\.call\('([A-Z]+)'(?:, '([A-Z]+)')?")
+_WITH_SUBCOMMANDS = frozenset({"XINFO", "XGROUP", "SCRIPT", "CLUSTER", "CLIENT", "CONFIG", "OBJECT", "MEMORY"})
 
 
 def is_denial(err: BaseException) -> bool:
@@ -76,9 +79,10 @@ def denial_message(err: BaseException, user: str, doing: str) -> str | None:
         return None
     reply = str(err)
     named = _QUOTED_COMMAND.search(reply)
-    script = _script_of(err)
-    if named:
-        what = f"run {named.group(1).upper()}" + (f" (from the {script} script)" if script else "")
+    script, line = _script_of(err)
+    command = named.group(1).upper() if named else _command_at(script, line) if "key" not in reply else None
+    if command:
+        what = f"run {command}" + (f" (from the {script} script)" if script else "")
     elif "key" in reply:
         what = "access a key" + (f" of the {script} script" if script else "") + " outside its key patterns"
     else:
@@ -89,15 +93,32 @@ def denial_message(err: BaseException, user: str, doing: str) -> str | None:
     return f"Redis ACL user {user!r} may not {what}, {doing}: {reply} (see deploy/redis-acl.conf)"
 
 
-def _script_of(err: BaseException) -> str | None:
-    """The project script an error reply came from, by the SHA1 in it or in its causes."""
+def _script_of(err: BaseException) -> tuple[str | None, int | None]:
+    """The project script an error reply came from, by the SHA1 in it or in its causes, and the
+    line of the script the reply names (``on @user_script:<line>``), or None."""
     seen: BaseException | None = err
     while seen is not None:
         found = _SCRIPT_SHA.search(str(seen))
         if found:
-            return _script_names().get(found.group(1), "unknown")
+            line = _SCRIPT_LINE.search(str(seen))
+            return _script_names().get(found.group(1), "unknown"), int(line.group(1)) if line else None
         seen = seen.__cause__
-    return None
+    return None, None
+
+
+def _command_at(script: str | None, line: int | None) -> str | None:
+    """The command that line ``line`` (1-based) of project script ``script`` calls, as Redis names
+    it in ACL rules (``INFO``, ``XINFO|GROUPS``); None when it cannot be told. Redis 7.0 does not
+    name a command refused inside a script, only the script's line, which runs one command."""
+    if script is None or script == "unknown" or line is None:
+        return None
+    lines = source(script).splitlines()
+    if not 1 <= line <= len(lines):
+        return None
+    calls = {
+        f"{cmd}|{sub}" if sub and cmd in _WITH_SUBCOMMANDS else cmd for cmd, sub in _REDIS_CALL.findall(lines[line - 1])
+    }
+    return " or ".join(sorted(calls)) or None
 
 
 async def allowed_commands(client: RedisClient, slot_key: str, commands: list[list[str]]) -> list[bool]:

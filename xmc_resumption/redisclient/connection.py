@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 
+import redis
+import redis.cluster
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
@@ -40,7 +42,11 @@ from redis.exceptions import (
 logger = logging.getLogger(__name__)
 
 RedisClient = Redis | RedisCluster
-"""An asyncio client of a single Redis or of a Redis Cluster (``xmc.settings.Settings.redis``)."""
+"""An asyncio client of a single Redis or of a Redis Cluster (``xmc_resumption.settings.Settings.redis``)."""
+
+SyncRedisClient = redis.Redis | redis.cluster.RedisCluster
+"""A blocking client of a single Redis or of a Redis Cluster (``Settings.sync_redis``): a producer's
+client in sync code (``xmc_resumption.client.XmcSyncClient``)."""
 
 
 class ClusterClient(RedisCluster):

@@ -28,8 +28,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError, SlotNotCoveredError
 
 from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.fencing import parse_token
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, wrong_type
 from xmc_resumption.redisclient.results import SetAside, SetAsideStatus
+from xmc_resumption.redisclient.scripts import naming_wrong_type
 
 MAX_TASK_FIELDS = 3_995
 """The most fields a task may have for the scripts to move it: field names and values go through
@@ -72,14 +74,14 @@ async def set_aside(client: RedisClient, keys: ExperimentKeys, token: int, entry
         redis.exceptions.WatchError: the fence counter or the dead-letter stream changed meanwhile
             (retry: the next try sees the change).
         redis.exceptions.ResponseError: WRONGTYPE, the dead-letter key is not a stream (nothing moved).
+        ValueError: the fence counter holds no token (``fencing.parse_token``; nothing moved).
         redis.exceptions.RedisError: on any Redis fault.
     """
     async with _transaction(client, keys.stream) as pipe:
         # the fence decides who may move held tasks (only this token's publish removes them), and
         # the dead-letter stream's type is checked: EXEC does not stop at a failed command
         await pipe.watch(keys.fence, keys.dead)
-        fence = await pipe.get(keys.fence)
-        if fence is None or as_text(fence) != str(token):
+        if parse_token(await pipe.get(keys.fence), keys.fence) != token:
             return SetAside(status=SetAsideStatus.FENCED, key=keys.dead, dead=await _dead_count(pipe, keys))
         await _must_be_a_stream(pipe, keys.dead)
         entries: Any = await pipe.xrange(keys.held, entry_id, entry_id)
@@ -107,8 +109,14 @@ async def _must_be_a_stream(client: RedisClient, key: str) -> None:
 
 
 async def dead_letters(client: RedisClient, keys: ExperimentKeys, count: int = 100) -> list[tuple[str, int, int]]:
-    """The oldest ``count`` set-aside tasks: (entry ID, fields, bytes of names and values)."""
-    entries: Any = await client.xrange(keys.dead, count=count)
+    """The oldest ``count`` set-aside tasks: (entry ID, fields, bytes of names and values).
+
+    Raises:
+        redis.exceptions.ResponseError: WRONGTYPE naming the dead-letter key, when it is no stream.
+        redis.exceptions.RedisError: on any other Redis fault.
+    """
+    async with naming_wrong_type(client, [keys.dead]):
+        entries: Any = await client.xrange(keys.dead, count=count)
     return [
         (as_text(entry_id), len(fields), sum(len(k) + len(v) for k, v in fields.items()))
         for entry_id, fields in entries
@@ -116,8 +124,13 @@ async def dead_letters(client: RedisClient, keys: ExperimentKeys, count: int = 1
 
 
 async def drop(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> bool:
-    """Delete set-aside task ``entry_id``; True when it was there."""
-    return bool(await client.xdel(keys.dead, entry_id))
+    """Delete set-aside task ``entry_id``; True when it was there.
+
+    Raises:
+        redis.exceptions.ResponseError: WRONGTYPE naming the dead-letter key, when it is no stream.
+    """
+    async with naming_wrong_type(client, [keys.dead]):
+        return bool(await client.xdel(keys.dead, entry_id))
 
 
 async def retry(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> str | None:
@@ -127,10 +140,14 @@ async def retry(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> str
     for the consumers. Returns where it went (``held`` or ``stream``), None when it was not there.
 
     Raises:
-        redis.exceptions.ResponseError: WRONGTYPE, the target is not a stream (nothing moved).
+        redis.exceptions.ResponseError: WRONGTYPE naming the key, the dead-letter stream or the
+            target is not a stream (nothing moved).
         redis.exceptions.RedisError: on any Redis fault (WatchError: a concurrent change; retry).
     """
-    async with _transaction(client, keys.stream) as pipe:
+    async with (
+        naming_wrong_type(client, [keys.dead, keys.state, keys.held, keys.stream]),
+        _transaction(client, keys.stream) as pipe,
+    ):
         await pipe.watch(keys.dead, keys.state, keys.held)
         entries: Any = await pipe.xrange(keys.dead, entry_id, entry_id)
         if not entries:

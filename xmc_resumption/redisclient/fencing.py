@@ -13,19 +13,25 @@ current token instead of stranding the held tasks. What the lease tells is liven
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_key
 from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant
 from xmc_resumption.redisclient.scripts import run_script
-from xmc_resumption.redisclient.weights import replayers_key
+
+MAX_LEASE_MS = 7 * 86_400 * 1_000
+"""The longest claim lease (milliseconds): a week, ``ResumptionInput.claim_lease_seconds``'s bound.
+``lua/fair.lua`` holds the same number (``XMC_MAX_LEASE_MS``): a fair-share lease end further
+ahead than this was never written by a replay, so it does not count (tests/test_scale.py checks
+that the two agree)."""
 
 
 def validate_lease(lease_ms: int) -> None:
-    """Raise ``ValueError`` unless the lease (milliseconds) is at least 1."""
-    if lease_ms < 1:
-        raise ValueError(f"lease must be >= 1 ms, got {lease_ms}")
+    """Raise ``ValueError`` unless the lease (milliseconds) is an integer 1..``MAX_LEASE_MS``."""
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or not 1 <= lease_ms <= MAX_LEASE_MS:
+        raise ValueError(f"lease must be an integer of 1..{MAX_LEASE_MS} ms, got {lease_ms!r}")
 
 
 async def acquire_claim(
@@ -107,9 +113,38 @@ async def release_claim(
     return int(released)
 
 
+MAX_TOKEN = 2**63 - 1
+"""The largest fencing token: Redis's ``INCR`` limit (a signed 64-bit integer)."""
+
+_TOKEN = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+def parse_token(raw: bytes | str | None, key: str = "the fence counter") -> int:
+    """The fencing token a fence counter holds (GET's reply), as an integer: 0 when absent.
+
+    Tokens are integers and compare as integers everywhere (token 9 is older than 10, in Lua and in
+    Python): the rule of ``lua/tokens.lua``'s ``xmc_fence``, a canonical decimal of at most 19
+    digits, up to ``MAX_TOKEN``.
+
+    Raises:
+        ValueError: anything else (a negative number, text, a leading zero), naming ``key`` and
+            the value.
+    """
+    if raw is None:
+        return 0
+    text = as_text(raw)
+    if not _TOKEN.fullmatch(text) or int(text) > MAX_TOKEN:
+        raise ValueError(f"{key} holds {text[:40]!r}, not a fencing token (a non-negative integer)")
+    return int(text)
+
+
 async def current_token(client: RedisClient, keys: ExperimentKeys) -> int:
-    """The last fencing token issued for the experiment (0 when none)."""
-    return int(await client.get(keys.fence) or 0)
+    """The last fencing token issued for the experiment (0 when none).
+
+    Raises:
+        ValueError: the fence counter holds no token (``parse_token``).
+    """
+    return parse_token(await client.get(keys.fence), keys.fence)
 
 
 async def claim_info(client: RedisClient, keys: ExperimentKeys) -> dict[str, str]:

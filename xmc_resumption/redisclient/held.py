@@ -1,56 +1,188 @@
-"""Experiment pause state and the pause-aware enqueue of tasks (docs/contract.md, "The state machine").
+"""Experiment pause state and the pause-aware enqueue of tasks (the producers' contract:
+docs/producers.md).
 
 State machine: running --pause--> paused --resume--> resuming --(held stream drained)--> running;
-pause is allowed from resuming too. Producers enqueue through ``enqueue_task``: running goes to the
-task stream, paused or resuming to the experiment's held stream, so order is kept while a replay
-runs. The move ``paused`` -> ``resuming`` is taken by ``fencing.acquire_claim``; the move back to
-running by the publish script when the held stream is drained.
+pause is allowed from resuming too. Producers enqueue through the enqueue script
+(``lua/enqueue.lua``): running goes to the task stream, anything else to the experiment's held
+stream, so a task never overtakes a held one. The move ``paused`` -> ``resuming`` is taken by
+``fencing.acquire_claim``; the move back to running by the publish script when the held stream is
+drained.
+
+The script's arguments are built and its reply read here, by pure functions (``enqueue_args``,
+``parse_enqueue_reply``) that the asyncio and the blocking clients (``xmc_resumption.client``) share.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import Any, Literal, NamedTuple
 
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.deadletter import MAX_TASK_FIELDS
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
 from xmc_resumption.redisclient.results import ExperimentState
-from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.redisclient.scripts import run_script, source
 
 Task = Mapping[str | bytes, str | bytes | int | float]
 """A task: a stream entry's field map. Stored byte for byte; an int or float is stored as its text."""
 
+IdempotencyKey = str | bytes | None
+"""A task's idempotency key: None (or empty) for none; text is sent as UTF-8."""
 
-async def enqueue_task(client: RedisClient, keys: ExperimentKeys, task: Task) -> tuple[str, bytes]:
+
+@cache
+def _script_constant(name: str) -> int:
+    """The value of ``local <name> = <expression>`` in ``lua/enqueue.lua``, so the limits below are
+    the script's own (written once, there)."""
+    match = re.search(rf"^local {name} = ([0-9 *]+)", source("enqueue"), re.MULTILINE)
+    if match is None:
+        raise LookupError(f"lua/enqueue.lua defines no {name}")
+    value = 1
+    for factor in match.group(1).split("*"):
+        value *= int(factor)
+    return value
+
+
+MAX_ENQUEUE_TASKS = _script_constant("XMC_MAX_TASKS")
+"""The most tasks one enqueue call carries (one script call, one round trip)."""
+
+MAX_IDEMPOTENCY_KEY_BYTES = _script_constant("XMC_MAX_KEY_BYTES")
+"""The longest idempotency key, in bytes."""
+
+MAX_ENQUEUE_BYTES = _script_constant("XMC_MAX_BYTES")
+"""The most bytes one enqueue call's arguments hold in all (field names and values, keys, counts)."""
+
+IDEMPOTENCY_RECORD_KEYS = _script_constant("XMC_RECORD_KEYS")
+"""Keys one generation of an experiment's idempotency record holds; a key is remembered until this
+many later keys of the experiment were written (or the TTL ran out)."""
+
+IDEMPOTENCY_TTL_MS = _script_constant("XMC_RECORD_TTL_MS")
+"""How long (milliseconds) a key is remembered after it was written, at most the record count allows."""
+
+if _script_constant("XMC_MAX_FIELDS") != MAX_TASK_FIELDS:  # pragma: no cover - a packaging error
+    raise RuntimeError("lua/enqueue.lua's XMC_MAX_FIELDS differs from deadletter.MAX_TASK_FIELDS")
+
+
+class Enqueued(NamedTuple):
+    """What one task's enqueue did.
+
+    Attributes:
+        destination: ``"stream"`` (the experiment was running: the task went to the task stream) or
+            ``"held"`` (held behind the experiment's pause or its held tasks).
+        entry_id: the entry's ID in that stream (``<ms>-<seq>``). For a duplicate, the ID the task
+            got when it was first enqueued (a held task has a new ID in the task stream once replayed).
+        duplicate: True when the idempotency key was already recorded: nothing was added.
+    """
+
+    destination: Literal["stream", "held"]
+    entry_id: str
+    duplicate: bool
+
+
+def _as_bytes(value: str | bytes | int | float) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bool):
+        raise TypeError("a task's field or value cannot be a bool (True would be stored as 'True')")
+    return str(value).encode()
+
+
+def enqueue_args(tasks: Sequence[Task], idempotency_keys: Sequence[IdempotencyKey] | None = None) -> list[bytes]:
+    """The enqueue script's ARGV for ``tasks`` (docs/producers.md): the count, then per task its
+    idempotency key ('' for none), its field count and its field/value pairs.
+
+    Args:
+        tasks: 1..``MAX_ENQUEUE_TASKS`` field maps of 1..``MAX_TASK_FIELDS`` fields each.
+        idempotency_keys: None, or one key (or None) per task, each at most
+            ``MAX_IDEMPOTENCY_KEY_BYTES`` bytes.
+
+    Raises:
+        ValueError: no task or too many, an empty task or one of too many fields, a key list of
+            another length than the tasks, a key too long, or more than ``MAX_ENQUEUE_BYTES`` in all.
+        TypeError: a field or value that is no str, bytes, int or float.
+    """
+    if not 1 <= len(tasks) <= MAX_ENQUEUE_TASKS:
+        raise ValueError(f"one enqueue carries 1..{MAX_ENQUEUE_TASKS} tasks, got {len(tasks)}")
+    keys = list(idempotency_keys) if idempotency_keys is not None else [None] * len(tasks)
+    if len(keys) != len(tasks):
+        raise ValueError(f"{len(keys)} idempotency keys for {len(tasks)} tasks: give one (or None) per task")
+    args = [str(len(tasks)).encode()]
+    for i, (task, key) in enumerate(zip(tasks, keys, strict=True)):
+        if not task:
+            raise ValueError(f"task {i}: a task needs at least one field")
+        if len(task) > MAX_TASK_FIELDS:
+            raise ValueError(
+                f"task {i}: a task of {len(task)} fields has more than {MAX_TASK_FIELDS}: the scripts pass a "
+                "task's fields through Lua's unpack, which stops near 8,000 values"
+            )
+        raw_key = _as_bytes(key) if key is not None else b""
+        if len(raw_key) > MAX_IDEMPOTENCY_KEY_BYTES:
+            raise ValueError(
+                f"task {i}: an idempotency key has at most {MAX_IDEMPOTENCY_KEY_BYTES} bytes, got {len(raw_key)}"
+            )
+        args += [raw_key, str(len(task)).encode()]
+        for field, value in task.items():
+            args += [_as_bytes(field), _as_bytes(value)]
+    size = sum(len(a) for a in args)
+    if size > MAX_ENQUEUE_BYTES:
+        raise ValueError(f"one enqueue carries at most {MAX_ENQUEUE_BYTES} bytes, these tasks hold {size}")
+    return args
+
+
+def parse_enqueue_reply(reply: Sequence[Any]) -> list[Enqueued]:
+    """The enqueue script's reply as one ``Enqueued`` per task, in the order given."""
+    return [
+        Enqueued(as_text(where), as_text(entry_id), int(duplicate) == 1)  # type: ignore[arg-type]
+        for where, entry_id, duplicate in reply
+    ]
+
+
+async def enqueue_tasks(
+    client: RedisClient,
+    keys: ExperimentKeys,
+    tasks: Sequence[Task],
+    idempotency_keys: Sequence[IdempotencyKey] | None = None,
+) -> list[Enqueued]:
+    """Enqueue tasks of the experiment in one script call (one round trip, atomic), honouring its
+    pause state; a task whose idempotency key was recorded is not added again.
+
+    Args and errors: see ``enqueue_args``; besides, ``redis.exceptions.ResponseError`` for an error
+    reply of the script (``WRONGTYPE`` naming a key, ``XMCCORRUPT``) and
+    ``redis.exceptions.RedisError`` on any Redis fault (the call may or may not have run: retry it
+    with the same idempotency keys).
+
+    Returns:
+        One ``Enqueued`` per task, in order.
+    """
+    args = enqueue_args(tasks, idempotency_keys)
+    return parse_enqueue_reply(await run_script(client, "enqueue", keys.enqueue_keys, args))
+
+
+async def enqueue_task(
+    client: RedisClient, keys: ExperimentKeys, task: Task, idempotency_key: IdempotencyKey = None
+) -> Enqueued:
     """Enqueue one task of the experiment, honouring its pause state, in one atomic step.
 
     Args:
-        task: the entry's field map (at least one field).
+        task: the entry's field map (1..``MAX_TASK_FIELDS`` fields).
+        idempotency_key: None, or a key that makes a retry of this call add the task once.
 
     Returns:
-        (destination, entry ID): destination ``"stream"`` (running) or ``"held"`` (paused or
-        resuming); the entry ID as bytes (or str with ``decode_responses``).
+        ``Enqueued(destination, entry_id, duplicate)``.
 
     Raises:
-        ValueError: an empty task (XADD needs a field), or one of more than ``MAX_TASK_FIELDS``.
+        ValueError: an empty task (XADD needs a field), one of too many fields, or a key too long.
         redis.exceptions.RedisError: on any Redis fault.
     """
-    if not task:
-        raise ValueError("a task needs at least one field")
-    if len(task) > MAX_TASK_FIELDS:
-        raise ValueError(
-            f"a task of {len(task)} fields has more than {MAX_TASK_FIELDS}: the scripts pass a task's fields "
-            "through Lua's unpack, which stops near 8,000 values"
-        )
-    flat: list[str | bytes | int | float] = []
-    for field, value in task.items():
-        flat += [field, value]
-    where, entry_id = await run_script(client, "enqueue", [keys.stream, keys.state, keys.held], flat)
-    return as_text(where), entry_id
+    [done] = await enqueue_tasks(client, keys, [task], None if idempotency_key is None else [idempotency_key])
+    return done
 
 
 async def pause(client: RedisClient, keys: ExperimentKeys) -> None:
-    """Pause the experiment: its new tasks are held, and a running replay stops at its next turn."""
+    """Pause the experiment (``SET`` its state key to ``paused``): its new tasks are held, and a
+    running replay stops at its next turn."""
     await client.set(keys.state, ExperimentState.PAUSED.value)
 
 

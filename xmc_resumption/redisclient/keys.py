@@ -97,9 +97,36 @@ class ExperimentKeys:
         return f"{self._prefix}:dead"
 
     @property
+    def idempotency(self) -> str:
+        """Hash key: the enqueue script's idempotency record, idempotency key -> ``<destination>
+        <entry ID>`` of the task's first enqueue (``lua/enqueue.lua``; bounded, with a TTL)."""
+        return f"{self._prefix}:idempotency"
+
+    @property
+    def idempotency_previous(self) -> str:
+        """Hash key: the idempotency record's previous generation (same layout)."""
+        return f"{self._prefix}:idempotency-previous"
+
+    @property
+    def enqueue_keys(self) -> list[str]:
+        """The enqueue script's KEYS, in order: the task stream, state, held stream and the two
+        generations of the idempotency record (docs/producers.md)."""
+        return [self.stream, self.state, self.held, self.idempotency, self.idempotency_previous]
+
+    @property
     def fence(self) -> str:
         """Integer key: the last fencing token issued (``INCR``)."""
         return f"{self._prefix}:fence"
+
+
+def weights_key(stream: str) -> str:
+    """``{S}:weights``: the fair share's weights hash of task stream ``stream`` (``redisclient.weights``)."""
+    return f"{{{validate_name('stream', stream)}}}:weights"
+
+
+def replayers_key(stream: str) -> str:
+    """``{S}:replayers``: the sorted set of the active fair-share replayers of ``stream``."""
+    return f"{{{validate_name('stream', stream)}}}:replayers"
 
 
 def as_text(value: bytes | str) -> str:
@@ -115,6 +142,8 @@ _TYPES = {
     "publish": "hash",
     "acquired": "list",
     "dead": "stream",
+    "idempotency": "hash",
+    "idempotency-previous": "hash",
 }
 
 

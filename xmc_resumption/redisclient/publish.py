@@ -16,12 +16,11 @@ from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, validate_byt
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.fencing import validate_lease
-from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import fraction_arg
 from xmc_resumption.redisclient.ratecap import rate_key
 from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script
-from xmc_resumption.redisclient.weights import replayers_key, weights_key
 
 
 async def publish_batch(

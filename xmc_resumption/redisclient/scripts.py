@@ -13,15 +13,17 @@ too: a script whose keys span two slots would work there and fail only once depl
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from redis.commands.core import AsyncScript
+from redis.commands.core import AsyncScript, Script
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.connection import RedisClient, SyncRedisClient
 from xmc_resumption.redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
@@ -114,11 +116,54 @@ async def run_script(client: RedisClient, name: str, keys: list[str], args: list
     """
     check_one_slot(name, keys)
     try:
-        return await script(client, name)(keys=keys, args=args)
+        async with naming_wrong_type(client, keys):
+            return await script(client, name)(keys=keys, args=args)
+    except ResponseError as err:
+        reply = _SCRIPT_SUFFIX.sub("", str(err))
+        if reply == str(err):
+            raise
+        raise type(err)(reply) from err
+
+
+def run_script_sync(client: SyncRedisClient, name: str, keys: list[str], args: list[Any]) -> Any:
+    """``run_script`` on a blocking client (``redis.Redis`` or ``redis.cluster.RedisCluster``):
+    the same checks, the same error replies. The script is registered once per client."""
+    check_one_slot(name, keys)
+    registered: dict[str, Script] = client.__dict__.setdefault("_xmc_scripts", {})
+    if name not in registered:
+        registered[name] = client.register_script(source(name))
+    try:
+        return registered[name](keys=keys, args=args)
     except ResponseError as err:
         reply = _SCRIPT_SUFFIX.sub("", str(err))
         if reply.startswith("WRONGTYPE"):
-            found = [wrong_type(key, as_text(await client.type(key))) for key in keys]
-            wrong = [text for text in found if text]
-            reply = "WRONGTYPE " + ("; ".join(wrong) if wrong else reply.removeprefix("WRONGTYPE "))
+            reply = _wrong_type_reply(reply, keys, [as_text(client.type(key)) for key in keys])  # type: ignore[arg-type]
+        if reply == str(err):
+            raise
         raise type(err)(reply) from err
+
+
+def _wrong_type_reply(reply: str, keys: Sequence[str], types: list[str]) -> str:
+    """A WRONGTYPE reply naming each key of ``keys`` whose ``TYPE`` (``types``) is not its layout's."""
+    wrong = [text for key, kind in zip(keys, types, strict=True) if (text := wrong_type(key, kind))]
+    return "WRONGTYPE " + ("; ".join(wrong) if wrong else reply.removeprefix("WRONGTYPE "))
+
+
+@asynccontextmanager
+async def naming_wrong_type(client: RedisClient, keys: Sequence[str]) -> AsyncIterator[None]:
+    """Run the block; a WRONGTYPE error reply from it is raised again naming the key of the wrong
+    type and what the layout expects (``TYPE`` of each of ``keys``, asked after the failure:
+    ``WRONGTYPE {S}:experiment:E:dead is a string, expected a stream``). Redis's own reply names no
+    key. Any other error passes unchanged.
+
+    Raises:
+        redis.exceptions.ResponseError (the class redis-py chose): the renamed WRONGTYPE reply.
+    """
+    try:
+        yield
+    except ResponseError as err:
+        reply = _SCRIPT_SUFFIX.sub("", str(err))
+        if not reply.startswith("WRONGTYPE"):
+            raise
+        types = [as_text(await client.type(key)) for key in keys]
+        raise type(err)(_wrong_type_reply(reply, keys, types)) from err

@@ -9,6 +9,11 @@ under its hash tag so they live in its cluster slot:
 - ``{S}:replayers``: sorted set, member experiment ID, score the end of its lease (milliseconds on
   Redis's clock), written by the publish script only.
 
+A corrupt entry touches only its own experiment: a weight that is no integer 1..``MAX_WEIGHT``
+fails that experiment's fair publish (``XMCCORRUPT`` naming key and field) and weighs 1 in the
+others' shares; a lease end more than ``MAX_LEASE_MS`` ahead counts for nobody and is dropped by the
+next fair publish. docs/scale.md has the rules.
+
 The model is Temporal's task-queue fairness keys and weights.
 """
 
@@ -18,23 +23,14 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from xmc_resumption.redisclient.keys import as_text, validate_name
+from xmc_resumption.redisclient.fencing import MAX_LEASE_MS
+from xmc_resumption.redisclient.keys import as_text, replayers_key, validate_name, weights_key
 
 DEFAULT_WEIGHT = 1
 """The weight of an experiment without a field in ``{S}:weights``."""
 
 MAX_WEIGHT = 1000
 """The largest weight (``XMC_MAX_WEIGHT`` in ``fair.lua``): a ratio of 1,000 between two replays."""
-
-
-def weights_key(stream: str) -> str:
-    """``{S}:weights``: the weights hash of task stream ``stream``."""
-    return f"{{{validate_name('stream', stream)}}}:weights"
-
-
-def replayers_key(stream: str) -> str:
-    """``{S}:replayers``: the sorted set of the active fair-share replayers of ``stream``."""
-    return f"{{{validate_name('stream', stream)}}}:replayers"
 
 
 def validate_weight(weight: int) -> int:
@@ -66,13 +62,14 @@ async def clear_weight(client: Redis, stream: str, experiment_id: str) -> None:
 
 async def active_replayers(client: Redis, stream: str) -> dict[str, float]:
     """The fair-share replayers of ``stream`` whose lease has not ended, with the end of each lease
-    (milliseconds on Redis's clock).
+    (milliseconds on Redis's clock), as ``lua/fair.lua`` counts them: a lease end further ahead than
+    the longest lease (``MAX_LEASE_MS``) was never written by a replay and is left out.
 
     Raises:
         redis.exceptions.RedisError: on any Redis fault.
     """
     seconds, micros = await client.time()
     now_ms = seconds * 1000 + micros // 1000
-    reply = await client.zrangebyscore(replayers_key(stream), f"({now_ms}", "+inf", withscores=True)
+    reply = await client.zrangebyscore(replayers_key(stream), f"({now_ms}", now_ms + MAX_LEASE_MS, withscores=True)
     members = cast(list[tuple[bytes | str, float]], reply)  # WITHSCORES: (member, score) pairs
     return {as_text(member): float(score) for member, score in members}

@@ -47,7 +47,11 @@ local function xmc_memory_fraction(arg)
   return f
 end
 
--- True when used memory has reached `fraction` of maxmemory; never with fraction nil or no limit.
+-- True when used memory has reached `fraction` of maxmemory (>=: at the fraction exactly, the
+-- replay stops); never with fraction nil or no limit. Compared as the ratio used / max, not as
+-- used >= fraction x max: the product rounds up past the exact bound (0.55 x 104857600 =
+-- 57671680.00000001), so memory exactly at the fraction would not stop the replay; the quotient
+-- and the fraction are the same double when the two are equal.
 local function xmc_memory_full(m, fraction)
-  return fraction ~= nil and m.maxmemory > 0 and m.used_memory >= fraction * m.maxmemory
+  return fraction ~= nil and m.maxmemory > 0 and m.used_memory / m.maxmemory >= fraction
 end

@@ -5,23 +5,25 @@
 -- with GET (never the number INCR returns), compared as canonical decimal strings, and written to
 -- JSON as strings.
 
--- The fence counter of `key` as a canonical token string ('0' when absent). Raises an error reply
--- naming the key, before any write, when it holds anything else (a negative number, text).
-local function xmc_fence(key)
-  local v = redis.call('GET', key)
-  if not v then return '0' end
-  if not string.match(v, '^%d+$') or #v > 19 or (#v > 1 and string.sub(v, 1, 1) == '0') then
-    error({err = 'XMCCORRUPT ' .. key .. ' holds ' .. string.format('%q', string.sub(v, 1, 40))
-                 .. ', not a fencing token (a non-negative integer)'})
-  end
-  return v
-end
-
 -- -1, 0 or 1 as canonical token string a is below, equal to or above b.
 local function xmc_token_cmp(a, b)
   if #a ~= #b then return #a < #b and -1 or 1 end
   if a == b then return 0 end
   return a < b and -1 or 1
+end
+
+-- The fence counter of `key` as a canonical token string ('0' when absent). Raises an error reply
+-- naming the key, before any write, when it holds anything else (a negative number, text, a
+-- leading zero, more than INCR's 9223372036854775807): redisclient/fencing.py parse_token's rule.
+local function xmc_fence(key)
+  local v = redis.call('GET', key)
+  if not v then return '0' end
+  if not string.match(v, '^%d+$') or #v > 19 or (#v > 1 and string.sub(v, 1, 1) == '0')
+     or xmc_token_cmp(v, '9223372036854775807') > 0 then
+    error({err = 'XMCCORRUPT ' .. key .. ' holds ' .. string.format('%q', string.sub(v, 1, 40))
+                 .. ', not a fencing token (a non-negative integer)'})
+  end
+  return v
 end
 
 -- An experiment's state (GET's reply) as the contract knows it: 'paused', 'resuming', or

@@ -1,0 +1,130 @@
+"""Click parameter types of the ``xmc`` command: every value is refused at parse time, one line
+naming the option, when it breaks the rule of the thing it sets.
+
+A number that reaches Redis, a timer or a timeout is finite and bounded (the house rule), so there
+is no plain ``click.INT`` / ``click.FLOAT`` / ``click.STRING`` option: integers are
+``click.IntRange`` with both bounds, decimals ``FiniteFloat`` (nan and inf refused, both bounds),
+names ``NameType`` (``redisclient.keys.validate_name``), entry IDs ``EntryIdType``, task queues
+``TaskQueueType``, choices
+``click.Choice``. An option that sets a field of a pydantic model takes its type from that field
+(``field_type``), so the model stays the one rule; tests/test_cli_values.py walks the command tree
+and checks every option against this list.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import types
+import typing
+from typing import Any
+
+import annotated_types
+import click
+from pydantic import BaseModel
+
+from xmc_resumption.redisclient.keys import validate_name
+
+MAX_ENTRY_ID_PART = 2**64 - 1
+"""Each part of a stream entry ID (``<ms>-<seq>``) is an unsigned 64-bit integer (Redis streams)."""
+
+
+class FiniteFloat(click.FloatRange):
+    """A decimal within ``min``..``max`` (``min_open`` / ``max_open`` exclude the bound); nan,
+    inf and values that overflow to inf (``1e999``) are refused. ``click.FloatRange`` alone lets
+    nan through: every comparison with nan is false."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{str(value)[:40]!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+class NameType(click.ParamType):
+    """A name that becomes part of a key (an experiment ID, a stream, a group): ``validate_name``."""
+
+    name = "name"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return validate_name(self.what, str(value))
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+class EntryIdType(click.ParamType):
+    """A stream entry ID, ``<ms>-<seq>``, each part 0..2^64-1."""
+
+    name = "entry-id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        match = re.fullmatch(r"(\d{1,20})-(\d{1,20})", text)
+        if not match or any(int(part) > MAX_ENTRY_ID_PART for part in match.groups()):
+            self.fail(f"not a stream entry ID (<ms>-<seq>, each 0..2^64-1): {text[:40]!r}", param, ctx)
+        return text
+
+
+MAX_TASK_QUEUE_LENGTH = 1000
+"""The longest task queue name (characters): the Temporal server's default ``limit.maxIDLength``."""
+
+
+class TaskQueueType(click.ParamType):
+    """A Temporal task queue name: 1..``MAX_TASK_QUEUE_LENGTH`` printable characters, without
+    leading or trailing blanks (a queue that differs from the workers' by a blank is never polled)."""
+
+    name = "task-queue"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text or len(text) > MAX_TASK_QUEUE_LENGTH or text != text.strip() or not text.isprintable():
+            self.fail(
+                f"not a task queue name (1..{MAX_TASK_QUEUE_LENGTH} printable characters, no leading or "
+                f"trailing blank): {text[:40]!r}",
+                param,
+                ctx,
+            )
+        return text
+
+
+def _bound(metadata: list[Any], kind: str) -> float | None:
+    return next(
+        (getattr(m, kind) for m in metadata if isinstance(m, annotated_types.BaseMetadata) and hasattr(m, kind)), None
+    )
+
+
+def field_type(model: type[BaseModel], name: str) -> click.ParamType:
+    """The click type of an option that sets field ``name`` of ``model``: its type and bounds.
+
+    Raises:
+        TypeError: a field type with no finite, bounded command-line form (then the option needs a
+            type of its own).
+    """
+    info = model.model_fields[name]
+    annotation = info.annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = members[0] if len(members) == 1 else annotation
+    ge, gt, le, lt = (_bound(info.metadata, k) for k in ("ge", "gt", "le", "lt"))
+    if annotation is bool:
+        return click.BOOL
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return click.Choice([str(m.value) for m in annotation])
+    if annotation is int and (ge is not None or gt is not None) and (le is not None or lt is not None):
+        low = int(ge) if ge is not None else int(gt) + 1  # type: ignore[arg-type]
+        high = int(le) if le is not None else int(lt) - 1  # type: ignore[arg-type]
+        return click.IntRange(low, high)
+    if annotation is float and (ge is not None or gt is not None) and (le is not None or lt is not None):
+        return FiniteFloat(
+            ge if ge is not None else gt, le if le is not None else lt, min_open=ge is None, max_open=le is None
+        )
+    if annotation is str:
+        return NameType(name)
+    raise TypeError(f"{model.__name__}.{name} ({annotation}) has no bounded command-line type")
