@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import blocking
+from bench import blocking, eta
 
 HISTORY_BUDGET = 10_240
 """The largest single run of any continue-as-new chain must stay under this many events."""
@@ -144,6 +144,7 @@ def table(results: dict[str, Any]) -> str:
         "e": _lines_e,
         "f": blocking.lines,
         "g": _lines_g,
+        "h": eta.lines,
     }
     blocks = [printers[key](results[key]) for key in printers if key in results]
     checks = results["checks"]

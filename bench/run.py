@@ -9,9 +9,11 @@ Figures (every one a ratio measured side by side in the same run; absolute times
   f  Redis blocking during a replay of 1 KiB and 1 MiB tasks: another client's PING, each script's longest call
   g  many replayers on one threshold under two workers: wall / (tasks / R), max backlog, exactly
      once, the spread of completion times, without and with the fair share (``bench.scale``)
+  h  the ETA against a steady consumer: its error at 10, 25, 50 and 75 % moved (``bench.eta``)
 Prints a table and writes ``bench/results/bench-<timestamp>.json`` and ``bench/results/latest.json``.
 Exits 0 when every replay was exactly once and in order, no sampled backlog passed the threshold and
-every run's history stayed under its budget; 1 otherwise.
+every run's history stayed under its budget and (full runs) the ETA stayed within 20 % once 10 %
+had moved; 1 otherwise.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench import backlog_cost, blocking, memory, pacing, scale, throughput
+from bench import backlog_cost, blocking, eta, memory, pacing, scale, throughput
 from bench.env import BenchEnv, bench_services, worker_process
 from bench.report import HISTORY_BUDGET, table, write_results
 
-FIGURES = ("a", "b", "c", "d", "e", "f", "g")
+FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h")
 RESULTS_DIR = Path(__file__).parent / "results"
 A_BATCHES = (100, 1_000, 5_000)
 A_TASKS_FULL, A_TASKS_SMOKE = 50_000, 2_000
 WARM_UP_TASKS = 200
+ETA_TARGET = 0.20
+"""Figure h's target: the ETA within 20 % of the actual time left once 10 % of a replay has moved."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -110,7 +114,7 @@ async def _meta(env: BenchEnv, args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _workflow_figures(env: BenchEnv, args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """Figures a and b under one worker, warmed up by a small replay first."""
+    """Figures a, b and h under one worker, warmed up by a small replay first."""
     async with worker_process(env):
         await throughput.workflow_move(env, WARM_UP_TASKS, 100)
         if "a" in args.only:
@@ -122,6 +126,10 @@ async def _workflow_figures(env: BenchEnv, args: argparse.Namespace, results: di
             results["b"] = await pacing.pacing(
                 env, cases, args.policies, args.batch_b, ack_on_read=args.consumer_ack == "read"
             )
+        if "h" in args.only:
+            eta_cases = eta.SMOKE_CASES if args.smoke else eta.FULL_CASES
+            print(f"h: ETA accuracy, {[(c.policy, c.rate, c.tasks) for c in eta_cases]}", flush=True)
+            results["h"] = await eta.eta(env, eta_cases)
 
 
 def _checks(results: dict[str, Any]) -> dict[str, bool]:
@@ -131,6 +139,7 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
     once += [r["exactly_once"] for r in results.get("d", {}).get("rows", [])]
     once += [r["exactly_once"] for r in results.get("f", {}).get("rows", [])]
     once += [r["exactly_once"] for r in results.get("g", [])]
+    once += [r["exactly_once"] for r in results.get("h", [])]
     checks = {"exactly_once": all(once)}
     bounded = [r for r in results.get("b", []) if "skipped" not in r] + results.get("g", [])
     if bounded:
@@ -139,6 +148,9 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
         checks["history_under_budget"] = results["e"]["under_budget"]
     if "f" in results:
         checks["scripts_within_target"] = all(r["within_target"] for r in results["f"]["rows"])
+    if "h" in results and not results["meta"]["smoke"]:
+        worst = [r["worst_error"] for r in results["h"]]
+        checks["eta_within_target"] = None not in worst and max(worst) <= ETA_TARGET
     return checks
 
 
@@ -146,7 +158,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Start the services, run the chosen figures, return the results (JSON-ready)."""
     async with bench_services() as env:
         results: dict[str, Any] = {"meta": await _meta(env, args)}
-        if {"a", "b"} & args.only:
+        if {"a", "b", "h"} & args.only:
             await _workflow_figures(env, args, results)
         if "c" in args.only:
             print("c: backlog measurement cost", flush=True)

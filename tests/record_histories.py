@@ -1,9 +1,9 @@
-"""Record workflow histories for the replay test: ``python -m tests.record_histories [NAME...]``.
+"""Record workflow histories for the replay test: ``python -m tests.record_histories [NAME ...]``.
 
-Runs one scenario per outcome (or only the scenarios named) on a fresh dev server and
-redis-server and writes each history as JSON to ``tests/histories/``. Re-record only for a
-deliberate, versioned change of the workflow; the old files stay, so that runs started by the old
-code still replay. A new scenario is recorded alone, by name, so no old file is overwritten.
+Runs one scenario per outcome (or only the named ones) on a fresh dev server and redis-server and
+writes each history as JSON to ``tests/histories/``. Re-record only for a deliberate, versioned
+change of the workflow; the old files stay, so that runs started by the old code still replay.
+Record a new scenario by its name alone, so the others' files stay as they were.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.helpers import (
     throttled,
     wait_for,
 )
-from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient import fencing, held, ratecap
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.services import installed_binary, local_redis
 from xmc_resumption.workflows import fleet
@@ -108,6 +108,19 @@ async def stalled_naming_consumers(redis: Redis, handle: WorkflowHandle, e: str)
     await handle.result()
 
 
+async def rate_limited(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """A stream-wide cap of 3/s with an empty bucket, set during the throttle wait, above the
+    replay's own cap of 2/s: the first publish after the wait is ``rate_limited`` by the script
+    (nothing moves; a wait for the stream's bucket), later ones move 2 and wait for the replay's
+    own bucket; then it completes."""
+    await wait_for(handle, throttled)
+    seconds, micros = await redis.time()
+    now_ms = seconds * 1000 + micros // 1000
+    # an empty bucket that starts refilling 1.5 s from now: the first publishes after the wait find none
+    await redis.hset(ratecap.rate_key(STREAM), mapping={"limit": "3", "tokens": "0", "at": str(now_ms + 1_500)})
+    await completed(redis, handle, e)
+
+
 async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await wait_for(handle, throttled)
     await handle.cancel()
@@ -136,15 +149,15 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
         stalled_naming_consumers,
         {"max_backlog_threshold": 5, "throttle_seconds": 1, "stall_window_seconds": 2, "max_stall_seconds": 6},
     ),
+    "rate_limited": (rate_limited, {"max_backlog_threshold": 5, "throttle_seconds": 0.5, "max_tasks_per_second": 2}),
 }
 
 
 async def record(names: list[str]) -> None:
-    """Record the scenarios ``names`` (every one when empty)."""
+    OUT.mkdir(exist_ok=True)
     unknown = set(names) - set(SCENARIOS)
     if unknown:
-        raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
-    OUT.mkdir(exist_ok=True)
+        raise SystemExit(f"no such scenario: {', '.join(sorted(unknown))}; choose from {', '.join(SCENARIOS)}")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=installed_binary("temporal"),
         data_converter=pydantic_data_converter,

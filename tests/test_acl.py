@@ -39,6 +39,7 @@ from xmc_resumption.redisclient import deadletter, held, weights
 from xmc_resumption.redisclient.acl import denial_message
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
 from xmc_resumption.redisclient.scripts import source
+from xmc_resumption.services import free_port
 
 STREAM = "xmc-tasks-stream"
 GROUP = "xmc-workers"
@@ -256,6 +257,46 @@ async def test_the_cli_names_the_user_and_the_command(admin: Redis, narrow_url: 
     line = proc.stderr.strip()
     assert line.startswith(f"xmc {args[0]}: Redis ACL user '{NARROW_USER}' may not run "), line
     assert f", at XMC_REDIS_URL=redis://{NARROW_USER}:***@127.0.0.1:" in line and SECRET not in line
+
+
+async def test_the_plan_runs_as_the_acl_user_and_names_what_a_rule_refuses(
+    admin: Redis, acl_urls: tuple[str, str]
+) -> None:
+    """``xmc plan`` as the shipped rule's user: every read allowed, no refusal in the plan nor in the
+    ACL log. As a user whose rule lacks XDEL: the plan reads all the same and names XDEL on the
+    held stream, asked of Redis without running it."""
+    keys = ExperimentKeys(STREAM, "A7")
+    await admin.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await held.pause(admin, keys)
+    for i in range(3):
+        await held.enqueue_task(admin, keys, {"task": f"t{i}"})
+    env = {"TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}
+    shipped = run_module(
+        "xmc_resumption", "plan", "A7", "--sample-seconds", "0.1", "--json", XMC_REDIS_URL=acl_urls[1], **env
+    )
+    assert shipped.returncode == 0, shipped.stderr
+    doc = json.loads(shipped.stdout)
+    assert (doc["held"], doc["refusals"], doc["newest"] is not None) == (3, [], True)
+    assert await refusals(admin) == []
+    rule = [t for t in file_rule() if t != "+xdel"]
+    await admin.execute_command("ACL", "SETUSER", NARROW_USER, "reset", "on", f">{SECRET}", *rule)
+    try:
+        narrow = run_module(
+            "xmc_resumption",
+            "plan",
+            "A7",
+            "--sample-seconds",
+            "0",
+            "--json",
+            XMC_REDIS_URL=acl_urls[1].replace(f"{ACL_USER}:", f"{NARROW_USER}:"),
+            **env,
+        )
+    finally:
+        await admin.execute_command("ACL", "DELUSER", NARROW_USER)
+    assert narrow.returncode == 0, narrow.stderr
+    assert json.loads(narrow.stdout)["refusals"] == [
+        f"Redis ACL user '{NARROW_USER}' may not run XDEL on {keys.held} (see deploy/redis-acl.conf)"
+    ]
 
 
 async def test_the_cli_and_one_replay_run_as_the_acl_user(

@@ -108,13 +108,14 @@ async def test_resume_wait_completes_and_the_fleet_view_shows_it(
     assert (row["replayed"], row["remaining"], row["run_id"]) == (300, 0, newest)
     assert newest != doc["run_id"]
     text = await asyncio.to_thread(xmc, "list", "--experiment", experiment, **env)
-    assert text.stdout.split("\n")[1].split()[:7] == [
+    assert text.stdout.split("\n")[1].split()[:8] == [
         f"resumption-{experiment}",
         "completed",
         experiment,
         "completed",
         "300",
         "0",
+        "-",  # no ETA: not running
         "completed",
     ]
     status = await asyncio.to_thread(xmc, "status", experiment, **env)
@@ -203,6 +204,7 @@ async def test_wait_warns_without_consumers_then_set_and_stop(
                 "throttle_seconds": 1.0,
                 "throttle_policy": "fixed",
                 "stopping": False,
+                "max_tasks_per_second": None,
             }
             stopped = await asyncio.to_thread(xmc, "stop", experiment, "--wait", "--json", **env)
             assert stopped.returncode == 0, stopped

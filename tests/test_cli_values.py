@@ -151,7 +151,7 @@ def test_the_tree_is_walked() -> None:
     would pass every case vacuously)."""
     names = {name for name, _, _ in every_param()}
     assert names == set(cli.commands) == {
-        "pause", "enqueue", "status", "dead", "held", "list", "resume", "set", "stop", "demo"
+        "pause", "enqueue", "status", "dead", "held", "list", "resume", "set", "stop", "demo", "plan", "rate"
     }  # fmt: skip
     assert len(CASES) > 500 and len(GOOD) > 100 and len(FLAGS) >= 12
 

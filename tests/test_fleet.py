@@ -106,6 +106,7 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
         "throttle_seconds": 60.0,
         "throttle_policy": "fixed",
         "stopping": False,
+        "max_tasks_per_second": None,
     }
     assert elapsed < 20  # not the 60 s the wait had left
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 10)

@@ -367,4 +367,7 @@ def test_a_publish_result_reads_the_flat_reply_and_writes_it_back_flat() -> None
         "last_seq": 0,
         "used_memory": 0,
         "maxmemory": 0,
+        "rate_limit": 0.0,
+        "rate_limited": False,
+        "rate_wait_ms": 0,
     }

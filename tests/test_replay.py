@@ -39,6 +39,7 @@ ENDINGS: dict[str, tuple[EventType.ValueType, str | None, list[str]]] = {
     "stopped_by_update": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "paused", ["release_claim"]),
     "waited_for_group": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "stalled_naming_consumers": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "stalled", []),
+    "rate_limited": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
 }
 
 

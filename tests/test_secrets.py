@@ -38,6 +38,8 @@ COMMANDS: list[tuple[str, list[str], str]] = [
     ("dead", ["dead", "S1"], "acl"),
     ("dead --retry", ["dead", "S1", "--retry", "1-1"], "acl"),
     ("dead --drop", ["dead", "S1", "--drop", "1-1"], "acl"),
+    ("plan", ["plan", "S1", "--sample-seconds", "0.1"], "acl"),
+    ("rate", ["rate"], "acl"),
     # no consumer group (the ACL user may not create one): zero moves the 5 tasks (under the threshold)
     ("resume", ["resume", "S1", "--batch", "2", "--wait", "--force", "--missing-group", "zero"], "acl"),
     ("list", ["list", "--experiment", "S1"], "acl"),

@@ -62,6 +62,9 @@ HOSTILE: dict[Control, list[tuple[Any, str]]] = {
         (500, "claim_lease_seconds"),  # longer than the lease (120 s): the rule over two fields
     ],
     Control.SET_THROTTLE_POLICY: [(v, "throttle_policy") for v in ["", "bogus", "FIXED", 1, True, None, [], {}]],
+    Control.SET_MAX_TASKS_PER_SECOND: [
+        (v, "max_tasks_per_second") for v in [True, "5", "", NAN, INF, NEG_INF, -1, 0.0001, 1e7, None, [], {}]
+    ],
     Control.CONFIGURE: [
         (5, "configure: the change must be a JSON object"),
         ("batch_size", "configure: the change must be a JSON object"),
@@ -75,6 +78,7 @@ HOSTILE: dict[Control, list[tuple[Any, str]]] = {
         ({"max_backlog_threshold": 0}, "max_backlog_threshold: Input should be greater than or equal to 1"),
         ({"throttle_seconds": 7 * 86_400}, "throttle_seconds: Input should be less than or equal to 86400"),
         ({"throttle_policy": "eager"}, "throttle_policy: Input should be 'fixed' or 'adaptive'"),
+        ({"max_tasks_per_second": True}, "max_tasks_per_second: Input should be a valid number (got a bool)"),
     ],
     Control.PAUSE: [(1, "pause: takes 0 argument(s), got 1"), ("", "pause: takes 0 argument(s), got 1")],
 }
@@ -92,6 +96,7 @@ GOOD: dict[Control, list[tuple[Any, dict[str, Any]]]] = {
     Control.SET_BATCH_SIZE: [(1, {"batch_size": 1}), (10_000, {"batch_size": 10_000})],
     Control.SET_THROTTLE_SECONDS: [(0.5, {"throttle_seconds": 0.5}), (100, {"throttle_seconds": 100.0})],
     Control.SET_THROTTLE_POLICY: [(p, {"throttle_policy": p}) for p in ("adaptive", "fixed")],
+    Control.SET_MAX_TASKS_PER_SECOND: [(0.5, {"max_tasks_per_second": 0.5}), (1_000, {"max_tasks_per_second": 1000.0})],
     Control.CONFIGURE: [
         ({}, {}),
         ({"batch_size": 7, "throttle_seconds": 20}, {"batch_size": 7, "throttle_seconds": 20.0}),

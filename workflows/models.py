@@ -19,7 +19,10 @@ from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_GROUPS
 from xmc_resumption.redisclient.fencing import MAX_LEASE_MS
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
 from xmc_resumption.redisclient.memory import DEFAULT_MEMORY_FRACTION
+from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND, MIN_TASKS_PER_SECOND
 from xmc_resumption.redisclient.results import IdleConsumer, MissingGroupPolicy
+from xmc_resumption.workflows.eta import NetRate
+from xmc_resumption.workflows.ratecap import TaskBucket
 from xmc_resumption.workflows.throttle import MAX_RATE
 
 WORKFLOW_TYPE = "ResumptionWorkflow"
@@ -80,6 +83,10 @@ class Carry(BaseModel):
         progress_at: when the backlog last went down or tasks last moved (workflow time, UTC):
             the anchor of the stall window; stall_reading: the last (backlog, pending,
             last-delivered-id) it compared.
+        net_rate: the ETA's net drain rate average (``workflows/eta.py``), None in carries
+            written before it existed.
+        rate_bucket: the ``max_tasks_per_second`` bucket (``workflows/ratecap.py``), None when
+            the replay has no cap of its own yet.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -97,6 +104,8 @@ class Carry(BaseModel):
     reaction_seconds: float | None = Field(default=None, gt=0, le=60, allow_inf_nan=False)
     progress_at: datetime | None = None
     stall_reading: tuple[int, int, str] | None = None
+    net_rate: NetRate | None = None
+    rate_bucket: TaskBucket | None = None
 
 
 class ResumptionInput(BaseModel):
@@ -153,6 +162,12 @@ class ResumptionInput(BaseModel):
             replays of the stream that set it too (weights in ``{S}:weights``, default 1; see
             ``redisclient.weights``), so one replay cannot take the shared threshold's headroom
             from the others; off: a publish takes up to ``batch_size`` of it.
+        max_tasks_per_second: when set, the replay moves at most this many tasks per second
+            (0.001..1,000,000; a token bucket of one second's worth, at least one task, on
+            workflow time: ``workflows/ratecap.py``); None, no cap of its own. A stream-wide cap
+            shared by every replay of the stream is set in Redis (``{S}:rate``,
+            ``redisclient.ratecap``) and enforced by the publish script; both apply. Changed live
+            by the ``set_max_tasks_per_second`` Update.
 
     Every number is finite and bounded (the bounds are in the field definitions below), and of
     its own type: numbers and ``fair_share`` are strict (``true`` is no integer, ``"5"`` no
@@ -186,6 +201,9 @@ class ResumptionInput(BaseModel):
         default=DEFAULT_MEMORY_FRACTION, gt=0, le=1, allow_inf_nan=False, strict=True
     )
     fair_share: bool = Field(default=False, strict=True)
+    max_tasks_per_second: float | None = Field(
+        default=None, ge=MIN_TASKS_PER_SECOND, le=MAX_TASKS_PER_SECOND, allow_inf_nan=False, strict=True
+    )
 
     @field_validator("experiment_id", "stream", "consumer_group")
     @classmethod
@@ -253,6 +271,7 @@ class ResumptionInput(BaseModel):
             + (f"; ends the run after {self.max_stall_seconds:g} s" if self.max_stall_seconds else "")
             + "\n"
             f"- missing consumer group: {self.missing_group.value}; continue-as-new every {self.turns_per_run} turns"
+            + (f"\n- rate cap: {self.max_tasks_per_second:g} tasks/s" if self.max_tasks_per_second else "")
         )
 
     def _pacing_text(self) -> str:
@@ -334,6 +353,9 @@ class Phase(StrEnum):
     WAITING_FOR_GROUP = "waiting_for_group"
     """The stream or a required consumer group does not exist (``missing_group: wait``): nothing
     moves; ``throttle_reason`` names the stream and the group."""
+    RATE_LIMITED = "rate_limited"
+    """A rate cap holds the replay back (``max_tasks_per_second``, or the stream's ``{S}:rate``):
+    it waits about as long as the bucket needs; not a throttle wait, not a stall."""
     DONE = "done"
 
 
@@ -370,6 +392,19 @@ class Progress(BaseModel):
         turns, runs: loop turns and runs so far; outcome: set when done.
         settings_changes: control Updates accepted (``configure``, ``set_*``); stopping: the
             ``pause`` Update was accepted and the run ends ``paused`` at its next turn.
+        net_rate: the net drain rate (tasks per second: replayed minus backlog, per second of
+            workflow time, averaged; ``workflows/eta.py``), None until a second was measured.
+        eta_seconds: the time left until the last held task moves (seconds, as of the last
+            reading: ``max(0, remaining - headroom) / net_rate``, and at least the adaptive
+            policy's last refill, ``remaining / cap`` under a rate cap and what is left of a
+            durable wait: ``workflows/eta.py``); 0 once nothing is held; None before a rate is
+            known, with a rate of 0, or once the run ended otherwise than ``completed``. eta_at:
+            when that is (workflow time, UTC): clients show ``eta_at - now``, which stays right
+            during a long wait.
+        max_tasks_per_second: the replay's own rate cap in force (tasks/s) or None;
+            stream_rate_limit: the stream-wide cap (``{S}:rate``) the last publish saw (tasks/s),
+            None without one.
+        rate_waits: waits for a rate cap's bucket so far; rate_reason: why the last one was taken.
     """
 
     experiment_id: str
@@ -404,6 +439,13 @@ class Progress(BaseModel):
     outcome: Outcome | None = None
     settings_changes: int = 0
     stopping: bool = False
+    net_rate: float | None = None
+    eta_seconds: float | None = None
+    eta_at: datetime | None = None
+    max_tasks_per_second: float | None = None
+    stream_rate_limit: float | None = None
+    rate_waits: int = 0
+    rate_reason: str | None = None
 
     def details_markdown(self) -> str:
         """The UI's current details (markdown; ``workflow.set_current_details``): phase, counters,
@@ -424,6 +466,12 @@ class Progress(BaseModel):
             lines.append(f"- wait: {self.wait_plan}")
         if self.phase is Phase.WAITING_FOR_GROUP:
             lines.append(f"- **waiting for a consumer group**: {self.throttle_reason}")
+        lines.append(f"- ETA: {self.eta_text()}")
+        if self.rate_waits or self.max_tasks_per_second or self.stream_rate_limit:
+            lines.append(
+                f"- rate cap: {self.rate_caps_text()}; waits: {self.rate_waits}"
+                + (f", last: {self.rate_reason}" if self.rate_reason else "")
+            )
         if self.stalled:
             lines.append(f"- **stalled** for {self.stalled_seconds:,.0f} s: {self.stall_reason}")
         if self.redis_waits:
@@ -436,9 +484,38 @@ class Progress(BaseModel):
         if self.stopping:
             lines.append("- **stopping**: paused by the pause Update at the next turn")
         lines.append(f"- turns: {self.turns}, run {self.runs}, fencing token {self.token}")
-        if self.phase in (Phase.THROTTLED, Phase.STALLED, Phase.WAITING_FOR_GROUP) and self.throttled_until:
+        if self.phase in (Phase.THROTTLED, Phase.STALLED, Phase.RATE_LIMITED, Phase.WAITING_FOR_GROUP) and self.throttled_until:
             lines.append(f"- waiting until {self.throttled_until.isoformat(timespec='seconds')}")
         return "\n".join(lines)
+
+    def eta_text(self) -> str:
+        """The ETA for people: ``~1m 05s (at 12:34:56Z), net ~412/s``, ``0s (nothing left to move)``,
+        or ``-`` and why."""
+        if self.eta_seconds is None or self.eta_at is None:
+            why = "no net drain rate measured yet" if self.net_rate is None else f"net ~{self.net_rate:,.0f}/s"
+            return f"- ({why})"
+        if self.eta_seconds == 0:
+            return "0s (nothing left to move)"
+        rate = f", net ~{self.net_rate:,.0f}/s" if self.net_rate is not None else ""
+        return f"~{duration_text(self.eta_seconds)} (at {self.eta_at.strftime('%H:%M:%SZ')}){rate}"
+
+    def rate_caps_text(self) -> str:
+        """The rate caps in force: ``replay 50/s, stream 200/s`` or ``none``."""
+        caps = [f"replay {self.max_tasks_per_second:g}/s"] if self.max_tasks_per_second else []
+        caps += [f"stream {self.stream_rate_limit:g}/s"] if self.stream_rate_limit else []
+        return ", ".join(caps) or "none"
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` for people: ``42s``, ``3m 07s``, ``2h 05m``, ``3d 04h``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3_600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86_400:
+        return f"{s // 3_600}h {s % 3_600 // 60:02d}m"
+    return f"{s // 86_400}d {s % 86_400 // 3_600:02d}h"
 
 
 class ControlChange(BaseModel):
@@ -453,6 +530,7 @@ class ControlChange(BaseModel):
         batch_size: the most tasks one publish moves (entries, 1..10,000).
         throttle_seconds: the fixed policy's wait and the adaptive one's default longest (seconds).
         throttle_policy: ``fixed`` or ``adaptive``.
+        max_tasks_per_second: the replay's rate cap (tasks/s, 0.001..1,000,000); 0 removes it.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -461,6 +539,7 @@ class ControlChange(BaseModel):
     batch_size: int | None = Field(default=None, strict=True)
     throttle_seconds: float | None = Field(default=None, allow_inf_nan=False, strict=True)
     throttle_policy: ThrottlePolicy | None = None
+    max_tasks_per_second: float | None = Field(default=None, allow_inf_nan=False, strict=True)
 
     def applied_to(self, inp: ResumptionInput) -> ResumptionInput:
         """``inp`` with this change, validated as a start's input would be.
@@ -469,6 +548,8 @@ class ControlChange(BaseModel):
             pydantic.ValidationError: naming the field, when the result breaks a bound or a rule.
         """
         changes = self.model_dump(exclude_none=True)
+        if changes.get("max_tasks_per_second") == 0:
+            changes["max_tasks_per_second"] = None  # 0 removes the cap
         return ResumptionInput.model_validate({**inp.model_dump(), **changes})
 
     def checked_against(self, inp: ResumptionInput) -> ResumptionInput:
@@ -554,7 +635,8 @@ class EffectiveSettings(BaseModel):
     """What every control Update returns: the settings the replay runs with from now on.
 
     Attributes:
-        max_backlog_threshold, batch_size, throttle_seconds, throttle_policy: as in ``ResumptionInput``.
+        max_backlog_threshold, batch_size, throttle_seconds, throttle_policy, max_tasks_per_second:
+            as in ``ResumptionInput``.
         stopping: True once ``pause`` was accepted: the run ends ``paused`` at its next turn.
     """
 
@@ -563,6 +645,7 @@ class EffectiveSettings(BaseModel):
     throttle_seconds: float
     throttle_policy: ThrottlePolicy
     stopping: bool = False
+    max_tasks_per_second: float | None = None
 
     @classmethod
     def of(cls, inp: ResumptionInput, *, stopping: bool) -> EffectiveSettings:
@@ -573,6 +656,7 @@ class EffectiveSettings(BaseModel):
             throttle_seconds=inp.throttle_seconds,
             throttle_policy=inp.throttle_policy,
             stopping=stopping,
+            max_tasks_per_second=inp.max_tasks_per_second,
         )
 
 
@@ -580,9 +664,10 @@ class Control(StrEnum):
     """Names of the workflow's Updates (``temporal workflow update execute --name <name>``).
 
     ``configure`` takes a ``ControlChange`` (a JSON object); ``set_threshold`` (integer, entries),
-    ``set_batch_size`` (integer, entries), ``set_throttle_seconds`` (number, seconds) and
-    ``set_throttle_policy`` (``fixed``/``adaptive``) take one value; ``pause`` takes none and ends
-    the run ``paused`` at the next turn (claim released, experiment paused, held tasks kept).
+    ``set_batch_size`` (integer, entries), ``set_throttle_seconds`` (number, seconds),
+    ``set_throttle_policy`` (``fixed``/``adaptive``) and ``set_max_tasks_per_second`` (number,
+    tasks/s; 0 removes the cap) take one value; ``pause`` takes none and ends the run ``paused`` at
+    the next turn (claim released, experiment paused, held tasks kept).
     Each returns ``EffectiveSettings``. Arguments are strict (``ControlChange.of_update``): a bad
     one is rejected by the Update's validator with a non-retryable ``ApplicationError`` of type
     ``InvalidControl``, one line naming the field, which leaves nothing in the history.
@@ -593,6 +678,7 @@ class Control(StrEnum):
     SET_BATCH_SIZE = "set_batch_size"
     SET_THROTTLE_SECONDS = "set_throttle_seconds"
     SET_THROTTLE_POLICY = "set_throttle_policy"
+    SET_MAX_TASKS_PER_SECOND = "set_max_tasks_per_second"
     PAUSE = "pause"
 
 
@@ -601,5 +687,6 @@ SET_FIELDS: dict[Control, str] = {
     Control.SET_BATCH_SIZE: "batch_size",
     Control.SET_THROTTLE_SECONDS: "throttle_seconds",
     Control.SET_THROTTLE_POLICY: "throttle_policy",
+    Control.SET_MAX_TASKS_PER_SECOND: "max_tasks_per_second",
 }
 """The ``ControlChange`` field each one-value Update sets."""

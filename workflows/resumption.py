@@ -73,13 +73,22 @@ with workflow.unsafe.imports_passed_through():
         ResumptionResult,
     )
     from xmc_resumption.workflows.state import RunState
-    from xmc_resumption.workflows.throttle import WaitKind, WaitPlan, wait_reason
+    from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan, wait_reason
 
 
 CHAINED_PUBLISH = "chained-publish"
 """``workflow.patched`` ID of the cheap turn: a publish that left headroom is followed by the next
 publish without a check and a measurement in between (and, adaptive, one that filled it goes
 straight to the wait). Runs recorded before it (tests/histories/v0_*, v1_*) replay on the old path."""
+
+RATE_CAP = "rate-cap"
+"""``workflow.patched`` ID of the rate cap's waits (``_rate_wait``): a run that waited for a rate
+cap's bucket records it once. Runs recorded before the caps existed never reach a rate wait (their
+input has no ``max_tasks_per_second`` and their publish results no ``rate_limited``)."""
+
+MIN_RATE_WAIT_SECONDS = 0.01
+"""The shortest rate wait (seconds); the longest is half the claim's lease, so the lease, extended
+once per turn, outlasts it (a longer wait for a bucket is taken in several)."""
 
 WAIT_FOR_GROUP = "wait-for-group"
 """``workflow.patched`` ID of the ``waiting_for_group`` wait: under ``missing_group: wait`` a missing
@@ -168,6 +177,15 @@ class ResumptionWorkflow:
     @set_throttle_policy.validator
     def _check_throttle_policy(self, *args: Any) -> None:
         self._state.refuse(self._change(Control.SET_THROTTLE_POLICY, args))
+
+    @workflow.update(name=Control.SET_MAX_TASKS_PER_SECOND)
+    def set_max_tasks_per_second(self, *args: Any) -> EffectiveSettings:
+        """``configure`` with ``max_tasks_per_second`` only (a number, tasks per second; 0 removes the cap)."""
+        return self._apply(self._change(Control.SET_MAX_TASKS_PER_SECOND, args))
+
+    @set_max_tasks_per_second.validator
+    def _check_max_tasks_per_second(self, *args: Any) -> None:
+        self._state.refuse(self._change(Control.SET_MAX_TASKS_PER_SECOND, args))
 
     @workflow.update(name=Control.PAUSE)
     def pause(self, *args: Any) -> EffectiveSettings:
@@ -522,6 +540,14 @@ class ResumptionWorkflow:
         """Step 4: publish the next batch through the atomic script. Returns the result when the
         resumption ends (completed, paused, fenced, or stalled during the wait that follows)."""
         inp, p = self._state.input, self._state.progress
+        batch, cap = inp.batch_size, inp.max_tasks_per_second
+        if cap is not None:
+            allowed = self._state.bucket.allowance(cap, workflow.now())
+            if allowed < 1:
+                seconds = self._state.bucket.wait_seconds(cap, p.remaining or 1)
+                await self._rate_wait(seconds, f"replay cap {cap:g} tasks/s (max_tasks_per_second)")
+                return None
+            batch = min(batch, allowed)
         self._set_phase(Phase.PUBLISHING)
         # the seq moves on only once a publish has answered: a publish that failed after its script
         # ran in Redis is asked again with the same seq, and returns its recorded result
@@ -532,7 +558,7 @@ class ResumptionWorkflow:
                 ref=self._ref,
                 token=self._state.token,
                 seq=seq,
-                batch_size=inp.batch_size,
+                batch_size=batch,
                 threshold=inp.max_backlog_threshold,
                 owner=self._state.owner,
                 lease_ms=inp.lease_ms,
@@ -541,9 +567,12 @@ class ResumptionWorkflow:
                 max_memory_fraction=inp.max_memory_fraction,
                 fair_share=inp.fair_share,
             ),
-            summary=f"publish up to {min(inp.batch_size, p.remaining or inp.batch_size)} tasks",
+            summary=f"publish up to {min(batch, p.remaining or batch)} tasks",
         )
         self._state.seq = seq
+        if cap is not None:
+            self._state.bucket.take(result.moved)
+        p.stream_rate_limit = result.rate_limit or None
         counted = self._state.count(result)  # the metric follows Redis's count, as the progress does
         if counted > 0:
             self._metrics.replayed.add(counted)
@@ -553,6 +582,7 @@ class ResumptionWorkflow:
             PublishStatus.THROTTLED,
             PublishStatus.MEMORY,
             PublishStatus.WAITING_FOR_GROUP,
+            PublishStatus.RATE_LIMITED,
         ):
             # the script measured the backlog before its move
             self._observe(result.reading, result.moved)
@@ -609,6 +639,12 @@ class ResumptionWorkflow:
                 # Redis's memory, not the consumers, held the replay: not a stall of theirs
                 self._state.stall.restart(workflow.now())
                 return ended
+            case PublishStatus.RATE_LIMITED:
+                # the stream-wide cap's bucket holds no whole task: nothing moved
+                await self._rate_wait(result.rate_wait_ms / 1000, self._stream_rate_reason(result))
+            case PublishStatus.PUBLISHED if result.rate_limited and result.rate_wait_ms > 0:
+                # the stream-wide cap cut this move short: wait for the bucket, not for the next publish
+                await self._rate_wait(result.rate_wait_ms / 1000, self._stream_rate_reason(result))
             case PublishStatus.STALE:
                 # an older seq than the last publish recorded for this token (after a workflow
                 # reset): go on from the recorded one
@@ -624,6 +660,54 @@ class ResumptionWorkflow:
                     )
                 # else (fixed): the next turn measures again, as the seed's rule does
         return None
+
+    def _stream_rate_reason(self, result: PublishResult) -> str:
+        return f"stream cap {result.rate_limit:g} tasks/s ({{{self._state.input.stream}}}:rate)"
+
+    async def _rate_wait(self, seconds: float, reason: str) -> None:
+        """A rate cap holds the replay back: wait about ``seconds`` (clamped to
+        ``MIN_RATE_WAIT_SECONDS`` .. half the claim's lease) for its bucket, then the caller
+        starts the next turn over from the check. A short wait polls the backlog inside one local
+        activity (its reading feeds the pacing and the ETA), a long one is a durable timer that an
+        accepted Update ends. Neither is a throttle wait, and the consumers are not to blame: the
+        stall window starts again after it."""
+        workflow.patched(RATE_CAP)
+        inp, p = self._state.input, self._state.progress
+        seconds = min(max(seconds, MIN_RATE_WAIT_SECONDS), inp.claim_lease_seconds / 2)
+        p.rate_waits += 1
+        p.rate_reason = f"{reason}: {seconds:.3g}s for the bucket"
+        poll = seconds <= POLL_LIMIT_SECONDS
+        p.throttled_until = None if poll else workflow.now() + timedelta(seconds=seconds)
+        self._set_phase(Phase.RATE_LIMITED)
+        workflow.logger.info(
+            "rate limited", extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": seconds}
+        )
+        if poll:
+            drain = await call(
+                ResumptionActivities.wait_for_drain,
+                DrainWaitRequest(
+                    ref=self._ref,
+                    threshold=inp.max_backlog_threshold,
+                    low_watermark=0,
+                    min_seconds=seconds,
+                    max_seconds=seconds,
+                    poll_seconds=min(1.0, seconds),
+                    missing_group=inp.missing_group,
+                    max_bytes=inp.max_bytes_per_call,
+                ),
+                summary=f"rate limited {seconds:.3g}s: {reason}",
+                start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=seconds),
+            )
+            self._observe(drain.reading)
+        elif not self._state.wake:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._state.wake,
+                    timeout=seconds,
+                    timeout_summary=f"rate limited {seconds:.3g}s: {reason}",
+                )
+        p.throttled_until = None
+        self._state.stall.restart(workflow.now())
 
     async def _wait_for_redis(self, err: BaseException) -> None:
         """A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a
@@ -707,5 +791,6 @@ class ResumptionWorkflow:
         """Record the phase, refresh the UI's current details (served by a query) and the fleet
         view's search attributes."""
         self._state.progress.phase = phase
+        self._state.estimate(workflow.now())
         workflow.set_current_details(self._state.progress.details_markdown())
         self._fleet.show(self._state.progress, failed=self._state.failed, stopping=self._state.stopping)

@@ -8,23 +8,26 @@ wire form: it is part of the input contract, and recorded histories' continue-as
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from temporalio.exceptions import ApplicationError
 
 from xmc_resumption.redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy, PublishResult
+from xmc_resumption.workflows.eta import NetRate, eta_seconds
 from xmc_resumption.workflows.models import (
     INVALID_CONTROL,
     RESUMPTION_ENDING,
     Carry,
     ControlChange,
     InvalidControlError,
+    Outcome,
     Progress,
     ResumptionInput,
     ResumptionResult,
     ThrottlePolicy,
 )
+from xmc_resumption.workflows.ratecap import TaskBucket
 from xmc_resumption.workflows.throttle import Pacer, StallWatch
 
 
@@ -48,6 +51,8 @@ class RunState:
         stopping: the ``pause`` Update was accepted: the run ends ``paused`` at its next turn.
         failed: the run is failing (a fault retrying cannot mend, or a fault of the workflow code).
         wake: an accepted Update ends the durable throttle wait in progress, if any.
+        net: the net drain rate behind the ETA (``workflows/eta.py``).
+        bucket: the ``max_tasks_per_second`` bucket (``workflows/ratecap.py``).
         stall_base: the stall reason without the idle consumers (``observe``), None when not stalled.
         idle_read_at: when the idle consumers were last read during this stall (workflow time).
     """
@@ -65,6 +70,8 @@ class RunState:
     stopping: bool = False
     failed: bool = False
     wake: bool = False
+    net: NetRate = field(default_factory=NetRate)
+    bucket: TaskBucket = field(default_factory=TaskBucket)
     stall_base: str | None = None
     idle_read_at: datetime | None = None
 
@@ -85,6 +92,7 @@ class RunState:
                 turns=carry.turns if carry else 0,
                 runs=carry.runs + 1 if carry else 1,
                 drain_rate=carry.drain_rate if carry else None,
+                max_tasks_per_second=inp.max_tasks_per_second,
             ),
             pacer=Pacer(
                 adaptive=inp.throttle_policy is ThrottlePolicy.ADAPTIVE,
@@ -102,6 +110,8 @@ class RunState:
                 last=carry.stall_reading if carry else None,
             ),
             seq=carry.seq if carry else 0,
+            net=carry.net_rate.model_copy() if carry and carry.net_rate else NetRate(),
+            bucket=carry.rate_bucket.model_copy() if carry and carry.rate_bucket else TaskBucket(),
         )
 
     def begin(
@@ -143,6 +153,8 @@ class RunState:
         p.limiting_group = reading.limiting_group or None
         self.pacer.observe(backlog, backlog + moved, reading.capped, now)
         p.drain_rate, p.low_watermark = self.pacer.rate, self.pacer.low_watermark
+        self.net.observe(p.replayed, backlog + moved, reading.capped, now)
+        p.net_rate = self.net.rate
         p.stalled_seconds = self.stall.observe(now, backlog, pending, last_delivered_id, moved)
         stalled = self.stall.stalled(p.stalled_seconds)
         started = stalled and not p.stalled
@@ -217,6 +229,7 @@ class RunState:
         pacer.threshold, pacer.throttle_seconds = inp.max_backlog_threshold, inp.throttle_seconds
         pacer.max_wait = inp.longest_wait_seconds
         p.threshold, p.policy = inp.max_backlog_threshold, inp.throttle_policy
+        p.max_tasks_per_second = inp.max_tasks_per_second
         p.settings_changes += 1
         self.wake = True
         return inp
@@ -255,7 +268,31 @@ class RunState:
             reaction_seconds=self.pacer.reaction,
             progress_at=self.stall.progress_at,
             stall_reading=self.stall.last,
+            net_rate=self.net,
+            rate_bucket=self.bucket if self.bucket.at is not None else None,
         )
+
+    def estimate(self, now: datetime) -> None:
+        """Set the progress's ETA at workflow time ``now`` (``workflows/eta.py``): from the net
+        drain rate, the last reading, the adaptive policy's refill, the rate caps and a durable
+        wait in progress; 0 once completed, None once ended otherwise."""
+        p = self.progress
+        if p.outcome is not None or self.failed:
+            p.eta_seconds = 0.0 if p.outcome is Outcome.COMPLETED else None
+        else:
+            headroom = p.threshold - p.backlog if p.backlog is not None else 0
+            caps = [c for c in (self.input.max_tasks_per_second, p.stream_rate_limit) if c]
+            low = self.pacer.low_watermark
+            wait_left = (p.throttled_until - now).total_seconds() if p.throttled_until else 0.0
+            p.eta_seconds = eta_seconds(
+                p.remaining,
+                headroom,
+                self.net.rate,
+                min(caps) if caps else None,
+                refill=p.threshold - low if low is not None else 0,
+                wait_left=max(0.0, wait_left),
+            )
+        p.eta_at = None if p.eta_seconds is None else now + timedelta(seconds=p.eta_seconds)
 
     def next_input(self) -> ResumptionInput:
         """The input of the next run: the current input (with accepted changes) and ``carry()``."""

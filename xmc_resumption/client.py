@@ -50,6 +50,7 @@ from xmc_resumption.ops import (
     start_resumption,
     state_and_held,
 )
+from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, Plan, plan
 from xmc_resumption.redisclient import held as held_tasks
 from xmc_resumption.redisclient.connection import RedisClient, SyncRedisClient
 from xmc_resumption.redisclient.held import (
@@ -570,6 +571,41 @@ class XmcClient:
             raise ValueError(f"limit must be 1..{MAX_LISTED}, got {limit}")
         query = fleet_query(running=running, phase=phase, experiment_id=experiment_id, stream=stream)
         return [FleetRow.model_validate(r) for r in await list_resumptions(await self.temporal(), query, limit)]
+
+    async def plan(
+        self,
+        experiment: str | ResumptionInput,
+        *,
+        sample_seconds: float = DEFAULT_SAMPLE_SECONDS,
+        query_timeout: float = QUERY_TIMEOUT_SECONDS,
+        **fields: Any,
+    ) -> Plan:
+        """What resuming ``experiment`` (as ``resume`` would start it) would move, cost and meet,
+        writing nothing (``xmc_resumption.plan.plan``: held tasks and bytes, every group's backlog
+        and sampled drain over ``sample_seconds``, the estimated time, the refusals and waits).
+        Temporal out of reach is one of the plan's notes, not an error.
+
+        Raises:
+            pydantic.ValidationError: a bad input. ValueError: ``sample_seconds`` out of bounds.
+            redis.exceptions.RedisError: a Redis fault (an ACL refusal is one of the plan's refusals).
+        """
+        inp = self._input(experiment, fields)
+        temporal: Client | None = None
+        error: str | None = None
+        try:
+            temporal = await self.temporal()
+        except Exception as err:  # the Redis part stands; the plan says what is unknown and why
+            error = operator_message(err, self._settings)
+            if error is None:
+                raise
+        return await plan(
+            self.redis,
+            inp,
+            temporal=temporal,
+            temporal_error=error,
+            sample_seconds=sample_seconds,
+            query_timeout=query_timeout,
+        )
 
 
 class XmcSyncClient:

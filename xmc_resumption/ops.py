@@ -449,3 +449,37 @@ async def run_update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, 
         if err.status is RPCStatusCode.NOT_FOUND:
             raise OperatorError(f"{handle.id} ended before the {name.value} Update: {one_line(err.message)}") from err
         raise
+
+
+async def add_etas(client: Client, rows: list[dict[str, object]], most: int, within_seconds: float) -> None:
+    """Add ``eta_seconds`` and ``eta_at`` (the ``progress`` query's) to each running row of
+    ``list_resumptions``: at most ``most`` runs, the first in ``rows``, asked together and all
+    within ``within_seconds``; a run not asked, or not answering in time, gets None. Visibility
+    holds no ETA: it changes with every reading, and a search attribute per change would cost a
+    history event each (``workflows/fleet.py`` refreshes the counts at most every 30 s); a query
+    costs none.
+
+    Raises:
+        ValueError: ``most`` < 0 or ``within_seconds`` not > 0.
+    """
+    if most < 0 or not within_seconds > 0:
+        raise ValueError(f"need most >= 0 and within_seconds > 0, got {most} and {within_seconds}")
+    for row in rows:
+        row["eta_seconds"] = row["eta_at"] = None
+    running = [row for row in rows if row["status"] == "running"][:most]
+
+    async def ask(row: dict[str, object]) -> None:
+        handle = client.get_workflow_handle(str(row["workflow_id"]))
+        try:
+            progress: Progress = await handle.query(ResumptionWorkflow.progress)
+        except RPCError:
+            return  # no worker, or the run ended meanwhile: no ETA
+        row["eta_seconds"] = progress.eta_seconds
+        row["eta_at"] = _iso(progress.eta_at)
+
+    tasks = [asyncio.ensure_future(ask(row)) for row in running]
+    if tasks:
+        _, late = await asyncio.wait(tasks, timeout=within_seconds)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)

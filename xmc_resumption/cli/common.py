@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
@@ -28,15 +29,16 @@ from xmc_resumption.errors import (
 )
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.settings import Settings
-from xmc_resumption.workflows.models import ResumptionInput
+from xmc_resumption.workflows.models import ResumptionInput, duration_text
 
 T = TypeVar("T")
 
 DESCRIPTION = (
-    "Operate xmc-resumption: pause experiments, enqueue tasks, inspect them, start, watch, change "
-    "and stop resumptions, list the fleet, run the demo. Redis from XMC_REDIS_URL; Temporal from "
-    "TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE / profiles. Exit codes: 0 done, 1 a run awaited with "
-    "--wait ended without a result, 2 an operator error or refusal (one line on stderr)."
+    "Operate xmc-resumption: pause experiments, enqueue tasks, inspect them, plan, start, watch, "
+    "change and stop resumptions, cap a stream's rate, list the fleet, run the demo. Redis from "
+    "XMC_REDIS_URL; Temporal from TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE / profiles. Exit codes: 0 "
+    "done, 1 a run awaited with --wait ended without a result, 2 an operator error or refusal (one "
+    "line on stderr)."
 )
 
 QUERY_TIMEOUT_SECONDS = 5.0
@@ -169,6 +171,12 @@ INPUT_OPTIONS = (
         "fair_share",
         "take at most this experiment's weighted share of the stream's headroom",
     ),
+    InputOption(
+        "--max-tasks-per-second",
+        "max_tasks_per_second",
+        "this replay's rate cap, tasks per second (xmc rate sets the stream's)",
+        "none",
+    ),
 )
 """One option per ``ResumptionInput`` field but the experiment, the stream (every command's) and
 ``carry`` (the workflow's own); tests/test_cli.py checks that none is missing."""
@@ -225,6 +233,19 @@ UPDATE_TIMEOUT = FiniteFloat(0.1, 3_600)
 @click.version_option(__version__, "--version", prog_name="xmc", message="%(prog)s %(version)s")
 def cli() -> None:
     """The ``xmc`` group; see ``DESCRIPTION``."""
+
+
+def eta_text(eta_seconds: float | None, eta_at: str | datetime | None) -> str:
+    """An ETA for people, counted from now on this machine's clock: ``~3m 07s (at 12:34:56Z)``,
+    ``0s`` when nothing is left, ``-`` while it cannot be estimated (``Progress.eta_seconds``,
+    ``eta_at``: a datetime, or its ISO text from JSON)."""
+    if eta_seconds is None or eta_at is None:
+        return "-"
+    if eta_seconds == 0:
+        return "0s"
+    at = eta_at if isinstance(eta_at, datetime) else datetime.fromisoformat(eta_at)
+    left = (at - datetime.now(UTC)).total_seconds()
+    return f"~{duration_text(max(0.0, left))} (at {at.astimezone(UTC).strftime('%H:%M:%SZ')})"
 
 
 def or_missing(value: object, missing: str = "?") -> str:

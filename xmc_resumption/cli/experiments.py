@@ -18,6 +18,7 @@ from xmc_resumption.cli.common import (
     cli,
     client_of,
     emit,
+    eta_text,
     experiment_command,
     json_option,
     or_missing,
@@ -242,6 +243,7 @@ def _run_text(run: Mapping[str, Any] | None) -> str:
             f": {progress['phase']}, replayed {progress['replayed']}, remaining {or_missing(progress['remaining'])}, "
             f"backlog {or_missing(progress['backlog'])}/{progress['threshold']}"
             + (f" of {progress['limiting_group']}" if progress.get("limiting_group") else "")
+            + f", ETA {eta_text(progress.get('eta_seconds'), progress.get('eta_at'))}"
             + (
                 f", waiting for a consumer group: {progress['throttle_reason']}"
                 if progress["phase"] == Phase.WAITING_FOR_GROUP.value
@@ -252,6 +254,7 @@ def _run_text(run: Mapping[str, Any] | None) -> str:
                 if progress["stalled"]
                 else ""
             )
+            + (f", RATE LIMITED: {progress['rate_reason']}" if progress["phase"] == Phase.RATE_LIMITED.value else "")
         )
     else:
         text += f": phase {or_missing(run['phase'])}, replayed {or_missing(run['replayed'])}, "

@@ -13,6 +13,7 @@ from temporalio.client import (
 
 from xmc_resumption.cli.common import (
     EXPERIMENT_ID,
+    QUERY_TIMEOUT_SECONDS,
     STREAM_NAME,
     TASK_QUEUE_NAME,
     UPDATE_TIMEOUT,
@@ -21,6 +22,7 @@ from xmc_resumption.cli.common import (
     cli,
     client_of,
     emit,
+    eta_text,
     experiment_command,
     field_option,
     input_options,
@@ -30,19 +32,25 @@ from xmc_resumption.cli.common import (
     settings_of,
     text_table,
 )
+from xmc_resumption.cli.params import FiniteFloat, field_type
+from xmc_resumption.cli.planning import plan_text, run_plan, sample_option
 from xmc_resumption.cli.watch import Watcher
 from xmc_resumption.client import NothingToResumeError, ResumeError
 from xmc_resumption.errors import (
+    EXIT_OPERATOR_ERROR,
     EXIT_RUN_FAILED,
     OperatorError,
     RunFailedError,
+    one_line,
     workflow_failure_message,
 )
 from xmc_resumption.ops import (
     MAX_LISTED,
+    add_etas,
     fleet_query,
 )
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
+from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import (
     TASK_QUEUE,
@@ -52,6 +60,10 @@ from xmc_resumption.workflows.models import (
     workflow_id_for,
 )
 
+ETA_QUERIES = 50
+"""``xmc list``: the most running resumptions whose progress query is asked for the ETA (the
+newest first); the others show '-'. The queries run together, all within ``QUERY_TIMEOUT_SECONDS``."""
+
 
 @cli.command("list", short_help="every resumption in Temporal visibility, with its phase and progress")
 @click.option("--running", is_flag=True, help="only running resumptions")
@@ -59,6 +71,12 @@ from xmc_resumption.workflows.models import (
 @click.option("--experiment", "experiment_id", type=EXPERIMENT_ID, help="only this experiment")
 @click.option("--stream", type=STREAM_NAME, help="only resumptions into this stream")
 @click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=200, show_default=True, help="most runs listed")
+@click.option(
+    "--eta/--no-eta",
+    default=True,
+    show_default=True,
+    help=f"ask each running resumption's progress for its ETA (at most {ETA_QUERIES} runs, {QUERY_TIMEOUT_SECONDS:g}s)",
+)
 @json_option
 @click.pass_context
 def list_cmd(
@@ -68,12 +86,15 @@ def list_cmd(
     experiment_id: str | None,
     stream: str | None,
     limit: int,
+    eta: bool,
     as_json: bool,
 ) -> None:
     """Every ResumptionWorkflow run visibility knows (a continue-as-new chain once, by its newest
     run), newest first, from the search attributes XmcExperimentId, XmcPhase, XmcReplayed,
     XmcRemaining and XmcOutcome: no worker needed. The same query works from the Temporal CLI:
-    temporal workflow list --query "XmcPhase = 'throttled'"."""
+    temporal workflow list --query "XmcPhase = 'throttled'". The ETA column is no search attribute
+    (it changes with every reading): it comes from the progress query of each running run, asked
+    together within a few seconds, '-' where no worker answered in time or no rate is known yet."""
     query = fleet_query(running=running, phase=phase, experiment_id=experiment_id, stream=stream)
 
     async def go() -> list[dict[str, object]]:
@@ -81,11 +102,14 @@ def list_cmd(
             found = await client.list_resumptions(
                 running=running, phase=phase, experiment_id=experiment_id, stream=stream, limit=limit
             )
-        return [row.model_dump(mode="json") for row in found]
+            rows = [row.model_dump(mode="json") for row in found]
+            if eta:
+                await add_etas(await client.temporal(), rows, ETA_QUERIES, QUERY_TIMEOUT_SECONDS)
+        return rows
 
     rows = run_sync(go())
     table = text_table(
-        ["WORKFLOW ID", "STATUS", "EXPERIMENT", "PHASE", "REPLAYED", "REMAINING", "OUTCOME", "STARTED"],
+        ["WORKFLOW ID", "STATUS", "EXPERIMENT", "PHASE", "REPLAYED", "REMAINING", "ETA", "OUTCOME", "STARTED"],
         [
             [
                 r["workflow_id"],
@@ -94,6 +118,7 @@ def list_cmd(
                 or_missing(r["phase"], "-"),
                 or_missing(r["replayed"], "-"),
                 or_missing(r["remaining"], "-"),
+                eta_text(r.get("eta_seconds"), r.get("eta_at")).split(" (at")[0],  # type: ignore[arg-type]
                 or_missing(r["outcome"], "-"),
                 or_missing(r["start_time"], "-"),
             ]
@@ -120,6 +145,8 @@ def list_cmd(
 @click.option("--wait", is_flag=True, help="show progress until the runs end, then print their results")
 @click.option("--quiet", "-q", is_flag=True, help="with --wait: no progress display (warnings still shown)")
 @click.option("--force", is_flag=True, help="start even if an experiment is running and holds nothing")
+@click.option("--dry-run", is_flag=True, help="start nothing: print what xmc plan prints for each input")
+@sample_option
 @click.pass_context
 def resume(
     ctx: click.Context,
@@ -130,6 +157,8 @@ def resume(
     wait: bool,
     quiet: bool,
     force: bool,
+    dry_run: bool,
+    sample_seconds: float,
     **fields: Any,
 ) -> None:
     """Start a resumption of each experiment (XmcClient.resume_many). Options left out take
@@ -140,12 +169,23 @@ def resume(
     stderr for each run in turn (a bar on a terminal, a line every few seconds otherwise), a warning
     when no consumer drains the stream or no worker answers; exit 1 when a run ends without a result
     (failed, terminated, cancelled). --json: one document, and with several experiments
-    {"resumptions": [...]}."""
+    {"resumptions": [...]}. With --dry-run: nothing is written or started; each experiment's plan
+    is printed (as xmc plan; --json: one document, with several {"plans": [...]}), exit 2 with one
+    line when a start would be refused."""
     given = {name: value for name, value in fields.items() if value is not None}
     inputs = [
         ResumptionInput.model_validate({"experiment_id": e, "stream": stream, **given})
         for e in dict.fromkeys(experiment_id)
     ]
+    if dry_run:
+        plans = [run_sync(run_plan(ctx, inp, sample_seconds)) for inp in inputs]
+        docs = [p.model_dump(mode="json") for p in plans]
+        emit(as_json, docs[0] if len(plans) == 1 else {"plans": docs}, "\n".join(plan_text(p) for p in plans))
+        refusing = [f"{p.experiment_id}: {p.refusals[0]}" for p in plans if not p.startable]
+        if refusing:
+            print(f"{ctx.command_path}: the start would be refused: {one_line('; '.join(refusing))}", file=sys.stderr)
+            ctx.exit(EXIT_OPERATOR_ERROR)
+        return
     docs, failed, refused = run_sync(
         _resume(ctx, inputs, task_queue, wait=wait, quiet=quiet or as_json, force=force, as_json=as_json)
     )
@@ -223,13 +263,33 @@ def _result_text(result: Mapping[str, Any]) -> str:
     )
 
 
+class RateCapChange(FiniteFloat):
+    """``xmc set --max-tasks-per-second``: 0 (remove the cap) or a value within
+    ``ResumptionInput.max_tasks_per_second``'s bounds."""
+
+    def __init__(self) -> None:
+        super().__init__(0, MAX_TASKS_PER_SECOND)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        return 0.0 if number == 0 else field_type(ResumptionInput, "max_tasks_per_second").convert(number, param, ctx)
+
+
 @experiment_command(
-    cli, "set", "change a running resumption's threshold, batch, throttle wait or policy (the configure Update)"
+    cli,
+    "set",
+    "change a running resumption's threshold, batch, throttle wait, policy or rate cap (the configure Update)",
 )
 @field_option("--threshold", "max_backlog_threshold")
 @field_option("--batch", "batch_size")
 @field_option("--throttle-seconds", "throttle_seconds")
 @field_option("--policy", "throttle_policy")
+@click.option(
+    "--max-tasks-per-second",
+    "max_tasks_per_second",
+    type=RateCapChange(),
+    help="max_tasks_per_second: the replay's rate cap, tasks per second; 0 removes it",
+)
 @click.option(
     "--timeout", type=UPDATE_TIMEOUT, default=30.0, show_default=True, help="seconds to wait for a worker to answer"
 )
@@ -240,7 +300,9 @@ def set_cmd(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     longer than every wait), which refuses a bad change without a trace in the history."""
     given = {name: value for name, value in fields.items() if value is not None}
     if not given:
-        raise click.UsageError("nothing to change: give --threshold, --batch, --throttle-seconds or --policy", ctx)
+        raise click.UsageError(
+            "nothing to change: give --threshold, --batch, --throttle-seconds, --policy or --max-tasks-per-second", ctx
+        )
     change = ControlChange.model_validate(given)
 
     async def go() -> EffectiveSettings:
@@ -285,5 +347,7 @@ def stop(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, wai
 def _effective_text(workflow_id: str, s: EffectiveSettings) -> str:
     return (
         f"{workflow_id} runs with: threshold {s.max_backlog_threshold}, batch {s.batch_size}, "
-        f"throttle {s.throttle_seconds:g}s, policy {s.throttle_policy.value}" + (", stopping" if s.stopping else "")
+        f"throttle {s.throttle_seconds:g}s, policy {s.throttle_policy.value}, "
+        f"rate cap {'none' if s.max_tasks_per_second is None else f'{s.max_tasks_per_second:g}/s'}"
+        + (", stopping" if s.stopping else "")
     )

@@ -22,7 +22,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError
 
-from xmc_resumption.cli.common import QUERY_TIMEOUT_SECONDS, or_missing
+from xmc_resumption.cli.common import QUERY_TIMEOUT_SECONDS, eta_text, or_missing
 from xmc_resumption.errors import RunFailedError, one_line, workflow_failure_message
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import as_text
@@ -138,7 +138,8 @@ class Watcher:
     def _show(self, workflow_id: str, p: Progress) -> None:
         total = p.replayed + p.remaining if p.remaining is not None else None
         backlog = f"backlog {or_missing(p.backlog)}/{p.threshold}"
-        detail = f"{p.phase.value}, {backlog}" + (", STALLED" if p.stalled else "")
+        eta = f"ETA {eta_text(p.eta_seconds, p.eta_at)}"
+        detail = f"{p.phase.value}, {backlog}, {eta}" + (", STALLED" if p.stalled else "")
         if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=p.replayed, total=total, detail=detail)
             return
@@ -149,7 +150,7 @@ class Watcher:
         print(
             f"{workflow_id}: {p.phase.value}: {p.replayed}/{or_missing(total)} replayed, "
             f"remaining {or_missing(p.remaining)}, "
-            f"{backlog}" + (", STALLED" if p.stalled else ""),
+            f"{backlog}, {eta}" + (", STALLED" if p.stalled else ""),
             file=sys.stderr,
             flush=True,
         )

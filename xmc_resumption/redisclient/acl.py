@@ -19,6 +19,7 @@ command:
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from functools import cache
 from importlib import resources
@@ -26,7 +27,7 @@ from importlib import resources
 from redis.exceptions import NoPermissionError
 
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.scripts import source
+from xmc_resumption.redisclient.scripts import run_script, source
 
 _SCRIPT_DENIALS = ("The user executing the script can't", "ACL failure in script")
 _QUOTED_COMMAND = re.compile(r"'([a-z0-9_|-]+)'", re.IGNORECASE)
@@ -118,3 +119,18 @@ def _command_at(script: str | None, line: int | None) -> str | None:
         f"{cmd}|{sub}" if sub and cmd in _WITH_SUBCOMMANDS else cmd for cmd, sub in _REDIS_CALL.findall(lines[line - 1])
     }
     return " or ".join(sorted(calls)) or None
+
+
+async def allowed_commands(client: RedisClient, slot_key: str, commands: list[list[str]]) -> list[bool]:
+    """Whether ``client``'s ACL user may run each of ``commands`` (a command's name and its
+    arguments, keys among them), asked of Redis without running them (``redis.acl_check_cmd`` in
+    ``lua/acl_check.lua``; Redis >= 7.0). Reads and writes nothing.
+
+    Args:
+        slot_key: a key of the slot to ask (on a Redis Cluster, the node holding it answers); not read.
+
+    Raises:
+        redis.exceptions.RedisError: on any Redis fault (NOPERM when the user may not run EVALSHA).
+    """
+    reply = await run_script(client, "acl_check", [slot_key], [json.dumps(commands)])
+    return [bool(x) for x in json.loads(reply)]

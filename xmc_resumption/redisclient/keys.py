@@ -161,4 +161,6 @@ def expected_type(key: str) -> str:
         return _TYPES.get(key.rsplit(":", 1)[1], "stream")
     if key.startswith("{") and key.endswith(("}:weights", "}:replayers")):
         return "hash" if key.endswith(":weights") else "zset"  # the fair share's (redisclient/weights.py)
+    if key.startswith("{") and key.endswith("}:rate"):
+        return "hash"  # the stream-wide rate cap (redisclient/ratecap.py)
     return "stream"

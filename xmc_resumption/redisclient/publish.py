@@ -19,6 +19,7 @@ from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.fencing import validate_lease
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import fraction_arg
+from xmc_resumption.redisclient.ratecap import rate_key
 from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script
 
@@ -69,6 +70,10 @@ async def publish_batch(
         groups: the groups whose backlog bounds the move, ``group`` among them, each required
             to exist; None: every group of the stream (``redisclient.backlog.measure_backlog``).
 
+    The stream-wide rate cap (``{S}:rate``, ``redisclient.ratecap``), when set, bounds the move
+    too: at most the whole tokens its bucket holds move (status ``rate_limited`` when none, with
+    ``rate_wait_ms``), and what moved is taken from the bucket in the same step.
+
     Returns:
         What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
         and the experiment is running again.
@@ -80,7 +85,8 @@ async def publish_batch(
             ``error``.
         redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream); a
             ``ResponseError`` starting ``XMCEVICTION`` when ``maxmemory-policy`` is not
-            ``noeviction`` (nothing moved).
+            ``noeviction`` (nothing moved); one starting ``XMCCORRUPT`` when ``{S}:rate`` holds
+            no valid cap (nothing moved).
     """
     if seq < 1:
         raise ValueError(f"seq must be >= 1, got {seq}")
@@ -94,7 +100,7 @@ async def publish_batch(
         client,
         "publish",
         [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish,
-         weights_key(keys.stream), replayers_key(keys.stream)],
+         weights_key(keys.stream), replayers_key(keys.stream), rate_key(keys.stream)],
         [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
          fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id, spec],
     )  # fmt: skip

@@ -167,6 +167,9 @@ class PublishStatus(StrEnum):
     """The stream or a required group is missing under ``missing_group: wait``: nothing moved or written."""
     MEMORY = "memory"
     """Redis's used memory reached the call's fraction of ``maxmemory``: nothing moved (a wait)."""
+    RATE_LIMITED = "rate_limited"
+    """The stream-wide rate cap's bucket (``{S}:rate``, ``lua/rate.lua``) held no whole task while
+    there was headroom: nothing moved (a wait of ``rate_wait_ms``)."""
 
 
 class PublishResult(BaseModel):
@@ -193,6 +196,11 @@ class PublishResult(BaseModel):
         used_memory, maxmemory: Redis's ``INFO memory`` as the script read it before the move
             (bytes; maxmemory 0 means no limit; both 0 when the script refused before reading
             them, and in results recorded before they existed).
+        rate_limit: the stream-wide rate cap (tasks per second, ``{S}:rate``); 0: none, or not
+            read (the script refused before), or a result recorded before it existed.
+        rate_limited: the cap's bucket cut this move short (``rate_limited`` status when nothing moved).
+        rate_wait_ms: with ``rate_limited``, how long until the bucket holds what the move wanted
+            (at most its capacity; milliseconds on Redis's clock), else 0.
 
     The wire format is the script's flat reply (``lua/publish.lua``: ``pending``, ``lag``,
     ``capped``, ``bytes_capped``, ``headroom``, ``last_delivered_id``, ``group_status``,
@@ -211,6 +219,9 @@ class PublishResult(BaseModel):
     last_seq: int = 0
     used_memory: int = 0
     maxmemory: int = 0
+    rate_limit: float = 0.0
+    rate_limited: bool = False
+    rate_wait_ms: int = 0
 
     @model_validator(mode="before")
     @classmethod

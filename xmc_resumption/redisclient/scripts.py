@@ -28,7 +28,7 @@ from xmc_resumption.redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
     "measure": ("backlog",),
-    "publish": ("tokens", "backlog", "memory", "fair"),
+    "publish": ("tokens", "backlog", "memory", "fair", "rate"),
     "acquire": ("tokens", "memory"),
     "memory_status": ("memory",),
     "check": ("tokens",),
@@ -36,8 +36,8 @@ _FRAGMENTS = {
 }
 """The fragments each script gets prepended: ``backlog.lua`` (the backlog and throttle rule),
 ``tokens.lua`` (exact fencing tokens, the known states), ``memory.lua`` (the eviction-policy and
-memory-fraction rule) and ``fair.lua`` (the fair share of a shared threshold), so each rule is
-written once."""
+memory-fraction rule), ``fair.lua`` (the fair share of a shared threshold) and ``rate.lua`` (the
+stream-wide rate cap), so each rule is written once."""
 
 
 @cache

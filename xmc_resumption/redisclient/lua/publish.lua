@@ -2,7 +2,8 @@
 -- KEYS[1] task stream, KEYS[2] held stream, KEYS[3] state, KEYS[4] fence counter, KEYS[5] claim hash,
 -- KEYS[6] publish record (the idempotency record: token, seq, result, and `moved`, the tasks this
 --         token moved in all, the authority for the run's count; it does not lapse with the lease),
--- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua)
+-- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua),
+-- KEYS[9] the stream's rate cap `{S}:rate` (rate.lua): a token bucket shared by every replay of S
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group (it must exist),
 -- ARGV[6] missing-group policy ('wait' | 'zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
@@ -27,6 +28,8 @@
 --   memory: a maxmemory-policy other than noeviction fails the call (XMCEVICTION, memory.lua); with
 --           headroom left, Redis's used memory at or above the fraction of maxmemory moves nothing
 --           ('memory'; no limit set: never);
+--   rate: with a stream-wide cap set, moves at most the whole tokens its bucket holds
+--         ('rate_limited' when that is 0 while there is headroom);
 --   move: XADD to the task stream with the field map byte for byte, then XDEL from the held stream,
 --         oldest first, stopping once the entries moved reach the byte budget (at least one moves),
 --         and before an entry too large to pass to XADD from a script (`poison_id`: the caller sets
@@ -35,9 +38,12 @@
 -- Tokens are decimal strings compared exactly (tokens.lua).
 -- Returns JSON {status, moved, moved_bytes, poison_id ('' or the entry that stopped the move),
 -- total_moved (this token's tasks moved in all), backlog, remaining, pending, lag, capped, bytes_capped,
--- headroom, last_delivered_id, group_status, limiting_group, missing_group, last_seq, used_memory, maxmemory}:
--- backlog (of the limiting group) and headroom as measured before the move; last_seq is the recorded seq, with 'stale';
--- used_memory and maxmemory (bytes) as read before the move (0 when the script refused before reading them).
+-- headroom, last_delivered_id, group_status, limiting_group, missing_group, last_seq, used_memory, maxmemory,
+-- rate_limit, rate_limited, rate_wait_ms}: backlog (of the limiting group) and headroom as measured before the
+-- move; last_seq is the recorded seq, with 'stale';
+-- used_memory and maxmemory (bytes) as read before the move (0 when the script refused before reading them);
+-- rate_limit (the stream's cap, tasks/s; 0: none), rate_limited (the cap cut this move short), rate_wait_ms
+-- (with rate_limited: ms until the bucket holds what the move wanted, at most its capacity).
 -- the arguments, checked before anything is read or written
 local token = ARGV[1]
 if type(token) ~= 'string' or not string.match(token, '^%d+$') or #token > 19 then
@@ -59,6 +65,7 @@ xmc_arg_name('experiment ID', ARGV[12])
 local XMC_MAX_VALUES = 7990
 local poison_id = nil
 local memory = {used_memory = 0, maxmemory = 0}
+local rate_cap = {limit = 0, cut = false, wait_ms = 0}
 
 -- tasks this token has moved so far: the publish record's count (the authority for `replayed`).
 -- A record of this token written before the count existed has none: then no count is kept (the
@@ -77,7 +84,8 @@ local function reply(status, moved, b, remaining, last_seq, moved_bytes)
                        headroom = b.headroom, last_delivered_id = b.last_delivered_id or '',
                        group_status = b.status, limiting_group = b.limiting_group or '',
                        missing_group = b.missing_group or '', last_seq = last_seq or 0,
-                       used_memory = memory.used_memory, maxmemory = memory.maxmemory})
+                       used_memory = memory.used_memory, maxmemory = memory.maxmemory,
+                       rate_limit = rate_cap.limit, rate_limited = rate_cap.cut, rate_wait_ms = rate_cap.wait_ms})
 end
 local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
 
@@ -118,6 +126,17 @@ xmc_require_noeviction(memory)
 local memory_full = xmc_memory_full(memory, fraction) and room > 0
 if memory_full then room = 0 end
 -- end of the memory guard ----------------------------------------------------------------------------
+-- stream-wide rate cap (rate.lua): reads only, before the first write
+local rate = xmc_rate_read(KEYS[9])
+local wanted = room
+if rate then
+  rate_cap.limit = rate.limit
+  if room > math.floor(rate.tokens) then
+    rate_cap.cut = true
+    room = math.floor(rate.tokens)
+  end
+end
+-- rate cap: end
 local moved, moved_bytes = 0, 0
 if room > 0 then
   -- read first, write after: an entry with more fields than a script can pass to XADD stops the
@@ -138,6 +157,13 @@ if room > 0 then
     moved_bytes = moved_bytes + xmc_entry_bytes(e)
   end
 end
+-- rate cap (rate.lua): take what moved from the bucket
+if rate and moved > 0 then xmc_rate_take(KEYS[9], rate, moved) end
+if rate_cap.cut then
+  rate.tokens = rate.tokens - moved
+  rate_cap.wait_ms = xmc_rate_wait_ms(rate, wanted)
+end
+-- rate cap: end
 local remaining = redis.call('XLEN', KEYS[2])
 local status = 'published'
 if remaining == 0 then
@@ -146,6 +172,8 @@ if remaining == 0 then
   status = 'completed'
 elseif memory_full then
   status = 'memory'
+elseif rate_cap.cut and moved == 0 then
+  status = 'rate_limited'
 elseif room <= 0 then
   status = 'throttled'
 end

@@ -1,0 +1,202 @@
+"""``xmc plan`` and ``xmc resume --dry-run`` (``xmc_resumption.plan``) against a real redis-server
+and the dev server: what would move, every group's backlog, the estimate from a sampled drain,
+every reason the start would be refused or would wait; and that nothing is written, in Redis or
+in Temporal. The ACL side is in tests/test_acl.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import WorkflowEnvironment
+
+from tests.helpers import GROUP, STREAM, consume, hold_tasks
+from tests.test_cli import Xmc, one_line, xmc_fixture  # noqa: F401  (the fixture)
+from xmc_resumption import plan as plan_module
+from xmc_resumption.plan import entry_time, plan
+from xmc_resumption.redisclient import ratecap
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.workflows.eta import eta_seconds
+from xmc_resumption.workflows.models import ResumptionInput
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+
+def address(env: WorkflowEnvironment) -> str:
+    return env.client.service_client.config.target_host
+
+
+async def keyspace(redis: Redis) -> dict[bytes, tuple[bytes, bytes]]:
+    """Every key with its type and DUMP: any write shows."""
+    return {key: (await redis.type(key), await redis.dump(key)) async for key in redis.scan_iter()}
+
+
+async def two_groups(redis: Redis) -> None:
+    """xmc-workers (created at the end, one consumer holding 3 pending) and audit (created at 0):
+    7 entries that are not held tasks, so each group's backlog is 7 (3 pending + 4, and 7)."""
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, "audit", id="0")
+    for i in range(7):
+        await redis.xadd(STREAM, {"task": f"other-{i}"})
+    await redis.xreadgroup(GROUP, "c1", {STREAM: ">"}, count=3)
+
+
+async def test_plan_reads_everything_and_writes_nothing(dev_env: WorkflowEnvironment, redis: Redis, xmc: Xmc) -> None:
+    e = f"P{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 50)
+    await two_groups(redis)
+    keys = ExperimentKeys(STREAM, e)
+    before = await keyspace(redis)
+
+    ran = await asyncio.to_thread(xmc, "plan", e, "--sample-seconds", "0.2", "--json", temporal=address(dev_env))
+    dry = await asyncio.to_thread(xmc, "resume", e, "--dry-run", "--sample-seconds", "0", temporal=address(dev_env))
+
+    assert await keyspace(redis) == before
+    with pytest.raises(RPCError) as missing:
+        await dev_env.client.get_workflow_handle(f"resumption-{e}").describe()
+    assert missing.value.status is RPCStatusCode.NOT_FOUND  # nothing started
+    assert (ran.returncode, ran.stderr) == (0, ""), ran
+    doc = json.loads(ran.stdout)
+    held: list[Any] = await redis.xrange(keys.held)
+    size = sum(len(i) + sum(len(k) + len(v) for k, v in f.items()) for i, f in held)
+    assert (doc["state"], doc["held"], doc["held_bytes"], doc["held_bytes_exact"]) == ("paused", 50, size, True)
+    first, last = held[0][0].decode(), held[-1][0].decode()
+    assert (doc["oldest"]["id"], doc["newest"]["id"]) == (first, last)
+    assert doc["oldest"]["time"] == entry_time(first).isoformat().replace("+00:00", "Z")
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert {name: (g["consumers"], g["pending"], g["lag"], g["backlog"]) for name, g in groups.items()} == {
+        GROUP: (1, 3, 4, 7),
+        "audit": (0, 0, 7, 7),
+    }
+    # nobody drained during the sample: a rate of 0 for the groups with a backlog, so no estimate
+    assert groups[GROUP]["drain_rate"] == 0 and doc["rate"] is None and doc["estimate_seconds"] is None
+    assert doc["estimate_basis"] == f"no estimate: {GROUP} drained nothing over the 0.2s sample"
+    assert (doc["refusals"], doc["waits"], doc["run"]) == ([], [], None)
+    assert doc["sample_seconds"] == 0.2
+    assert (dry.returncode, dry.stderr) == (0, ""), dry
+    assert dry.stdout.startswith(f"{e} on {STREAM}: paused, 50 held tasks, {size:,} bytes\n")
+    assert f"  group {GROUP} (this replay's): 1 consumers, backlog 7 (pending 3 + lag 4), drain -\n" in dry.stdout
+    assert dry.stdout.endswith("  xmc resume would start; nothing was written\n")
+
+
+async def test_plan_names_every_refusal_and_wait(dev_env: WorkflowEnvironment, redis: Redis, xmc: Xmc) -> None:
+    """A resumption already running (started with no worker: it stays running), Redis evicting and
+    over the memory fraction, a missing group under ``error``, a backlog over the threshold, the
+    stream's rate cap; ``--dry-run`` exits 2 with one line, the plan on stdout."""
+    e = f"P{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 20)
+    await two_groups(redis)
+    await ratecap.set_stream_rate(redis, STREAM, 40)
+    handle = await dev_env.client.start_workflow(
+        ResumptionWorkflow.run, ResumptionInput(experiment_id=e), id=f"resumption-{e}", task_queue="nobody-polls"
+    )
+    used = int((await redis.info("memory"))["used_memory"])
+    await redis.config_set("maxmemory", str(used * 2))
+    await redis.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        before = await keyspace(redis)
+        env = {"temporal": address(dev_env)}
+        args = ("--sample-seconds", "0", "--max-memory-fraction", "0.3")
+        missing = await asyncio.to_thread(
+            xmc, "plan", e, "--group", "nosuch", "--missing-group", "error", *args, "--json", **env
+        )
+        over = await asyncio.to_thread(xmc, "plan", e, "--threshold", "5", *args, "--json", **env)
+        dry = await asyncio.to_thread(xmc, "resume", e, "--dry-run", *args, **env)
+        assert await keyspace(redis) == before
+    finally:
+        await redis.config_set("maxmemory-policy", "noeviction")
+        await redis.config_set("maxmemory", "0")
+        await handle.terminate()
+    doc = json.loads(missing.stdout)
+    assert doc["refusals"] == [
+        "maxmemory-policy allkeys-lru: the replay needs noeviction (this policy can evict the held tasks, the "
+        "fence counter or the claim); set maxmemory-policy noeviction on this Redis, then resume again",
+        f"consumer group nosuch does not exist on {STREAM}: missing_group 'error' fails the run at its first "
+        "measurement",
+        f"a resumption is already running: resumption-{e} (run {handle.result_run_id}); xmc status {e} shows its "
+        "progress and ETA",
+    ]
+    assert doc["waits"][0].startswith("Redis memory 5") and doc["waits"][0].endswith(
+        "of maxmemory >= max_memory_fraction 0.3: the replay waits (10s at a time) until it falls"
+    )
+    assert doc["waits"][1:] == [
+        "the stream's rate cap ({xmc-tasks-stream}:rate): at most 40 tasks/s for all its replays"
+    ]
+    assert doc["run"]["status"] == "running" and doc["at_least_seconds"] == 20 / 40
+    waits = json.loads(over.stdout)["waits"]
+    assert waits[-1] == f"backlog of {GROUP} is 6+ >= threshold 5: the replay waits for the consumers first"
+    assert (dry.returncode, dry.stderr) == (2, f"xmc resume: the start would be refused: {e}: {doc['refusals'][0]}\n")
+    assert "  refused: a resumption is already running: " in dry.stdout
+    assert dry.stdout.endswith("  xmc resume would be refused; nothing was written\n")
+
+
+async def test_the_estimate_is_the_sampled_drain(redis: Redis) -> None:
+    """A consumer draining about 400/s a backlog of 3,000 other entries, sampled for 1 s: the
+    group's drain rate; ``adaptive`` estimates ``(held - headroom) / rate``, ``fixed`` (a 10 s wait
+    at threshold 500) no faster than 50/s, a rate cap of 20/s no faster than that."""
+    e = f"P{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 2_000)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with redis.pipeline(transaction=False) as pipe:
+        for i in range(3_000):
+            pipe.xadd(STREAM, {"task": f"other-{i}"})
+        await pipe.execute()
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20, rate=400))
+    try:
+        await asyncio.sleep(0.2)
+        adaptive = await plan(
+            redis, ResumptionInput(experiment_id=e, throttle_policy="adaptive"), temporal=None, sample_seconds=1
+        )
+        fixed = await plan(redis, ResumptionInput(experiment_id=e), temporal=None, sample_seconds=1)
+        capped = await plan(
+            redis, ResumptionInput(experiment_id=e, max_tasks_per_second=20), temporal=None, sample_seconds=1
+        )
+    finally:
+        stop.set()
+        await consumer
+    [group] = adaptive.groups
+    assert group.drain_rate is not None and 250 < group.drain_rate < 500, group
+    assert adaptive.rate == group.drain_rate
+    assert adaptive.estimate_seconds == eta_seconds(2_000, 0, group.drain_rate)  # backlog >= 500: no headroom
+    assert adaptive.estimate_basis == f"{GROUP}'s drain rate over a 1s sample ({group.drain_rate:,.1f}/s)"
+    assert fixed.rate == 50 and fixed.estimate_seconds == 2_000 / 50
+    assert "bounded by fixed waits: threshold / throttle_seconds = 50.0/s" in fixed.estimate_basis
+    assert capped.rate == 20 and capped.estimate_seconds == capped.at_least_seconds == 2_000 / 20
+    assert capped.notes[0] == "this replay's own rate cap: at most 20 tasks/s"
+    assert capped.run == {"error": "Temporal not asked"}
+
+
+async def test_a_missing_stream_and_a_large_held_stream(redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No task stream: said, with what ``zero`` costs. Past the read limit the held bytes are
+    estimated from the entries read."""
+    e = f"P{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 1_000)
+    monkeypatch.setattr(plan_module, "ENTRIES_READ_LIMIT", 100)
+    monkeypatch.setattr(plan_module, "READ_CHUNK", 30)
+    found = await plan(redis, ResumptionInput(experiment_id=e), temporal=None, sample_seconds=0)
+    held: list[Any] = await redis.xrange(ExperimentKeys(STREAM, e).held)
+    size = sum(len(i) + sum(len(k) + len(v) for k, v in f.items()) for i, f in held)
+    # the first 120 entries read (chunks of 30, past 100) are the shorter names (t0..t119): a few % low
+    assert found.held_bytes_exact is False and 0.9 < found.held_bytes / size < 1
+    assert (found.stream_exists, found.groups, found.sample_seconds) == (False, [], 0.0)
+    assert found.notes[0] == (
+        f"the task stream {STREAM} does not exist: missing_group 'zero' counts its backlog as 0 and moves tasks "
+        "no consumer group reads yet (a group created later at '$' never sees them)"
+    )
+    for bad in (-1.0, 61.0, float("nan")):
+        with pytest.raises(ValueError, match="sample_seconds"):
+            await plan(redis, ResumptionInput(experiment_id=e), temporal=None, sample_seconds=bad)
+
+
+def test_nothing_to_plan_is_a_refusal(redis: Redis, xmc: Xmc) -> None:
+    ran = xmc("plan", "P-none", "--sample-seconds", "0", "--json")
+    assert ran.returncode == 0
+    assert json.loads(ran.stdout)["refusals"][0].startswith(
+        "experiment P-none is running and holds no tasks on xmc-tasks-stream: nothing to resume"
+    )
+    one_line(xmc("plan", "P-none", "--sample-seconds", "-1"), "xmc plan: error: Invalid value for '--sample-seconds'")

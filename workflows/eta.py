@@ -1,0 +1,118 @@
+"""The replay's ETA: held tasks left over the measured net drain rate (pure code, no I/O; docs/operating.md).
+
+The net drain rate is how fast the replay's work leaves Redis: the tasks replayed minus the
+backlog, per second of workflow time. Between two backlog readings (replayed r1, backlog b1 at t1;
+r2, b2 at t2) the sample is ``((r2 - b2) - (r1 - b1)) / (t2 - t1)``: what the consumer group
+drained, less what other producers added meanwhile. A publish moves tasks into the backlog, so it
+changes nothing by itself: the first burst of a replay (the whole headroom at once) does not count
+as speed. The same rule serves both throttle policies: under ``fixed`` it measures what the waits
+let through (about a threshold per wait), under ``adaptive`` the consumers' pace.
+
+The samples are averaged over time (an exponential average with time constant
+``ETA_TIME_CONSTANT_SECONDS``, corrected for its start, so that early on it is the plain average
+since the first reading). Then
+
+    eta = max(0, remaining - headroom) / rate,  headroom = threshold - backlog,
+
+since the next publish moves up to the headroom at once; under ``adaptive``, once more is held
+than the headroom, at least ``(threshold - low watermark) / rate``: the policy refills only after
+the backlog fell to its low watermark, so the last refill waits for that much draining. With a
+rate cap, at least ``remaining / cap``; during a durable wait, at least what is left of it
+(nothing moves before it ends). Everything comes from activity results and ``workflow.now()``, so a replay of
+the history computes the same ETA.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ETA_TIME_CONSTANT_SECONDS = 30.0
+"""Time constant of the net drain rate's average (seconds): readings older than a few of these fade out."""
+
+ETA_FIRST_SECONDS = 1.0
+"""The net drain rate (and so the ETA) is known once this much time between readings was measured (seconds)."""
+
+MAX_NET_RATE = 10_000_000.0
+"""The highest net drain rate believed (tasks per second)."""
+
+MAX_ETA_SECONDS = 366 * 86_400.0
+"""An ETA further away than this (a year, in seconds) is no estimate: it shows as unknown."""
+
+
+class NetRate(BaseModel):
+    """The net drain rate's running average; carried across continue-as-new.
+
+    Attributes:
+        rate: tasks per second, None until ``ETA_FIRST_SECONDS`` were measured.
+        weighted: the sum of weighted samples (tasks per second) and weight: the sum of weights
+            (0..1) of the corrected exponential average; seconds: time measured so far (capped).
+        anchor: the last exact reading: (replayed - backlog, workflow time), or None.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate: float | None = Field(default=None, ge=0, le=MAX_NET_RATE, allow_inf_nan=False)
+    weighted: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    weight: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    anchor: tuple[int, datetime] | None = None
+
+    def observe(self, replayed: int, backlog: int, capped: bool, at: datetime) -> None:
+        """Fold in a backlog reading at workflow time ``at``: ``replayed`` tasks moved so far by then
+        (entries) and ``backlog`` entries in the consumer group's backlog. A capped reading is only
+        a lower bound of the backlog: it is skipped, and the next exact one measures from the last
+        exact one."""
+        if capped:
+            return
+        drained, last = replayed - backlog, self.anchor
+        self.anchor = (drained, at)
+        if last is None:
+            return
+        seconds = (at - last[1]).total_seconds()
+        if seconds <= 0:
+            return
+        sample = min(MAX_NET_RATE, max(0.0, (drained - last[0]) / seconds))
+        decay = math.exp(-seconds / ETA_TIME_CONSTANT_SECONDS)
+        self.weighted = self.weighted * decay + (1 - decay) * sample
+        self.weight = self.weight * decay + (1 - decay)
+        self.seconds = min(self.seconds + seconds, ETA_FIRST_SECONDS)
+        if self.seconds >= ETA_FIRST_SECONDS and self.weight > 0:
+            self.rate = min(MAX_NET_RATE, self.weighted / self.weight)
+
+
+def eta_seconds(
+    remaining: int | None,
+    headroom: int,
+    rate: float | None,
+    cap: float | None = None,
+    refill: int = 0,
+    wait_left: float = 0.0,
+) -> float | None:
+    """The time left (seconds) until the last held task moves: 0 with nothing held, None while it
+    cannot be estimated (remaining unknown, no rate yet, a rate of 0, or more than ``MAX_ETA_SECONDS``).
+
+    Args:
+        remaining: held tasks left (entries).
+        headroom: what the next publish may move at once (entries, ``threshold - backlog``, >= 0).
+        rate: the net drain rate (tasks per second).
+        cap: the rate cap in force (tasks per second), or None: the replay moves no faster.
+        refill: what the consumers drain before the policy refills the stream (entries: the
+            adaptive policy's ``threshold - low watermark``; 0 under ``fixed``), the least left to
+            drain while more is held than the headroom.
+        wait_left: seconds left of a durable wait in progress: nothing moves before it ends.
+    """
+    if remaining is None:
+        return None
+    if remaining <= 0:
+        return 0.0
+    if rate is None or rate <= 0:
+        return None
+    headroom = max(0, headroom)
+    seconds = (max(remaining - headroom, refill) if remaining > headroom else 0) / rate
+    if cap is not None and cap > 0:
+        seconds = max(seconds, remaining / cap)
+    seconds = max(seconds, wait_left)
+    return seconds if seconds <= MAX_ETA_SECONDS else None

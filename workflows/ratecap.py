@@ -1,0 +1,56 @@
+"""A replay's own rate cap, ``max_tasks_per_second``: a token bucket on workflow time (pure code, no
+I/O; docs/pacing.md).
+
+The bucket holds at most ``bucket_capacity(rate)`` tasks (``RATE_BURST_SECONDS`` of the rate, at
+least one) and refills at the rate; it starts full. Before a publish the workflow asks how many
+whole tasks it may move (``allowance``) and passes at most that as the batch; what moved is taken
+(``take``). With nothing allowed it waits until the bucket is full again, or holds what is left to move
+(``wait_seconds``), so a capped replay moves in bursts of at most the capacity and waits about
+once per burst. The
+stream-wide cap (``{S}:rate``) is the same arithmetic inside the publish script, on Redis's clock
+(``redisclient/lua/rate.lua``). Deterministic: its clock is ``workflow.now()``.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND, bucket_capacity
+
+
+class TaskBucket(BaseModel):
+    """The bucket's state; carried across continue-as-new, so a new run does not start full.
+
+    Attributes:
+        tokens: tasks the bucket held at ``at`` (>= 0).
+        at: when ``tokens`` was taken (workflow time), or None before the first use (a full bucket).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: float = Field(default=0.0, ge=0, le=MAX_TASKS_PER_SECOND, allow_inf_nan=False)
+    at: datetime | None = None
+
+    def allowance(self, rate: float, now: datetime) -> int:
+        """Whole tasks a cap of ``rate`` (tasks/s) lets move at workflow time ``now``; refills the bucket."""
+        capacity = bucket_capacity(rate)
+        if self.at is None:
+            self.tokens = capacity
+        else:
+            elapsed = max(0.0, (now - self.at).total_seconds())
+            self.tokens = min(capacity, self.tokens + elapsed * rate)
+        self.at = now
+        return math.floor(self.tokens)
+
+    def take(self, moved: int) -> None:
+        """``moved`` tasks moved (after an ``allowance``)."""
+        self.tokens = max(0.0, self.tokens - moved)
+
+    def wait_seconds(self, rate: float, want: int) -> float:
+        """Seconds until the bucket holds ``want`` tasks (at most its capacity, at least 1) at
+        ``rate`` (tasks/s), as of its last ``allowance``."""
+        target = min(bucket_capacity(rate), max(1.0, float(want)))
+        return max(0.0, target - self.tokens) / rate

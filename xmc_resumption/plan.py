@@ -1,0 +1,490 @@
+"""What a resumption would do and cost, before it starts: ``xmc plan E`` and ``xmc resume E --dry-run``
+(docs/operating.md, "Plan").
+
+``plan`` reads Redis and asks Temporal, and writes nothing: the held tasks (count, bytes, oldest and
+newest entry), every consumer group's backlog on the task stream by the replay's own rule
+(``redisclient.backlog``), the groups' drain rate sampled over a short interval, the time the
+replay would take at that rate, and every reason the start would be refused or would wait: Redis's
+eviction policy, the ACL user's permissions (asked with ``redis.acl_check_cmd``, nothing run), used
+memory over ``max_memory_fraction``, a resumption already running in Temporal, a missing stream or
+group, a backlog already at the threshold, a rate cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+from redis.exceptions import ResponseError
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from xmc_resumption.errors import KeyContentError
+from xmc_resumption.ops import live_run, state_and_held
+from xmc_resumption.redisclient import fencing
+from xmc_resumption.redisclient.acl import acl_user, allowed_commands, denial_message, is_denial
+from xmc_resumption.redisclient.backlog import measure_backlog
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+from xmc_resumption.redisclient.memory import read_memory
+from xmc_resumption.redisclient.ratecap import StreamRate, rate_key, stream_rate
+from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, RedisMemory
+from xmc_resumption.redisclient.weights import replayers_key, weights_key
+from xmc_resumption.workflows.eta import eta_seconds
+from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
+
+MAX_SAMPLE_SECONDS = 60.0
+"""The longest drain sample (seconds)."""
+
+DEFAULT_SAMPLE_SECONDS = 2.0
+"""The drain sample's default length (seconds)."""
+
+BYTES_READ_LIMIT = 16 * 1024 * 1024
+"""Held bytes are counted exactly up to this many bytes read (16 MiB), then estimated from the
+average entry: the plan's reads stay bounded on a held stream of any size."""
+
+ENTRIES_READ_LIMIT = 100_000
+"""Held entries counted exactly at most; beyond, the bytes are estimated (entries)."""
+
+READ_CHUNK = 1_000
+"""Entries per XRANGE of the plan's reads."""
+
+
+class HeldEntry(BaseModel):
+    """A held entry: its stream ID and the time in it (milliseconds part, UTC)."""
+
+    id: str
+    time: datetime
+
+
+class GroupReading(BaseModel):
+    """One consumer group of the task stream.
+
+    Attributes:
+        group: its name; consumers: its consumers (XINFO GROUPS).
+        pending, lag, backlog: by the replay's rule (``redisclient.backlog``), counted up to the
+            threshold (``capped``: the true backlog is larger).
+        drain_rate: entries it acknowledged per second over the sample (entries delivered to it
+            minus the growth of its PEL), None when not sampled or when it had nothing to drain.
+        drain_note: why the rate is unknown or only a lower bound, or None.
+    """
+
+    group: str
+    consumers: int
+    pending: int
+    lag: int
+    backlog: int
+    capped: bool
+    drain_rate: float | None = None
+    drain_note: str | None = None
+
+
+class Plan(BaseModel):
+    """What ``plan`` found; ``refusals`` empty means ``xmc resume`` would start.
+
+    Attributes:
+        experiment_id, stream, consumer_group, threshold, policy: what the plan is for (the input).
+        state: the experiment's state (``running``, ``paused``, ``resuming``, ``unknown``).
+        held: held tasks (entries); held_bytes: their bytes as XRANGE returns them (IDs, field
+            names and values: Redis's memory for them is larger), exact when ``held_bytes_exact``,
+            else the average of the first ``ENTRIES_READ_LIMIT`` entries (or 16 MiB) times ``held``.
+        oldest, newest: the first and last held entries (None when nothing is held).
+        stream_exists: whether the task stream exists; groups: every consumer group on it.
+        redis_memory: Redis's memory settings; stream_rate: the stream-wide cap (``{S}:rate``) or None.
+        sample_seconds: how long the drain was sampled (seconds; 0: not sampled).
+        rate: the tasks per second the estimate uses: the group's sampled drain rate, bounded under
+            ``fixed`` by ``threshold / throttle_seconds`` (what fixed waits let through once the
+            consumers outpace them) and by the rate caps; None when unknown.
+        estimate_seconds: ``max(0, held - headroom) / rate``, at least ``held / cap``
+            (``workflows/eta.py``: the ETA's rule), None when unknown.
+        at_least_seconds: ``held / cap`` under a rate cap (the lower of the replay's and the
+            stream's), whatever the consumers do; else None.
+        estimate_basis: how the estimate was made, in words.
+        refusals: why ``xmc resume`` (or the run's first steps) would refuse; waits: why the replay
+            would wait at its start; notes: anything else worth knowing.
+        run: the resumption in Temporal (``ops.live_run``), None when there never was one, or
+            ``{"error": ...}`` when Temporal was not asked.
+    """
+
+    experiment_id: str
+    stream: str
+    consumer_group: str
+    threshold: int
+    policy: ThrottlePolicy
+    state: str
+    held: int
+    held_bytes: int
+    held_bytes_exact: bool
+    oldest: HeldEntry | None
+    newest: HeldEntry | None
+    stream_exists: bool
+    groups: list[GroupReading]
+    redis_memory: RedisMemory | None
+    stream_rate: StreamRate | None
+    sample_seconds: float
+    rate: float | None
+    estimate_seconds: float | None
+    at_least_seconds: float | None
+    estimate_basis: str
+    refusals: list[str]
+    waits: list[str]
+    notes: list[str]
+    run: dict[str, Any] | None
+
+    @property
+    def startable(self) -> bool:
+        """True when nothing would refuse the start."""
+        return not self.refusals
+
+
+def entry_time(entry_id: str) -> datetime:
+    """The time in stream entry ID ``<ms>-<seq>`` (UTC)."""
+    return datetime.fromtimestamp(int(entry_id.split("-", 1)[0]) / 1000, tz=UTC)
+
+
+def _entry(raw: Any) -> HeldEntry | None:
+    """The entry of a one-entry XRANGE/XREVRANGE reply, None for an empty one."""
+    if not raw:
+        return None
+    entry_id = as_text(raw[0][0])
+    return HeldEntry(id=entry_id, time=entry_time(entry_id))
+
+
+def _entry_bytes(entry: tuple[Any, dict[Any, Any]]) -> int:
+    """Bytes of an entry as XRANGE returns it: ID, field names and values (``xmc_entry_bytes`` in backlog.lua)."""
+    entry_id, fields = entry
+    return len(entry_id) + sum(len(k) + len(v) for k, v in fields.items())
+
+
+async def held_bytes(redis: RedisClient, key: str, count: int) -> tuple[int, bool]:
+    """Bytes of held stream ``key`` of ``count`` entries: (bytes, exact), read in chunks of
+    ``READ_CHUNK`` up to ``ENTRIES_READ_LIMIT`` entries or ``BYTES_READ_LIMIT`` bytes; past them
+    the average entry times ``count``."""
+    total, seen, start = 0, 0, "-"
+    while seen < min(count, ENTRIES_READ_LIMIT) and total < BYTES_READ_LIMIT:
+        chunk: list[Any] = await redis.xrange(key, min=start, count=READ_CHUNK) or []
+        if not chunk:
+            break
+        total += sum(_entry_bytes(e) for e in chunk)
+        seen += len(chunk)
+        start = "(" + as_text(chunk[-1][0])
+    if seen >= count:
+        return total, True
+    return (math.ceil(total / seen * count) if seen else 0), False
+
+
+def required_commands(keys: ExperimentKeys) -> list[list[str]]:
+    """The commands the worker's scripts and the CLI's resume run on an experiment's keys, with
+    those keys (``deploy/redis-acl.conf`` grants them): what ``plan`` asks the ACL about."""
+    s, held = keys.stream, keys.held
+    return [
+        ["evalsha", "0" * 40, "0"],
+        ["get", keys.state],
+        ["set", keys.state, "resuming"],
+        ["del", keys.state],
+        ["incr", keys.fence],
+        ["hset", keys.claim, "token", "1"],
+        ["pexpire", keys.claim, "1000"],
+        ["hset", keys.publish, "seq", "1"],
+        ["lpush", keys.acquire_log, "x"],
+        ["ltrim", keys.acquire_log, "0", "15"],
+        ["xadd", s, "*", "f", "v"],
+        ["xrange", s, "-", "+", "COUNT", "1"],
+        ["xinfo", "groups", s],
+        ["xrange", held, "-", "+", "COUNT", "1"],
+        ["xdel", held, "0-1"],
+        ["xlen", held],
+        ["xadd", keys.dead, "*", "f", "v"],
+        ["hmget", weights_key(s), "x"],
+        ["zadd", replayers_key(s), "1", "x"],
+        ["hmget", rate_key(s), "limit"],
+        ["hset", rate_key(s), "tokens", "1"],
+        ["info", "memory"],
+        ["time"],
+    ]
+
+
+async def _snapshot(redis: RedisClient, stream: str) -> tuple[float, dict[str, dict[str, Any]]]:
+    """Redis's clock (seconds) and XINFO GROUPS of ``stream``, by group name."""
+    seconds, micros = await redis.time()
+    groups = await redis.xinfo_groups(stream)
+    by_name = {as_text(g["name"]): g for g in groups}
+    return seconds + micros / 1e6, by_name
+
+
+async def _delivered(
+    redis: RedisClient, stream: str, before: dict[str, Any], after: dict[str, Any]
+) -> tuple[int, bool]:
+    """Entries delivered to a group between two XINFO GROUPS readings: the change of its
+    ``entries-read`` when Redis knows both, else counted by XRANGE between the two
+    last-delivered-ids (up to ``ENTRIES_READ_LIMIT``). Returns (entries, exact)."""
+    first, last = as_text(before["last-delivered-id"]), as_text(after["last-delivered-id"])
+    if first == last:
+        return 0, True
+    read0, read1 = before.get("entries-read"), after.get("entries-read")
+    if isinstance(read0, int) and isinstance(read1, int) and read1 >= read0:
+        return read1 - read0, True
+    counted, start = 0, "(" + first
+    while counted < ENTRIES_READ_LIMIT:
+        chunk: list[Any] = await redis.xrange(stream, min=start, max=last, count=READ_CHUNK) or []
+        counted += len(chunk)
+        if len(chunk) < READ_CHUNK:
+            return counted, True
+        start = "(" + as_text(chunk[-1][0])
+    return counted, False
+
+
+async def _sample_drain(redis: RedisClient, stream: str, groups: list[GroupReading], seconds: float) -> None:
+    """Fill in each group's drain rate from two XINFO GROUPS readings ``seconds`` apart."""
+    t0, before = await _snapshot(redis, stream)
+    await asyncio.sleep(seconds)
+    t1, after = await _snapshot(redis, stream)
+    elapsed = max(t1 - t0, 1e-6)
+    for g in groups:
+        if g.group not in before or g.group not in after:
+            g.drain_note = "the group appeared or went away during the sample"
+            continue
+        delivered, exact = await _delivered(redis, stream, before[g.group], after[g.group])
+        acked = delivered + int(before[g.group]["pending"]) - int(after[g.group]["pending"])
+        if acked <= 0 and g.backlog == 0 and delivered == 0:
+            g.drain_note = "nothing to drain during the sample: its rate is unknown"
+            continue
+        g.drain_rate = max(0, acked) / elapsed
+        if not exact:
+            g.drain_note = f"more than {ENTRIES_READ_LIMIT} entries delivered: the rate is a lower bound"
+        elif (await measure_backlog(redis, stream, g.group, 1)).backlog == 0:
+            g.drain_note = "it drained everything during the sample: its rate may be higher"
+
+
+def _estimate(
+    inp: ResumptionInput, held: int, headroom: int, group: GroupReading | None, cap: float | None, sampled: float
+) -> tuple[float | None, float | None, float | None, str]:
+    """(rate, estimate_seconds, at_least_seconds, basis) for ``held`` tasks with ``headroom`` at
+    the start, at ``group``'s sampled drain rate (over ``sampled`` seconds), under the rate ``cap``."""
+    at_least = eta_seconds(held, headroom, cap, cap) if cap is not None else None
+    capped = f"; at least held / the rate cap ({cap:g}/s)" if cap is not None else ""
+    drained = group.drain_rate if group is not None else None
+    if group is None or drained is None:
+        why = group.drain_note if group is not None and group.drain_note else "the group's drain rate was not sampled"
+        return None, None, at_least, f"no estimate: {why}{capped}"
+    if drained <= 0:
+        return None, None, at_least, f"no estimate: {group.group} drained nothing over the {sampled:g}s sample{capped}"
+    rate = drained
+    basis = f"{group.group}'s drain rate over a {sampled:g}s sample ({drained:,.1f}/s)"
+    if inp.throttle_policy is ThrottlePolicy.FIXED and inp.max_backlog_threshold / inp.throttle_seconds < rate:
+        # fixed waits let about a threshold through per wait once the consumers outpace that
+        rate = inp.max_backlog_threshold / inp.throttle_seconds
+        basis += f", bounded by fixed waits: threshold / throttle_seconds = {rate:,.1f}/s"
+    if cap is not None and cap < rate:
+        basis += f", and by the rate cap ({cap:g}/s)"
+    return min(rate, cap or rate), eta_seconds(held, headroom, rate, cap), at_least, basis
+
+
+async def plan(
+    redis: RedisClient,
+    inp: ResumptionInput,
+    *,
+    temporal: Client | None,
+    temporal_error: str | None = None,
+    sample_seconds: float = DEFAULT_SAMPLE_SECONDS,
+    query_timeout: float = 2.5,
+) -> Plan:
+    """What resuming with input ``inp`` would do, cost and meet; reads only, writes nothing.
+
+    Args:
+        redis: a client as the CLI's (its ACL user is the one asked about).
+        inp: the resumption's input, as ``xmc resume`` would start it.
+        temporal: a Temporal client, or None when it could not be reached (``temporal_error`` says
+            why): the plan then cannot tell whether a resumption already runs, and says so.
+        sample_seconds: how long to sample the groups' drain (0..``MAX_SAMPLE_SECONDS``; 0: none).
+        query_timeout: seconds to wait for a running resumption's ``progress`` query.
+
+    Raises:
+        ValueError: ``sample_seconds`` out of bounds.
+        redis.exceptions.RedisError: Redis unreachable, or refusing a read for another reason
+            than the ACL (an ACL refusal is one of the plan's refusals).
+        temporalio.service.RPCError: Temporal fails otherwise than not finding the workflow.
+    """
+    if not (math.isfinite(sample_seconds) and 0 <= sample_seconds <= MAX_SAMPLE_SECONDS):
+        raise ValueError(f"sample_seconds must be 0..{MAX_SAMPLE_SECONDS:g}, got {sample_seconds}")
+    keys = ExperimentKeys(inp.stream, inp.experiment_id)
+    refusals: list[str] = []
+    waits: list[str] = []
+    notes: list[str] = []
+    user = acl_user(redis)
+
+    def denied(err: ResponseError, doing: str) -> None:
+        message = denial_message(err, user, doing)
+        if message is None:
+            raise err
+        refusals.append(message)
+
+    # the ACL: every command the replay runs on these keys, asked without running it
+    commands = required_commands(keys)
+    try:
+        for command, ok in zip(commands, await allowed_commands(redis, keys.stream, commands), strict=True):
+            if not ok:
+                name = " ".join(command[:2]) if command[0] in ("xinfo", "info") else command[0]
+                key = command[2] if command[0] == "xinfo" else command[1] if command[0] not in ("info", "time") else ""
+                refusals.append(
+                    f"Redis ACL user {user!r} may not run {name.upper()}"
+                    + (f" on {key}" if key else "")
+                    + " (see deploy/redis-acl.conf)"
+                )
+    except ResponseError as err:
+        denied(err, "asking which commands it may run")
+
+    state, held, held_size, exact = ExperimentState.UNKNOWN.value, 0, 0, True
+    oldest = newest = None
+    try:
+        experiment_state, held = await state_and_held(redis, keys)
+        state = experiment_state.value
+        held_size, exact = await held_bytes(redis, keys.held, held)
+        oldest = _entry(await redis.xrange(keys.held, count=1))
+        try:
+            newest = _entry(await redis.xrevrange(keys.held, count=1))
+        except ResponseError as err:
+            if not is_denial(err):
+                raise
+            notes.append(f"newest held entry unknown: {denial_message(err, user, 'reading it (XREVRANGE)')}")
+        claim = await fencing.claim_info(redis, keys)
+    except KeyContentError as err:
+        refusals.append(f"{err}: the claim would fail on it")
+        claim = {}
+    except ResponseError as err:
+        denied(err, "reading the held tasks")
+        claim = {}
+    if state == ExperimentState.RUNNING.value and held == 0:
+        refusals.append(
+            f"experiment {inp.experiment_id} is running and holds no tasks on {inp.stream}: nothing to resume "
+            "(xmc resume --force starts the workflow anyway; it ends nothing_held)"
+        )
+    if claim:
+        notes.append(
+            f"a live claim (token {claim.get('token')}, owner {claim.get('owner')}): a new resumption takes it "
+            "over and fences that replayer"
+        )
+
+    memory: RedisMemory | None = None
+    try:
+        memory = await read_memory(redis, keys.stream)
+        if memory.problem:
+            refusals.append(memory.problem)
+        fraction = inp.max_memory_fraction
+        if fraction is not None and memory.used_fraction is not None and memory.used_fraction >= fraction:
+            waits.append(
+                f"Redis memory {memory.used_fraction:.0%} of maxmemory >= max_memory_fraction {fraction:g}: "
+                f"the replay waits ({inp.throttle_seconds:g}s at a time) until it falls"
+            )
+    except ResponseError as err:
+        denied(err, "reading INFO memory")
+
+    cap_row: StreamRate | None = None
+    try:
+        cap_row = await stream_rate(redis, inp.stream)
+    except ValueError as err:
+        refusals.append(f"{err}: every publish into {inp.stream} would fail")
+    except ResponseError as err:
+        if str(err).startswith("WRONGTYPE"):
+            refusals.append(f"{rate_key(inp.stream)} is no hash: every publish into {inp.stream} would fail")
+        else:
+            denied(err, "reading the stream's rate cap")
+    if cap_row is not None:
+        waits.append(f"the stream's rate cap ({cap_row.key}): at most {cap_row.limit:g} tasks/s for all its replays")
+    if inp.max_tasks_per_second is not None:
+        notes.append(f"this replay's own rate cap: at most {inp.max_tasks_per_second:g} tasks/s")
+
+    groups: list[GroupReading] = []
+    stream_exists, measurable = bool(await redis.exists(keys.stream)), True
+    if stream_exists:
+        try:
+            for g in await redis.xinfo_groups(keys.stream):
+                name = as_text(g["name"])
+                reading = await measure_backlog(
+                    redis, keys.stream, name, inp.max_backlog_threshold, max_bytes=inp.max_bytes_per_call
+                )
+                groups.append(
+                    GroupReading(
+                        group=name,
+                        consumers=int(g["consumers"]),
+                        pending=reading.pending,
+                        lag=reading.lag,
+                        backlog=reading.backlog,
+                        capped=reading.capped,
+                    )
+                )
+            if sample_seconds > 0 and groups:
+                await _sample_drain(redis, keys.stream, groups, sample_seconds)
+        except ResponseError as err:
+            if str(err).startswith("WRONGTYPE"):
+                measurable = False
+                refusals.append(f"{keys.stream} is no stream: the replay cannot measure or publish")
+            else:
+                denied(err, "reading the consumer groups")
+    own = next((g for g in groups if g.group == inp.consumer_group), None)
+    if own is None and measurable:
+        what = (
+            f"the task stream {inp.stream} does not exist"
+            if not stream_exists
+            else f"consumer group {inp.consumer_group} does not exist on {inp.stream}"
+        )
+        if inp.missing_group is MissingGroupPolicy.ERROR:
+            refusals.append(f"{what}: missing_group 'error' fails the run at its first measurement")
+        elif inp.missing_group is MissingGroupPolicy.ZERO:
+            notes.append(
+                f"{what}: missing_group 'zero' counts its backlog as 0 and moves tasks no consumer group reads yet "
+                "(a group created later at '$' never sees them)"
+            )
+        else:
+            waits.append(f"{what}: the replay waits for it (missing_group '{inp.missing_group}')")
+    elif own is not None and own.backlog >= inp.max_backlog_threshold:
+        waits.append(
+            f"backlog of {own.group} is {own.backlog}{'+' if own.capped else ''} >= threshold "
+            f"{inp.max_backlog_threshold}: the replay waits for the consumers first"
+        )
+    if own is not None and own.consumers == 0:
+        notes.append(f"group {own.group} has no consumer: nothing drains what the replay moves")
+
+    run: dict[str, Any] | None
+    if temporal is None:
+        run = {"error": temporal_error or "Temporal not asked"}
+        notes.append(f"whether a resumption already runs is unknown: {run['error']}")
+    else:
+        run = await live_run(temporal, inp.experiment_id, query_timeout)
+        if run is not None and run.get("status") == WorkflowExecutionStatus.RUNNING.name.lower():
+            refusals.append(
+                f"a resumption is already running: {run['workflow_id']} (run {run['run_id']}); "
+                f"xmc status {inp.experiment_id} shows its progress and ETA"
+            )
+
+    caps = [c for c in (inp.max_tasks_per_second, cap_row.limit if cap_row else None) if c]
+    headroom = max(0, inp.max_backlog_threshold - own.backlog) if own is not None else inp.max_backlog_threshold
+    rate, estimate, at_least, basis = _estimate(inp, held, headroom, own, min(caps) if caps else None, sample_seconds)
+    return Plan(
+        experiment_id=inp.experiment_id,
+        stream=inp.stream,
+        consumer_group=inp.consumer_group,
+        threshold=inp.max_backlog_threshold,
+        policy=inp.throttle_policy,
+        state=state,
+        held=held,
+        held_bytes=held_size,
+        held_bytes_exact=exact,
+        oldest=oldest,
+        newest=newest,
+        stream_exists=stream_exists,
+        groups=groups,
+        redis_memory=memory,
+        stream_rate=cap_row,
+        sample_seconds=sample_seconds if groups else 0.0,
+        rate=rate,
+        estimate_seconds=estimate,
+        at_least_seconds=at_least,
+        estimate_basis=basis,
+        refusals=refusals,
+        waits=waits,
+        notes=notes,
+        run=run,
+    )

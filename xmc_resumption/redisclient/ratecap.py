@@ -1,0 +1,112 @@
+"""The stream-wide rate cap: at most so many held tasks per second into a task stream, over every
+replay of it (``lua/rate.lua``; docs/pacing.md).
+
+One key per stream, under its hash tag so it lives in its cluster slot: ``{S}:rate``, a hash with
+``limit`` (tasks per second, set by an operator: ``set_stream_rate``), and ``tokens`` and ``at``, the
+token bucket's state on Redis's clock, written by the publish script only. The bucket holds at most
+``bucket_capacity(limit)`` tasks and refills at ``limit`` per second; a publish moves at most the
+whole tokens it holds, in the same step as its move, so every replay of the stream shares it.
+No key: no cap. A replay's own cap (``max_tasks_per_second`` of the workflow input) is kept by the
+workflow itself (``workflows/ratecap.py``), with the same bucket arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel
+
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.keys import as_text, validate_name
+
+MAX_TASKS_PER_SECOND = 1_000_000.0
+"""The highest cap accepted (tasks per second; ``XMC_MAX_TASK_RATE`` in ``rate.lua``)."""
+
+MIN_TASKS_PER_SECOND = 0.001
+"""The lowest cap accepted (tasks per second: one task in 1,000 s; ``XMC_MIN_TASK_RATE`` in ``rate.lua``)."""
+
+RATE_BURST_SECONDS = 1.0
+"""A bucket holds this many seconds of its rate, at least one task (``XMC_RATE_BURST_SECONDS`` in
+``rate.lua``): over any window of w seconds at most ``limit * w + bucket_capacity(limit)`` tasks move."""
+
+
+def rate_key(stream: str) -> str:
+    """``{S}:rate``: the stream-wide rate cap of task stream ``stream``."""
+    return f"{{{validate_name('stream', stream)}}}:rate"
+
+
+def validate_rate(limit: float) -> float:
+    """Return ``limit`` (tasks per second) when it is a finite number in
+    [``MIN_TASKS_PER_SECOND``, ``MAX_TASKS_PER_SECOND``].
+
+    Raises:
+        ValueError: any other value (a bool is refused too).
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or not math.isfinite(limit):
+        raise ValueError(f"a rate cap must be a finite number of tasks per second, got {limit!r}")
+    if not MIN_TASKS_PER_SECOND <= limit <= MAX_TASKS_PER_SECOND:
+        raise ValueError(
+            f"a rate cap must be {MIN_TASKS_PER_SECOND:g}..{MAX_TASKS_PER_SECOND:g} tasks per second, got {limit:g}"
+        )
+    return float(limit)
+
+
+def bucket_capacity(limit: float) -> float:
+    """The most tasks a bucket of rate ``limit`` (tasks/s) holds: ``max(1, limit * RATE_BURST_SECONDS)``."""
+    return max(1.0, limit * RATE_BURST_SECONDS)
+
+
+class StreamRate(BaseModel):
+    """A stream's rate cap as Redis holds it.
+
+    Attributes:
+        key: ``{S}:rate``.
+        limit: tasks per second.
+        capacity: the most tasks its bucket holds.
+        tokens: the tasks its bucket would let through now (Redis's clock), at most ``capacity``.
+    """
+
+    key: str
+    limit: float
+    capacity: float
+    tokens: float
+
+
+async def set_stream_rate(client: RedisClient, stream: str, limit: float) -> None:
+    """Cap the held tasks all replays of ``stream`` move together at ``limit`` per second; from
+    their next publish on. The bucket's state is kept (a lower cap clamps it to its capacity).
+
+    Raises:
+        ValueError: a bad stream name or limit.
+        redis.exceptions.RedisError: on any Redis fault (WRONGTYPE when the key is not a hash).
+    """
+    await client.hset(rate_key(stream), "limit", repr(validate_rate(limit)))
+
+
+async def clear_stream_rate(client: RedisClient, stream: str) -> bool:
+    """Remove the stream's cap (the key and its bucket); True when there was one."""
+    return bool(await client.delete(rate_key(stream)))
+
+
+async def stream_rate(client: RedisClient, stream: str) -> StreamRate | None:
+    """The stream's cap, None when it has none.
+
+    Raises:
+        ValueError: the key holds a limit that is no valid rate (the publish script refuses it too).
+        redis.exceptions.RedisError: on any Redis fault (WRONGTYPE when the key is not a hash).
+    """
+    key = rate_key(stream)
+    raw_limit, raw_tokens, raw_at = await client.hmget(key, ["limit", "tokens", "at"])
+    if raw_limit is None:
+        return None
+    try:
+        limit = validate_rate(float(as_text(raw_limit)))
+        capacity = bucket_capacity(limit)
+        tokens = float(as_text(raw_tokens)) if raw_tokens is not None else capacity
+        seconds, micros = await client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        at = float(as_text(raw_at)) if raw_at is not None else now_ms
+    except ValueError as err:
+        raise ValueError(f"{key} holds no valid rate cap: {err}") from err
+    tokens = min(capacity, tokens + max(0.0, now_ms - at) * limit / 1000)
+    return StreamRate(key=key, limit=limit, capacity=capacity, tokens=tokens)
