@@ -484,7 +484,10 @@ class Progress(BaseModel):
         if self.stopping:
             lines.append("- **stopping**: paused by the pause Update at the next turn")
         lines.append(f"- turns: {self.turns}, run {self.runs}, fencing token {self.token}")
-        if self.phase in (Phase.THROTTLED, Phase.STALLED, Phase.RATE_LIMITED, Phase.WAITING_FOR_GROUP) and self.throttled_until:
+        if (
+            self.phase in (Phase.THROTTLED, Phase.STALLED, Phase.RATE_LIMITED, Phase.WAITING_FOR_GROUP)
+            and self.throttled_until
+        ):
             lines.append(f"- waiting until {self.throttled_until.isoformat(timespec='seconds')}")
         return "\n".join(lines)
 
