@@ -14,7 +14,13 @@ from tests.helpers import STREAM, fill_backlog, hold_tasks, resumption_worker, s
 from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import publish_batch
-from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus, SetAsideStatus
+from xmc_resumption.redisclient.results import (
+    ExperimentState,
+    MissingGroupPolicy,
+    PublishResult,
+    PublishStatus,
+    SetAsideStatus,
+)
 from xmc_resumption.workflows.models import Outcome
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
@@ -150,8 +156,19 @@ async def test_acquire_resumes_held_tasks_whose_state_key_is_gone(redis: Redis) 
 
 
 def publish(redis: Redis, token: int, seq: int = 1) -> Awaitable[PublishResult]:
+    """A publish of up to 10 tasks on a stream no group reads yet: the ``zero`` policy counts the
+    stream's entries as the backlog (threshold 100), so the tokens alone decide the status."""
     return publish_batch(
-        redis, KEYS, "g", token=token, seq=seq, batch_size=10, threshold=100, owner="me", lease_ms=60_000
+        redis,
+        KEYS,
+        "g",
+        token=token,
+        seq=seq,
+        batch_size=10,
+        threshold=100,
+        owner="me",
+        lease_ms=60_000,
+        missing_group=MissingGroupPolicy.ZERO,
     )
 
 
