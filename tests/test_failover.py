@@ -29,7 +29,7 @@ from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, Exp
 from xmc_resumption.activities.resumption import ResumptionActivities, _classified
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy
 from xmc_resumption.services import local_redis
 from xmc_resumption.workflows.models import Outcome
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
@@ -204,7 +204,16 @@ async def test_after_a_failover_one_call_fails_once_and_its_retry_reaches_the_ne
         assert {(c.fenced, c.current_token, c.state) for c in checks} == {(False, 1, ExperimentState.RESUMING)}
         published = await env.run(
             activities.publish_batch,
-            PublishRequest(ref=REF, token=1, seq=1, batch_size=4, threshold=100, owner="me", lease_ms=60_000),
+            PublishRequest(
+                ref=REF,
+                token=1,
+                seq=1,
+                batch_size=4,
+                threshold=100,
+                owner="me",
+                lease_ms=60_000,
+                missing_group=MissingGroupPolicy.ZERO,  # no group reads this stream: the stream is the backlog
+            ),
         )
         assert (published.moved, published.remaining) == (4, 6)
         assert await stream_tasks(servers.b) == names[:4]

@@ -184,9 +184,12 @@ async def test_a_missing_stream_and_a_large_held_stream(redis: Redis, monkeypatc
     # the first 120 entries read (chunks of 30, past 100) are the shorter names (t0..t119): a few % low
     assert found.held_bytes_exact is False and 0.9 < found.held_bytes / size < 1
     assert (found.stream_exists, found.groups, found.sample_seconds) == (False, [], 0.0)
-    assert found.notes[0] == (
-        f"the task stream {STREAM} does not exist: missing_group 'zero' counts its backlog as 0 and moves tasks "
-        "no consumer group reads yet (a group created later at '$' never sees them)"
+    assert f"the task stream {STREAM} does not exist: the replay waits for it (missing_group 'wait')" in found.waits
+    zero = await plan(redis, ResumptionInput(experiment_id=e, missing_group="zero"), temporal=None, sample_seconds=0)
+    assert zero.notes[0] == (
+        f"the task stream {STREAM} does not exist: missing_group 'zero' counts the stream's entries as its backlog "
+        "and moves up to the threshold into a stream no consumer group reads yet (a group created later at '$' "
+        "never sees them)"
     )
     for bad in (-1.0, 61.0, float("nan")):
         with pytest.raises(ValueError, match="sample_seconds"):

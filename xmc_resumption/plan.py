@@ -434,8 +434,8 @@ async def plan(
             refusals.append(f"{what}: missing_group 'error' fails the run at its first measurement")
         elif inp.missing_group is MissingGroupPolicy.ZERO:
             notes.append(
-                f"{what}: missing_group 'zero' counts its backlog as 0 and moves tasks no consumer group reads yet "
-                "(a group created later at '$' never sees them)"
+                f"{what}: missing_group 'zero' counts the stream's entries as its backlog and moves up to the "
+                "threshold into a stream no consumer group reads yet (a group created later at '$' never sees them)"
             )
         else:
             waits.append(f"{what}: the replay waits for it (missing_group '{inp.missing_group}')")
