@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from tests.helpers import STREAM, fill_backlog, hold_tasks, resumption_worker, start, throttled, wait_for
+from tests.support.helpers import STREAM, fill_backlog, hold_tasks, resumption_worker, start, throttled, wait_for
 from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import publish_batch
@@ -218,7 +218,9 @@ async def test_a_fence_counter_that_is_no_token_is_refused_alike_in_lua_and_pyth
     assert await redis.xlen(KEYS.held) == 1 and await redis.xlen(KEYS.dead) == 0
 
 
-async def test_a_replay_whose_token_is_one_digit_shorter_ends_fenced(ts_env, redis, redis_url, task_queue) -> None:
+async def test_a_replay_whose_token_is_one_digit_shorter_ends_fenced(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """A run holding token 9 when a newer claim takes 10: outcome ``fenced`` (a takeover), not
     ``fence_lost`` (data loss), and it publishes nothing more."""
     e = "E9to10"
@@ -226,11 +228,11 @@ async def test_a_replay_whose_token_is_one_digit_shorter_ends_fenced(ts_env, red
     await fill_backlog(redis, 5)
     keys = ExperimentKeys(STREAM, e)
     await redis.set(keys.fence, 8)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
         progress = await wait_for(handle, throttled)
         newer = await fencing.acquire_claim(redis, keys, "someone-else", 60_000)
-        await ts_env.sleep(15)  # past the throttle wait: the next check sees the newer token
+        await temporal_env.sleep(15)  # past the throttle wait: the next check sees the newer token
         result = await handle.result()
     assert (progress.token, newer.token) == (9, 10)
     assert (result.outcome, result.token, result.replayed) == (Outcome.FENCED, 9, 0)

@@ -13,8 +13,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.helpers import history_calls
 from tests.record_histories import SCENARIOS
+from tests.support.helpers import history_calls
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))

@@ -39,6 +39,8 @@ from xmc_resumption.redisclient.weights import (
 )
 from xmc_resumption.workflows.models import ResumptionInput
 
+pytestmark = pytest.mark.real_server
+
 STREAM = "scale-stream"
 GROUP = "xmc-workers"
 
@@ -215,11 +217,11 @@ SIZE = ScaleSize(experiments=10, tasks=200, rate=1_000, threshold=100)
 
 
 @pytest_asyncio.fixture
-async def bench_env(dev_env: WorkflowEnvironment, redis_url: str, task_queue: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+async def bench_env(temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     redis = Redis.from_url(redis_url, decode_responses=False)
     await redis.flushall()
-    address = dev_env.client.service_client.config.target_host
-    yield BenchEnv(redis_url, address, dev_env.client, redis, task_queue, tmp_path)
+    address = temporal_env.client.service_client.config.target_host
+    yield BenchEnv(redis_url, address, temporal_env.client, redis, task_queue, tmp_path)
     await redis.aclose()
 
 
