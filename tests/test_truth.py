@@ -1,0 +1,218 @@
+"""What the replay reports agrees with Redis whatever happens to its workflow tasks (issue 16, items
+1-3): a turn run again after its own release (a lost workflow-task completion,
+temporalio/temporal#5921), a reset to the first workflow task, a pause that lands just after
+continue-as-new. The outcome, ``replayed``, ``remaining`` and the metrics are read against Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from typing import Any
+
+from redis.asyncio import Redis
+from temporalio import workflow
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.testing import ActivityEnvironment
+from temporalio.worker import (
+    ExecuteWorkflowInput,
+    Interceptor,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
+
+from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, scrape, start, stream_tasks, wait_for
+from tests.test_e2e import running_worker, temporal_workflow_cli
+from xmc_resumption.activities.requests import (
+    AcquireRequest,
+    CheckRequest,
+    ExperimentRef,
+    PublishRequest,
+    ReleaseRequest,
+)
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
+from xmc_resumption.services import free_port
+from xmc_resumption.workflows.models import Outcome
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+
+def held_by(tasks: list[bytes], experiment_id: str) -> list[bytes]:
+    return [t for t in tasks if t.startswith(f"{experiment_id}-".encode())]
+
+
+async def test_a_turn_run_again_after_its_release_reports_the_release_and_counts_nothing_twice(redis: Redis) -> None:
+    """A workflow task that drained and released is lost; its turn runs again with the same token:
+    the check and the publishes see the token's own release (outcome completed, replayed 30, not
+    ``fenced``), the release returns its record, and the metrics count 30 tasks and one outcome."""
+    port = free_port()
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{port}")))
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, workflow_type="ResumptionWorkflow", task_queue="q1", is_local=True)
+    acts = ResumptionActivities(redis, meter=runtime.metric_meter)
+    ref = ExperimentRef(experiment_id="E1", stream=STREAM, consumer_group=GROUP)
+    keys = ExperimentKeys(STREAM, "E1")
+    names = await hold_tasks(redis, "E1", 30)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    grant = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w", lease_ms=60_000, request_id="r"))
+    assert (grant.token, grant.replayed, grant.held) == (1, 0, 30)
+
+    def publish(seq: int) -> Any:
+        req = PublishRequest(ref=ref, token=1, seq=seq, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
+        return env.run(acts.publish_batch, req)
+
+    release = ReleaseRequest(ref=ref, token=1, owner="w", outcome="completed")
+    statuses = [(r.status, r.moved, r.replayed, r.remaining) for r in [await publish(s) for s in (1, 2, 3)]]
+    assert statuses == [
+        (PublishStatus.PUBLISHED, 10, 10, 20),
+        (PublishStatus.PUBLISHED, 10, 20, 10),
+        (PublishStatus.COMPLETED, 10, 30, 0),
+    ]
+    first = await env.run(acts.release_claim, release)
+    assert (first.token, first.outcome, first.replayed, first.remaining, first.repeated) == (
+        1,
+        "completed",
+        30,
+        0,
+        False,
+    )
+    # the lost task's turn, run again from its start: acquire (same request), check, publish, release
+    again = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w", lease_ms=60_000, request_id="r"))
+    assert (again.token, again.repeated) == (1, True)
+    check = await env.run(acts.check_claim, CheckRequest(ref=ref, token=1, owner="w", lease_ms=60_000))
+    assert check.fenced and check.released is not None
+    assert (check.released.outcome, check.released.replayed, check.released.remaining) == ("completed", 30, 0)
+    for seq in (1, 3, 4):  # a recorded seq, the last one, a new one: fenced by its own release
+        rerun = await publish(seq)
+        assert (rerun.status, rerun.moved, rerun.outcome, rerun.replayed) == (
+            PublishStatus.RELEASED,
+            0,
+            "completed",
+            30,
+        )
+    repeated = await env.run(acts.release_claim, release)
+    assert (repeated.token, repeated.outcome, repeated.replayed, repeated.repeated) == (1, "completed", 30, True)
+    assert held_by(await stream_tasks(redis), "E1") == names
+    assert await held.get_state(redis, keys) is ExperimentState.RUNNING
+    labels = {"stream": STREAM, "consumer_group": GROUP, "task_queue": "q1"}
+    scraped = scrape(port)
+    assert scraped["xmc_resumption_replayed_tasks_total", labels] == 30
+    assert scraped["xmc_resumption_outcomes_total", {**labels, "outcome": "completed"}] == 1
+
+
+async def test_a_repeated_publish_counts_nothing_in_the_metric(redis: Redis) -> None:
+    """A publish retried with the same seq (its reply lost) returns the recorded result marked
+    ``repeated``, and the metric counts its tasks once."""
+    port = free_port()
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"127.0.0.1:{port}")))
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, workflow_type="ResumptionWorkflow", task_queue="q2", is_local=True)
+    acts = ResumptionActivities(redis, meter=runtime.metric_meter)
+    ref = ExperimentRef(experiment_id="E2", stream=STREAM, consumer_group=GROUP)
+    await hold_tasks(redis, "E2", 30)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w", lease_ms=60_000, request_id="r"))
+    req = PublishRequest(ref=ref, token=1, seq=1, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
+    first, second = await env.run(acts.publish_batch, req), await env.run(acts.publish_batch, req)
+    assert (first.moved, first.repeated, second.moved, second.repeated) == (10, False, 10, True)
+    assert await redis.xlen(STREAM) == 10
+    assert (
+        scrape(port)[
+            "xmc_resumption_replayed_tasks_total", {"stream": STREAM, "consumer_group": GROUP, "task_queue": "q2"}
+        ]
+        == 10
+    )
+
+
+GATE = {"open": False}
+"""Opened by the test: a continued run's first step waits for it (``Gate``)."""
+
+
+class Gate(Interceptor):
+    """A continued run starts its ``run`` only once ``GATE`` is open, so an Update sent meanwhile is
+    handled before the run's first step: a pause that lands just after continue-as-new."""
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        return _GateInbound
+
+
+class _GateInbound(WorkflowInboundInterceptor):
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        if workflow.info().continued_run_id:
+            await workflow.wait_condition(lambda: GATE["open"])
+        return await self.next.execute_workflow(input)
+
+
+async def test_a_pause_just_after_continue_as_new_reports_the_held_tasks(ts_env, redis, redis_url, task_queue) -> None:
+    """``turns_per_run`` 1, the backlog at the threshold: the run continues as new after its first
+    turn, and the pause Update reaches the new run before its first step. The result's
+    ``remaining`` is the held tasks Redis holds (not 0), the experiment is paused again."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 40)
+    await fill_backlog(redis, 5)
+    GATE["open"] = False
+    worker_redis = Redis.from_url(redis_url, decode_responses=False)
+    async with Worker(
+        ts_env.client,
+        task_queue=task_queue,
+        workflows=[ResumptionWorkflow],
+        activities=ResumptionActivities(worker_redis).all(),
+        interceptors=[Gate()],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        handle = await start(
+            ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=1, turns_per_run=1
+        )
+        for _ in range(200):
+            if (await handle.describe()).run_id != handle.first_execution_run_id:
+                break
+            await asyncio.sleep(0.05)
+        latest = ts_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
+        GATE["open"] = True
+        await latest.execute_update(ResumptionWorkflow.pause)
+        result = await latest.result()
+    await worker_redis.aclose()
+    assert (result.outcome, result.runs, result.replayed) == (Outcome.PAUSED, 2, 0)
+    assert result.remaining == await redis.xlen(ExperimentKeys(STREAM, e).held) == 40
+    assert await held.get_state(redis, ExperimentKeys(STREAM, e)) is ExperimentState.PAUSED
+
+
+async def test_a_reset_to_the_first_workflow_task_counts_the_whole_resume(
+    dev_env, redis, redis_url, task_queue, tmp_path
+) -> None:
+    """Half-way, ``temporal workflow reset --type FirstWorkflowTask``: the reset run takes a new
+    claim on the resume in progress, and its result counts every task the resume moved (200 of
+    200, not what the new claim moved); the metric counts each task once."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 200)
+    await fill_backlog(redis, 0)
+    port = free_port()
+    stop, seen = asyncio.Event(), []
+    with running_worker(dev_env, redis_url, task_queue, tmp_path / "worker.log", port):
+        handle = await start(
+            dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=60, batch_size=20, throttle_seconds=0.5
+        )
+        first = await wait_for(handle, lambda p: p.replayed == 60 and p.phase.value == "throttled", timeout=30)
+        reset = temporal_workflow_cli(
+            dev_env, "reset", "--workflow-id", handle.id, "--type", "FirstWorkflowTask", "--reason", "test", "--yes"
+        )
+        assert reset.returncode == 0, reset.stderr
+        latest = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
+        after = await wait_for(latest, lambda p: p.token > first.token, timeout=30)
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20))
+        result = await asyncio.wait_for(latest.result(), 40)
+        stop.set()
+        await consumer
+        await asyncio.sleep(1.5)  # the exporter's next collection
+        scraped = scrape(port)
+    assert after.replayed == 60  # the resume's count, at the reset run's claim
+    assert (result.outcome, result.replayed, result.remaining, result.token) == (Outcome.COMPLETED, 200, 0, after.token)
+    assert held_by(await stream_tasks(redis), e) == names
+    labels = {"stream": STREAM, "consumer_group": GROUP, "task_queue": task_queue}
+    assert scraped["xmc_resumption_replayed_tasks_total", labels] == 200
+    assert scraped["xmc_resumption_outcomes_total", {**labels, "outcome": "completed"}] == 1
+    assert not await redis.exists(ExperimentKeys(STREAM, e).replay)  # the resume ended: its count dropped
