@@ -216,3 +216,110 @@ async def test_a_reset_to_the_first_workflow_task_counts_the_whole_resume(
     assert scraped["xmc_resumption_replayed_tasks_total", labels] == 200
     assert scraped["xmc_resumption_outcomes_total", {**labels, "outcome": "completed"}] == 1
     assert not await redis.exists(ExperimentKeys(STREAM, e).replay)  # the resume ended: its count dropped
+
+
+async def test_soak_updates_pause_resume_reset_and_worker_restarts_agree_with_redis(
+    dev_env, redis, redis_url, task_queue, tmp_path
+) -> None:
+    """The soak's kind, bounded: one replay of 400 held tasks driven through a burst of 30 Updates
+    and continue-as-new, a pause and a new resume, a reset to the first workflow task, and two
+    worker SIGKILLs. Each result's outcome, ``replayed`` and ``remaining`` agree with Redis, the
+    metrics of the three workers sum to each task once, and every task reached the consumers
+    exactly once and in order. (A worker is killed while nothing can move, the consumers being
+    stopped at the threshold, so its last scrape holds all it counted.)"""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 400)
+    await fill_backlog(redis, 0)
+    seen: list[bytes] = []
+    counted: dict[str, float] = {}
+    labels = {"stream": STREAM, "consumer_group": GROUP, "task_queue": task_queue}
+
+    def metric(port: int, name: str, **extra: str) -> float:
+        try:
+            return scrape(port)[name, {**labels, **extra}]
+        except KeyError:
+            return 0.0
+
+    def take(port: int, worker: str) -> None:
+        counted[worker] = metric(port, "xmc_resumption_replayed_tasks_total")
+        counted[worker + " paused"] = metric(port, "xmc_resumption_outcomes_total", outcome="paused")
+        counted[worker + " completed"] = metric(port, "xmc_resumption_outcomes_total", outcome="completed")
+
+    async def at_rest(handle: Any) -> Any:
+        """The consumers stopped, the group's backlog in Redis at the threshold: nothing can move.
+        Returns the progress once it shows the resume's count in Redis, throttled."""
+        progress = None
+        for _ in range(200):
+            [group] = await redis.xinfo_groups(STREAM)
+            moved = int(await redis.hget(keys.replay, "moved") or -1)
+            if group["lag"] + group["pending"] == 40:
+                progress = await handle.query(ResumptionWorkflow.progress)
+                if progress.phase.value == "throttled" and progress.replayed == moved:
+                    return progress
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"the replay did not come to rest at the threshold: {progress!r}, {group}, {moved}")
+
+    settings = dict(max_backlog_threshold=40, batch_size=20, throttle_seconds=0.3, turns_per_run=4)
+    ports = [free_port() for _ in range(3)]
+    with running_worker(dev_env, redis_url, task_queue, tmp_path / "w1.log", ports[0]) as w1:
+        stop = asyncio.Event()
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=10, rate=80))
+        handle = await start(dev_env.client, task_queue, experiment_id=e, **settings)
+        latest = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
+        await wait_for(latest, lambda p: p.replayed >= 60, timeout=20)
+        stop.set()
+        await consumer
+        # 30 Updates at once, each waking the wait for a turn, continuing as new every 4 turns
+        burst = [latest.execute_update(ResumptionWorkflow.set_batch_size, 10 + i % 2 * 10) for i in range(30)]
+        settled = await asyncio.gather(*burst, return_exceptions=True)
+        await at_rest(latest)
+        await latest.execute_update(ResumptionWorkflow.pause)
+        paused = await latest.result()
+        take(ports[0], "w1")
+        w1.kill()
+    assert [r for r in settled if isinstance(r, BaseException)] == []
+    assert paused.outcome is Outcome.PAUSED and paused.runs > 1
+    assert paused.remaining == await redis.xlen(keys.held) == 400 - paused.replayed
+    assert held_by(await stream_tasks(redis), e) == names[: paused.replayed]
+    assert await held.get_state(redis, keys) is ExperimentState.PAUSED
+    with running_worker(dev_env, redis_url, task_queue, tmp_path / "w2.log", ports[1]) as w2:
+        stop = asyncio.Event()
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=10, rate=80))
+        second = await start(dev_env.client, task_queue, experiment_id=e, **settings)
+        current = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, second.id)  # the latest run
+        await wait_for(current, lambda p: p.replayed >= 40, timeout=20)
+        stop.set()
+        await consumer
+        before = await at_rest(current)
+        reset_from = (await current.describe()).run_id
+        assert (
+            40 <= before.replayed == len(held_by(await stream_tasks(redis), e)) - paused.replayed
+        )  # this resume's count
+        reset = temporal_workflow_cli(
+            dev_env, "reset", "--workflow-id", second.id, "--type", "FirstWorkflowTask", "--reason", "soak", "--yes"
+        )
+        assert reset.returncode == 0, reset.stderr
+        latest = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, second.id)
+        for _ in range(100):  # the reset run (of the run then current: a continued one keeps its claim)
+            if (await latest.describe()).run_id != reset_from:
+                break
+            await asyncio.sleep(0.1)
+        after = await at_rest(latest)
+        assert after.replayed == before.replayed  # the reset run's claim keeps the resume's count
+        take(ports[1], "w2")
+        w2.kill()
+    with running_worker(dev_env, redis_url, task_queue, tmp_path / "w3.log", ports[2]):
+        stop = asyncio.Event()
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=10, rate=80))
+        done = await asyncio.wait_for(latest.result(), 40)
+        stop.set()
+        await consumer
+        take(ports[2], "w3")
+    assert (done.outcome, done.replayed, done.remaining) == (Outcome.COMPLETED, 400 - paused.replayed, 0)
+    assert held_by(await stream_tasks(redis), e) == names  # every task once, in order
+    assert sorted(held_by(seen, e)) == sorted(names)  # delivered to the consumers once each
+    assert counted["w1"] + counted["w2"] + counted["w3"] == 400
+    assert (counted["w1 paused"], counted["w2 paused"] + counted["w3 paused"]) == (1, 0)
+    assert counted["w1 completed"] + counted["w2 completed"] + counted["w3 completed"] == 1
+    assert not await redis.exists(keys.replay, keys.claim)

@@ -367,14 +367,14 @@ class ResumptionWorkflow:
     async def _check(self) -> ResumptionResult | None:
         """Step 1: pause state and fencing token (extends the lease). Returns the result when the
         run ends here (fenced, or paused: claim released), else None."""
-        inp, p = self._state.input, self._state.progress
+        inp = self._state.input
         self._set_phase(Phase.CHECKING)
         check = await call(
             ResumptionActivities.check_claim,
             CheckRequest(ref=self._ref, token=self._state.token, owner=self._state.owner, lease_ms=inp.lease_ms),
             summary=f"check pause state and fencing token {self._state.token}",
         )
-        p.remaining = check.held
+        self._state.checked(check)
         if check.fence_lost:
             return self._fence_lost(check.current_token)
         if check.released is not None:

@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from xmc_resumption.redisclient.results import (
     BacklogReading,
+    ClaimCheck,
     ClaimGrant,
     GroupStatus,
     MissingGroupPolicy,
@@ -212,6 +213,14 @@ class RunState:
         p.token, p.remaining = grant.token, grant.held
         if grant.replayed is not None:
             p.replayed = grant.replayed
+
+    def checked(self, check: ClaimCheck) -> None:
+        """Take a check's counts into the progress: the held tasks, and the resume's count (kept
+        when unknown): a reset run of a continued one starts from an older carry."""
+        p = self.progress
+        p.remaining = check.held
+        if check.replayed is not None:
+            p.replayed = check.replayed
 
     def count(self, result: PublishResult) -> None:
         """Take a publish's counts into the progress. Redis's count is the authority: the resume's

@@ -82,9 +82,8 @@ async def check_claim(client: RedisClient, keys: ExperimentKeys, token: int, own
         redis.exceptions.RedisError: on any Redis fault.
     """
     validate_lease(lease_ms)
-    raw = await run_script(
-        client, "check", [keys.fence, keys.claim, keys.state, keys.held, keys.released], [token, owner, lease_ms]
-    )
+    script_keys = [keys.fence, keys.claim, keys.state, keys.held, keys.released, keys.replay]
+    raw = await run_script(client, "check", script_keys, [token, owner, lease_ms])
     return ClaimCheck.model_validate_json(raw)
 
 

@@ -185,6 +185,8 @@ class ClaimCheck(BaseModel):
         reestablished: True when the lease had lapsed and was taken again for the current token.
         released: when fenced by this very token's own release (a re-executed turn of a run that
             already released its claim): that release's record; else None.
+        replayed: the tasks the resume has moved (None when unknown, and in results recorded
+            before it existed): a reset run of a continued one, whose carry is older, reads it.
     """
 
     fenced: bool
@@ -194,6 +196,7 @@ class ClaimCheck(BaseModel):
     held: int
     reestablished: bool
     released: ReleaseRecord | None = None
+    replayed: int | None = None
 
 
 class PublishStatus(StrEnum):
