@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
+import sys
 import uuid
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import (
@@ -23,7 +28,18 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
-from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, scrape, start, stream_tasks, wait_for
+from tests.helpers import (
+    GROUP,
+    STREAM,
+    consume,
+    fill_backlog,
+    hold_tasks,
+    resumption_worker,
+    scrape,
+    start,
+    stream_tasks,
+    wait_for,
+)
 from tests.test_e2e import running_worker, temporal_workflow_cli
 from xmc_resumption.activities.requests import (
     AcquireRequest,
@@ -33,11 +49,11 @@ from xmc_resumption.activities.requests import (
     ReleaseRequest,
 )
 from xmc_resumption.activities.resumption import ResumptionActivities
-from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
 from xmc_resumption.services import free_port
-from xmc_resumption.workflows.models import Outcome
+from xmc_resumption.workflows.models import Outcome, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
@@ -126,6 +142,49 @@ async def test_a_repeated_publish_counts_nothing_in_the_metric(redis: Redis) -> 
         ]
         == 10
     )
+
+
+async def test_a_workflow_task_lost_after_its_release_ends_with_the_recorded_outcome(
+    dev_env, redis, redis_url, task_queue
+) -> None:
+    """The workflow task that drained 30 tasks and released the claim is lost: its worker is
+    killed before completing it (``tests/lost_completion_worker.py``), so the server times it out
+    and another worker runs it again from its start, against Redis (the local activities of the
+    lost task run again). The run ends ``completed, replayed 30, remaining 0``, the release's
+    record, not ``fenced`` by its own revoked token; nothing is released or moved twice."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    names = await hold_tasks(redis, e, 30)
+    await fill_backlog(redis, 0)
+    address = dev_env.client.service_client.config.target_host
+    lost = subprocess.Popen(
+        [sys.executable, "-m", "tests.lost_completion_worker", address, redis_url, task_queue],
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        handle = await dev_env.client.start_workflow(
+            ResumptionWorkflow.run,
+            ResumptionInput(experiment_id=e, batch_size=10, max_backlog_threshold=100),
+            id=f"resumption-{e}",
+            task_queue=task_queue,
+            task_timeout=timedelta(seconds=3),
+        )
+        for _ in range(1000):
+            if await redis.llen(keys.released):
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        lost.kill()
+        lost.wait()
+    events = [event.event_type async for event in handle.fetch_history_events()]
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in events  # the task that drained is lost
+    assert await redis.xlen(keys.held) == 0 and await fencing.current_token(redis, keys) == 2
+    async with resumption_worker(dev_env.client, task_queue, redis_url):
+        result = await asyncio.wait_for(handle.result(), 30)
+    assert (result.outcome, result.replayed, result.remaining, result.token) == (Outcome.COMPLETED, 30, 0, 1)
+    assert held_by(await stream_tasks(redis), e) == names
+    assert await fencing.current_token(redis, keys) == 2  # released once: the second release was its record
+    assert await redis.lrange(keys.released, 0, -1) == [b"1 completed 30 0"]
 
 
 GATE = {"open": False}
