@@ -769,21 +769,10 @@ class ResumptionWorkflow:
         self._state.released(release)
 
     def _ended_before(self, record: ReleaseRecord) -> ResumptionResult:
-        """This run released its claim before, in a workflow task whose completion was lost, and
-        runs the turn again (temporalio/temporal#5921): end with what the release recorded in
-        Redis (outcome, the resume's count, held tasks left), not as fenced by its own release.
-
-        Raises:
-            ApplicationError: non-retryable, type ``EndedBefore``: the recorded outcome is a
-                failure (none of ``Outcome``).
-        """
+        """This run released its claim in a workflow task whose completion was lost, and runs the
+        turn again (temporalio/temporal#5921): end as the release recorded it in Redis
+        (``RunState.recorded_release``), not as fenced by its own release."""
         outcome = self._state.recorded_release(record)
-        if outcome is None:
-            raise ApplicationError(
-                f"this run ended {record.outcome} before; its release is recorded in Redis",
-                type="EndedBefore",
-                non_retryable=True,
-            )
         return self._finish(outcome, detail="released before, in a workflow task run again: its recorded release")
 
     def _count_outcome(self, outcome: str) -> None:

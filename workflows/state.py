@@ -248,16 +248,27 @@ class RunState:
             p.remaining = release.remaining
         self.outcome_counted = self.outcome_counted or (release.token > 0 and release.outcome != "")
 
-    def recorded_release(self, record: ReleaseRecord) -> Outcome | None:
+    def recorded_release(self, record: ReleaseRecord) -> Outcome:
         """A turn run again after this run released its claim (a workflow task whose completion
-        was lost): take the release's record into the progress; returns its outcome, None when it
-        is none of ``Outcome`` (a run that failed)."""
+        was lost): take the release's record (outcome, the resume's count, held tasks left) into
+        the progress; returns its outcome.
+
+        Raises:
+            ApplicationError: non-retryable, type ``EndedBefore``: the recorded outcome is none of
+                ``Outcome`` (the run failed before).
+        """
         p = self.progress
         if record.replayed is not None:
             p.replayed = record.replayed
         p.remaining = record.remaining
         self.outcome_counted = True
-        return Outcome(record.outcome) if record.outcome in {o.value for o in Outcome} else None
+        if record.outcome not in {o.value for o in Outcome}:
+            raise ApplicationError(
+                f"this run ended {record.outcome} before; its release is recorded in Redis",
+                type="EndedBefore",
+                non_retryable=True,
+            )
+        return Outcome(record.outcome)
 
     def refuse(self, change: ControlChange) -> None:
         """Refuse a control change once the run is ending, or one that breaks a bound or a rule of
