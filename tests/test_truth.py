@@ -34,7 +34,6 @@ from tests.helpers import (
     consume,
     fill_backlog,
     hold_tasks,
-    resumption_worker,
     scrape,
     start,
     stream_tasks,
@@ -53,6 +52,7 @@ from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
 from xmc_resumption.services import free_port
+from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
@@ -145,7 +145,7 @@ async def test_a_repeated_publish_counts_nothing_in_the_metric(redis: Redis) -> 
 
 
 async def test_a_workflow_task_lost_after_its_release_ends_with_the_recorded_outcome(
-    dev_env, redis, redis_url, task_queue
+    dev_env, redis, redis_url, task_queue, tmp_path
 ) -> None:
     """The workflow task that drained 30 tasks and released the claim is lost: its worker is
     killed before completing it (``tests/lost_completion_worker.py``), so the server times it out
@@ -179,8 +179,15 @@ async def test_a_workflow_task_lost_after_its_release_ends_with_the_recorded_out
     events = [event.event_type async for event in handle.fetch_history_events()]
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in events  # the task that drained is lost
     assert await redis.xlen(keys.held) == 0 and await fencing.current_token(redis, keys) == 2
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    port = free_port()
+    with running_worker(dev_env, redis_url, task_queue, tmp_path / "worker.log", port):
         result = await asyncio.wait_for(handle.result(), 30)
+        scraped = scrape(port)
+    # the worker that ran the task again moved nothing and released nothing: it counts neither
+    labels = {"stream": STREAM, "consumer_group": GROUP, "task_queue": task_queue}
+    assert scraped["xmc_resumption_replayed_tasks_total", labels] == 0
+    completed = ("xmc_resumption_outcomes_total", frozenset({**labels, "outcome": "completed"}.items()))
+    assert completed not in scraped.values
     assert (result.outcome, result.replayed, result.remaining, result.token) == (Outcome.COMPLETED, 30, 0, 1)
     assert held_by(await stream_tasks(redis), e) == names
     assert await fencing.current_token(redis, keys) == 2  # released once: the second release was its record
@@ -234,9 +241,11 @@ async def test_a_pause_just_after_continue_as_new_reports_the_held_tasks(ts_env,
         GATE["open"] = True
         await latest.execute_update(ResumptionWorkflow.pause)
         result = await latest.result()
+        shown = (await latest.describe()).typed_search_attributes  # what xmc list shows
     await worker_redis.aclose()
     assert (result.outcome, result.runs, result.replayed) == (Outcome.PAUSED, 2, 0)
     assert result.remaining == await redis.xlen(ExperimentKeys(STREAM, e).held) == 40
+    assert (shown.get(fleet.REMAINING), shown.get(fleet.PHASE)) == (40, "paused")
     assert await held.get_state(redis, ExperimentKeys(STREAM, e)) is ExperimentState.PAUSED
 
 
