@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
@@ -28,7 +29,7 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     STREAM,
     consume,
@@ -144,11 +145,12 @@ async def test_a_repeated_publish_counts_nothing_in_the_metric(redis: Redis) -> 
     )
 
 
+@pytest.mark.real_server
 async def test_a_workflow_task_lost_after_its_release_ends_with_the_recorded_outcome(
-    dev_env, redis, redis_url, task_queue, tmp_path
+    temporal_env, redis, redis_url, task_queue, tmp_path
 ) -> None:
     """The workflow task that drained 30 tasks and released the claim is lost: its worker is
-    killed before completing it (``tests/lost_completion_worker.py``), so the server times it out
+    killed before completing it (``tests/support/lost_completion_worker.py``), so the server times it out
     and another worker runs it again from its start, against Redis (the local activities of the
     lost task run again). The run ends ``completed, replayed 30, remaining 0``, the release's
     record, not ``fenced`` by its own revoked token; nothing is released or moved twice."""
@@ -156,13 +158,13 @@ async def test_a_workflow_task_lost_after_its_release_ends_with_the_recorded_out
     keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(redis, e, 30)
     await fill_backlog(redis, 0)
-    address = dev_env.client.service_client.config.target_host
+    address = temporal_env.client.service_client.config.target_host
     lost = subprocess.Popen(
-        [sys.executable, "-m", "tests.lost_completion_worker", address, redis_url, task_queue],
+        [sys.executable, "-m", "tests.support.lost_completion_worker", address, redis_url, task_queue],
         cwd=Path(__file__).resolve().parents[1],
     )
     try:
-        handle = await dev_env.client.start_workflow(
+        handle = await temporal_env.client.start_workflow(
             ResumptionWorkflow.run,
             ResumptionInput(experiment_id=e, batch_size=10, max_backlog_threshold=100),
             id=f"resumption-{e}",
@@ -180,7 +182,7 @@ async def test_a_workflow_task_lost_after_its_release_ends_with_the_recorded_out
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in events  # the task that drained is lost
     assert await redis.xlen(keys.held) == 0 and await fencing.current_token(redis, keys) == 2
     port = free_port()
-    with running_worker(dev_env, redis_url, task_queue, tmp_path / "worker.log", port):
+    with running_worker(temporal_env, redis_url, task_queue, tmp_path / "worker.log", port):
         result = await asyncio.wait_for(handle.result(), 30)
         scraped = scrape(port)
     # the worker that ran the task again moved nothing and released nothing: it counts neither
@@ -213,7 +215,9 @@ class _GateInbound(WorkflowInboundInterceptor):
         return await self.next.execute_workflow(input)
 
 
-async def test_a_pause_just_after_continue_as_new_reports_the_held_tasks(ts_env, redis, redis_url, task_queue) -> None:
+async def test_a_pause_just_after_continue_as_new_reports_the_held_tasks(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """``turns_per_run`` 1, the backlog at the threshold: the run continues as new after its first
     turn, and the pause Update reaches the new run before its first step. The result's
     ``remaining`` is the held tasks Redis holds (not 0), the experiment is paused again."""
@@ -223,7 +227,7 @@ async def test_a_pause_just_after_continue_as_new_reports_the_held_tasks(ts_env,
     GATE["open"] = False
     worker_redis = Redis.from_url(redis_url, decode_responses=False)
     async with Worker(
-        ts_env.client,
+        temporal_env.client,
         task_queue=task_queue,
         workflows=[ResumptionWorkflow],
         activities=ResumptionActivities(worker_redis).all(),
@@ -231,13 +235,18 @@ async def test_a_pause_just_after_continue_as_new_reports_the_held_tasks(ts_env,
         workflow_runner=UnsandboxedWorkflowRunner(),
     ):
         handle = await start(
-            ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=1, turns_per_run=1
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_seconds=1,
+            turns_per_run=1,
         )
         for _ in range(200):
             if (await handle.describe()).run_id != handle.first_execution_run_id:
                 break
             await asyncio.sleep(0.05)
-        latest = ts_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
+        latest = temporal_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
         GATE["open"] = True
         await latest.execute_update(ResumptionWorkflow.pause)
         result = await latest.result()
@@ -249,8 +258,9 @@ async def test_a_pause_just_after_continue_as_new_reports_the_held_tasks(ts_env,
     assert await held.get_state(redis, ExperimentKeys(STREAM, e)) is ExperimentState.PAUSED
 
 
+@pytest.mark.real_server
 async def test_a_reset_to_the_first_workflow_task_counts_the_whole_resume(
-    dev_env, redis, redis_url, task_queue, tmp_path
+    temporal_env, redis, redis_url, task_queue, tmp_path
 ) -> None:
     """Half-way, ``temporal workflow reset --type FirstWorkflowTask``: the reset run takes a new
     claim on the resume in progress, and its result counts every task the resume moved (200 of
@@ -260,16 +270,29 @@ async def test_a_reset_to_the_first_workflow_task_counts_the_whole_resume(
     await fill_backlog(redis, 0)
     port = free_port()
     stop, seen = asyncio.Event(), []
-    with running_worker(dev_env, redis_url, task_queue, tmp_path / "worker.log", port):
+    with running_worker(temporal_env, redis_url, task_queue, tmp_path / "worker.log", port):
         handle = await start(
-            dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=60, batch_size=20, throttle_seconds=0.5
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=60,
+            batch_size=20,
+            throttle_seconds=0.5,
         )
         first = await wait_for(handle, lambda p: p.replayed == 60 and p.phase.value == "throttled", timeout=30)
         reset = temporal_workflow_cli(
-            dev_env, "reset", "--workflow-id", handle.id, "--type", "FirstWorkflowTask", "--reason", "test", "--yes"
+            temporal_env,
+            "reset",
+            "--workflow-id",
+            handle.id,
+            "--type",
+            "FirstWorkflowTask",
+            "--reason",
+            "test",
+            "--yes",
         )
         assert reset.returncode == 0, reset.stderr
-        latest = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
+        latest = temporal_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
         after = await wait_for(latest, lambda p: p.token > first.token, timeout=30)
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20))
         result = await asyncio.wait_for(latest.result(), 40)
@@ -286,8 +309,9 @@ async def test_a_reset_to_the_first_workflow_task_counts_the_whole_resume(
     assert not await redis.exists(ExperimentKeys(STREAM, e).replay)  # the resume ended: its count dropped
 
 
+@pytest.mark.real_server
 async def test_soak_updates_pause_resume_reset_and_worker_restarts_agree_with_redis(
-    dev_env, redis, redis_url, task_queue, tmp_path
+    temporal_env, redis, redis_url, task_queue, tmp_path
 ) -> None:
     """The soak's kind, bounded: one replay of 400 held tasks driven through a burst of 30 Updates
     and continue-as-new, a pause and a new resume, a reset to the first workflow task, and two
@@ -330,11 +354,11 @@ async def test_soak_updates_pause_resume_reset_and_worker_restarts_agree_with_re
 
     settings = dict(max_backlog_threshold=40, batch_size=20, throttle_seconds=0.3, turns_per_run=4)
     ports = [free_port() for _ in range(3)]
-    with running_worker(dev_env, redis_url, task_queue, tmp_path / "w1.log", ports[0]) as w1:
+    with running_worker(temporal_env, redis_url, task_queue, tmp_path / "w1.log", ports[0]) as w1:
         stop = asyncio.Event()
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=10, rate=80))
-        handle = await start(dev_env.client, task_queue, experiment_id=e, **settings)
-        latest = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, **settings)
+        latest = temporal_env.client.get_workflow_handle_for(ResumptionWorkflow.run, handle.id)
         await wait_for(latest, lambda p: p.replayed >= 60, timeout=20)
         stop.set()
         await consumer
@@ -351,11 +375,11 @@ async def test_soak_updates_pause_resume_reset_and_worker_restarts_agree_with_re
     assert paused.remaining == await redis.xlen(keys.held) == 400 - paused.replayed
     assert held_by(await stream_tasks(redis), e) == names[: paused.replayed]
     assert await held.get_state(redis, keys) is ExperimentState.PAUSED
-    with running_worker(dev_env, redis_url, task_queue, tmp_path / "w2.log", ports[1]) as w2:
+    with running_worker(temporal_env, redis_url, task_queue, tmp_path / "w2.log", ports[1]) as w2:
         stop = asyncio.Event()
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=10, rate=80))
-        second = await start(dev_env.client, task_queue, experiment_id=e, **settings)
-        current = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, second.id)  # the latest run
+        second = await start(temporal_env.client, task_queue, experiment_id=e, **settings)
+        current = temporal_env.client.get_workflow_handle_for(ResumptionWorkflow.run, second.id)  # the latest run
         await wait_for(current, lambda p: p.replayed >= 40, timeout=20)
         stop.set()
         await consumer
@@ -365,10 +389,18 @@ async def test_soak_updates_pause_resume_reset_and_worker_restarts_agree_with_re
             40 <= before.replayed == len(held_by(await stream_tasks(redis), e)) - paused.replayed
         )  # this resume's count
         reset = temporal_workflow_cli(
-            dev_env, "reset", "--workflow-id", second.id, "--type", "FirstWorkflowTask", "--reason", "soak", "--yes"
+            temporal_env,
+            "reset",
+            "--workflow-id",
+            second.id,
+            "--type",
+            "FirstWorkflowTask",
+            "--reason",
+            "soak",
+            "--yes",
         )
         assert reset.returncode == 0, reset.stderr
-        latest = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, second.id)
+        latest = temporal_env.client.get_workflow_handle_for(ResumptionWorkflow.run, second.id)
         for _ in range(100):  # the reset run (of the run then current: a continued one keeps its claim)
             if (await latest.describe()).run_id != reset_from:
                 break
@@ -377,7 +409,7 @@ async def test_soak_updates_pause_resume_reset_and_worker_restarts_agree_with_re
         assert after.replayed == before.replayed  # the reset run's claim keeps the resume's count
         take(ports[1], "w2")
         w2.kill()
-    with running_worker(dev_env, redis_url, task_queue, tmp_path / "w3.log", ports[2]):
+    with running_worker(temporal_env, redis_url, task_queue, tmp_path / "w3.log", ports[2]):
         stop = asyncio.Event()
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=10, rate=80))
         done = await asyncio.wait_for(latest.result(), 40)

@@ -1,5 +1,5 @@
 """A worker whose workflow task is lost after its release ran in Redis, for tests/test_truth.py:
-``python -m tests.lost_completion_worker TEMPORAL_ADDRESS REDIS_URL TASK_QUEUE``.
+``python -m tests.support.lost_completion_worker TEMPORAL_ADDRESS REDIS_URL TASK_QUEUE``.
 
 Its ``release_claim`` releases the claim for real, then never answers, so the workflow task that
 drained and released never completes; the test kills this process, and the task runs again on
