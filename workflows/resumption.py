@@ -100,9 +100,10 @@ NAME_IDLE_CONSUMERS = "name-idle-consumers"
 when a replay is stalled: runs recorded before it replay without."""
 
 STALL_COUNTS_EVERY_WAIT = "stall-counts-every-wait"
-"""``workflow.patched`` ID of the stall rule that every wait (backlog, missing group, Redis memory,
-rate cap) counts against ``max_stall_seconds``: a memory or rate wait no longer starts the stall
-window again (runs recorded before it replay with the restart)."""
+"""``workflow.patched`` ID of the stall rule that every wait the operator did not ask for (backlog,
+missing group, Redis memory) counts against ``max_stall_seconds``: a memory wait no longer starts
+the stall window again (runs recorded before it replay with the restart). A rate cap's wait is the
+operator's own request (``max_tasks_per_second``, ``{S}:rate``) and still starts it again."""
 
 IDLE_CONSUMERS_SHOWN = 5
 """The most idle consumers a stall reason names."""
@@ -718,8 +719,8 @@ class ResumptionWorkflow:
                     timeout_summary=f"rate limited {seconds:.3g}s: {reason}",
                 )
         p.throttled_until = None
-        if not workflow.patched(STALL_COUNTS_EVERY_WAIT):
-            self._state.stall.restart(workflow.now())  # before it: rate waits never stalled
+        # the operator's rate cap holds the replay, not the consumers: no stall of theirs
+        self._state.stall.restart(workflow.now())
 
     async def _wait_for_redis(self, err: BaseException) -> None:
         """A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a

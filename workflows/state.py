@@ -175,7 +175,7 @@ class RunState:
             self.hold = None
         self.stall_base = (
             (self.missing_text(reading) or f"backlog {backlog}{group} (pending {pending}) not going down, "
-             f"last-delivered-id {last_delivered_id or 'none'}" + (f"; {self.hold}" if self.hold else ""))
+             f"last-delivered-id {last_delivered_id or 'none'}") + (f"; {self.hold}" if self.hold else "")
             if stalled
             else None
         )  # fmt: skip
