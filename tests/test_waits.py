@@ -99,6 +99,7 @@ async def test_stopped_consumers_under_the_shortest_max_wait_do_not_spin(
         scripts, window = await _scripts_run(redis) - scripts, time.monotonic() - t0
         await handle.cancel()
     turns = last.turns - first.turns
+    print(f"stopped consumers, max_wait_seconds 0.001: {turns / window:.1f} turns/s, {scripts / window:.1f} scripts/s")
     bound = window / WAIT_FLOOR_SECONDS + 2  # a turn in progress at each end of the window
     assert 1 <= turns <= bound, (turns, window)
     assert scripts <= bound * (POLL_READINGS + 3), (scripts, turns, window)
