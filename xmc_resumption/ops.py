@@ -251,8 +251,8 @@ async def held_experiments(redis: RedisClient, stream: str, limit: int) -> tuple
     """Every experiment on ``stream`` that Redis holds something for, sorted by experiment ID.
 
     An experiment counts when it has a state key (paused, resuming, or a value the contract does not
-    know) or held tasks, found by ``SCAN MATCH`` on ``{S}:experiment:*:state`` and ``{S}:experiment:*:held`` (never ``KEYS``: it blocks
-    Redis).
+    know) or held tasks, found by ``SCAN MATCH`` on ``{S}:experiment:*:state`` and
+    ``{S}:experiment:*:held`` (never ``KEYS``: it blocks Redis).
 
     Each row: ``experiment_id``, ``state``, ``held`` (entries), ``claim`` (owner, token, lease
     left; {} when none) and ``condition``: ``paused``; ``orphaned`` (resuming with no live claim:
