@@ -2,7 +2,7 @@
 
 The project runs as an ACL user limited to its keys and commands (``deploy/redis-acl.conf``). A
 call outside that rule is refused, and the refusal repeats on every try, so the activities fail it
-at once (``activities.resumption._classified``) and the CLI prints it (``xmc.errors``). Redis words
+at once (``activities.resumption._classified``) and the CLI prints it (``xmc_resumption.errors``). Redis words
 a refusal in several ways, none naming the user (which the client knows) and not always the
 command:
 
