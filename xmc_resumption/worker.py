@@ -78,7 +78,7 @@ class ExpectedFaultFilter(logging.Filter):
 
     temporalio logs every failed activity attempt on the ``temporalio.activity`` logger as
     ``Completing activity as failed`` with ``exc_info``: during a Redis outage the local
-    activities' fast retries made that about 80 traceback lines a second. For an exception in
+    activities' fast retries would flood the log with tracebacks. For an exception in
     ``EXPECTED_FAULTS`` the record keeps its level and the activity's details and gains
     ``error=Type: message`` on the same line; any other exception (a bug) keeps its traceback.
     """
