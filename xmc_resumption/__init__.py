@@ -1,5 +1,6 @@
-"""xmc-resumption: durable, backpressure-aware replay of paused tasks into a Redis Streams task queue,
-on Temporal. The one import package of the ``xmc-resumption`` distribution.
+"""xmc-resumption: durable, backpressure-aware replay of paused tasks into a Redis Streams task queue, on Temporal.
+
+The one import package of the ``xmc-resumption`` distribution.
 
 Embedding it in a platform's own worker: ``xmc_resumption.plugin.ResumptionPlugin``
 (docs/embedding.md). The operator's command: ``xmc`` (``xmc_resumption.cli``).

@@ -32,10 +32,12 @@ async def run_consumer(
     rate: float | None = None,
     field: bytes = b"task",
 ) -> None:
-    """Consume ``stream`` as ``name`` in ``group``: ``XREADGROUP`` up to ``count`` entries, append
-    each entry's ``field`` to ``out``, ``XACK`` them; at most ``rate`` entries per second (None: as
-    fast as Redis answers). Returns once ``stop`` is set and a read comes back empty. A blocked
-    read that Redis ends because its stream key went away (``UNBLOCKED``) is read again.
+    """Consume ``stream`` as ``name`` in ``group``, appending each entry's ``field`` to ``out``.
+
+    ``XREADGROUP`` up to ``count`` entries, append each entry's ``field`` to ``out``, ``XACK`` them; at
+    most ``rate`` entries per second (None: as fast as Redis answers). Returns once ``stop`` is set and a
+    read comes back empty. A blocked read that Redis ends because its stream key went away
+    (``UNBLOCKED``) is read again.
 
     Raises:
         redis.exceptions.RedisError: any other Redis fault.

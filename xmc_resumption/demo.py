@@ -56,9 +56,11 @@ worker itself exits within ``worker.SHUTDOWN_LIMIT_SECONDS`` (15 s)."""
 
 @dataclass
 class DemoOptions:
-    """Knobs of the demo: tasks (entries), consumer rate (tasks per second, all consumers),
-    threshold (entries), batch (entries), throttle wait (seconds), linger (seconds to keep the
-    services up at the end for the web UI)."""
+    """Knobs of the demo.
+
+    Tasks (entries), consumer rate (tasks per second, all consumers), threshold (entries), batch
+    (entries), throttle wait (seconds), linger (seconds to keep the services up at the end for the web UI).
+    """
 
     tasks: int = 5_000
     consumers: int = 4
@@ -221,8 +223,10 @@ async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> 
 
 
 async def run_demo(opts: DemoOptions) -> int:
-    """Run the demo; returns the process exit code: 0 when every check passed, 1 when one failed,
-    128 + the signal's number (143, 130) when SIGTERM or SIGINT stopped it.
+    """Run the demo; returns the process exit code.
+
+    0 when every check passed, 1 when one failed, 128 + the signal's number (143, 130) when SIGTERM or
+    SIGINT stopped it.
 
     A stop signal cancels the demo where it is (again every ``CANCEL_RETRY_SECONDS`` until it has
     stopped); its cleanup then stops the consumers, the worker (SIGTERM, SIGKILL after

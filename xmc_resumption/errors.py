@@ -1,5 +1,6 @@
-"""Operator errors: the faults an operator can mend, each turned into one line that names the
-setting, key or field at fault and never a secret.
+"""Operator errors: the faults an operator can mend, each turned into one line naming the cause.
+
+Each line names the setting, key or field at fault and never a secret.
 
 The CLI and the worker both end with ``operator_message``: an exception it knows becomes one line
 and exit code 2 (``RunFailedError``: 1); any other exception is a bug and keeps its traceback.
@@ -48,13 +49,17 @@ class OperatorError(Exception):
 
 
 class RunFailedError(OperatorError):
-    """The run a command waited for ended without a result (failed, terminated, cancelled, timed
-    out); the CLI exits ``EXIT_RUN_FAILED``, not 2: the command did its part."""
+    """The run a command waited for ended without a result (failed, terminated, cancelled, timed out).
+
+    The CLI exits ``EXIT_RUN_FAILED``, not 2: the command did its part.
+    """
 
 
 class KeyContentError(OperatorError):
-    """A Redis key of the experiment holds something the contract (docs/contract.md, "Redis keys") does not
-    allow: the wrong type, or a value that is no state / no integer."""
+    """A Redis key of the experiment holds something the contract does not allow.
+
+    The wrong type, or a value that is no state / no integer (docs/contract.md, "Redis keys").
+    """
 
 
 def one_line(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
@@ -64,8 +69,11 @@ def one_line(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
 
 
 def validation_message(err: ValidationError) -> str:
-    """A pydantic error as one line: ``field: message`` per error, never the input value (it may
-    be a password). Settings fields are named by their environment variable (``XMC_REDIS_URL``)."""
+    """A pydantic error as one line: ``field: message`` per error, never the input value.
+
+    The input value may be a password. Settings fields are named by their environment variable
+    (``XMC_REDIS_URL``).
+    """
     prefix = Settings.model_config.get("env_prefix", "") if err.title == Settings.__name__ else ""
     parts = []
     for e in err.errors(include_url=False, include_input=False, include_context=False):
@@ -78,8 +86,10 @@ def validation_message(err: ValidationError) -> str:
 
 
 def is_certificate_refused(err: BaseException) -> bool:
-    """True when a TLS connection to Redis failed because the server's certificate did not verify
-    against ``XMC_REDIS_TLS_CA_FILE`` (or the system's CAs): a setting to mend, not an outage."""
+    """True when a TLS connection to Redis failed because the server's certificate did not verify.
+
+    Verified against ``XMC_REDIS_TLS_CA_FILE`` (or the system's CAs): a setting to mend, not an outage.
+    """
     return isinstance(err, RedisConnectionError) and "CERTIFICATE_VERIFY_FAILED" in str(err)
 
 

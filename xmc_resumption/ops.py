@@ -1,6 +1,8 @@
-"""Operator actions shared by the CLI and the demo: status of an experiment, the experiments
-held in Redis, starting a resumption, the fleet of resumptions in Temporal visibility, and the
-control Updates of a running one."""
+"""Operator actions shared by the CLI and the demo.
+
+Status of an experiment, the experiments held in Redis, starting a resumption, the fleet of
+resumptions in Temporal visibility, and the control Updates of a running one.
+"""
 
 from __future__ import annotations
 
@@ -42,9 +44,12 @@ MAX_SHOWN_VALUE_CHARS = 40
 
 
 async def _read_key(redis: RedisClient, key: str, expected: str, read: Awaitable[T], *, parses: bool = False) -> T:
-    """Await ``read`` of ``key``; a key of the wrong type (WRONGTYPE), or for a read that
-    ``parses`` the value a ``ValueError``, becomes ``KeyContentError`` naming the key, what it
-    holds and what the contract expects (``expected``)."""
+    """Await ``read`` of ``key``, turning content the contract does not allow into ``KeyContentError``.
+
+    A key of the wrong type (WRONGTYPE), or for a read that ``parses`` the value a ``ValueError``,
+    becomes ``KeyContentError`` naming the key, what it holds and what the contract expects
+    (``expected``).
+    """
     try:
         return await read
     except ResponseError as err:
@@ -76,9 +81,11 @@ async def state_and_held(redis: RedisClient, keys: ExperimentKeys) -> tuple[Expe
 
 
 async def has_keys(redis: RedisClient, keys: ExperimentKeys) -> bool:
-    """True when any key of the experiment exists (state, held, claim, fence, publish record,
-    acquire log, replay record, release log, dead letters): False for an experiment never paused
-    nor resumed on this stream."""
+    """True when any key of the experiment exists; False for an experiment never paused nor resumed on this stream.
+
+    The keys: state, held, claim, fence, publish record, acquire log, replay record, release log, dead
+    letters.
+    """
     every = (
         keys.state, keys.held, keys.claim, keys.fence, keys.publish, keys.acquire_log, keys.replay, keys.released,
         keys.dead,
@@ -98,8 +105,10 @@ async def experiment_status(
     groups: Sequence[str] | None = None,
     idle_seconds: float = DEFAULT_IDLE_SECONDS,
 ) -> dict[str, object]:
-    """State, held tasks (entries), claim, last fencing token, the consumer groups' backlog and the
-    idle consumers holding pending entries, as a dict.
+    """The status of an experiment as a dict.
+
+    State, held tasks (entries), claim, last fencing token, the consumer groups' backlog and the idle
+    consumers holding pending entries.
 
     ``backlog`` is the reading of the groups that bound a replay (``groups``, or every group of the
     stream when None; ``group`` must exist): the largest backlog, the group that has it
@@ -199,8 +208,9 @@ async def experiment_status(
 
 
 async def refuse_evicting_redis(redis: RedisClient, keys: ExperimentKeys) -> None:
-    """Refuse, before anything starts, a Redis whose ``maxmemory-policy`` could evict the replay's
-    keys: the resumption would fail at its claim (``redisclient.memory``).
+    """Refuse, before anything starts, a Redis whose ``maxmemory-policy`` could evict the replay's keys.
+
+    Such a resumption would fail at its claim (``redisclient.memory``).
 
     Raises:
         OperatorError: the policy is not ``noeviction``; the message names it.
@@ -213,8 +223,9 @@ async def refuse_evicting_redis(redis: RedisClient, keys: ExperimentKeys) -> Non
 async def start_resumption(
     client: Client, inp: ResumptionInput, task_queue: str
 ) -> WorkflowHandle[ResumptionWorkflow, ResumptionResult]:
-    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``, without any check
-    (``xmc_resumption.client.XmcClient.resume`` makes ``xmc resume``'s checks first, then calls this).
+    """Start ``ResumptionWorkflow`` with the conventional ID ``resumption-<E>``, without any check.
+
+    ``xmc_resumption.client.XmcClient.resume`` makes ``xmc resume``'s checks first, then calls this.
 
     Raises:
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
@@ -230,9 +241,11 @@ MAX_LISTED = 100_000
 
 
 async def held_experiments(redis: RedisClient, stream: str, limit: int) -> tuple[list[dict[str, object]], bool]:
-    """Every experiment on ``stream`` that Redis holds something for: a state key (paused,
-    resuming, or a value the contract does not know) or held tasks, found by ``SCAN MATCH`` on
-    ``{S}:experiment:*:state`` and ``{S}:experiment:*:held`` (never ``KEYS``: it blocks Redis).
+    """Every experiment on ``stream`` that Redis holds something for, sorted by experiment ID.
+
+    An experiment counts when it has a state key (paused, resuming, or a value the contract does not
+    know) or held tasks, found by ``SCAN MATCH`` on ``{S}:experiment:*:state`` and
+    ``{S}:experiment:*:held`` (never ``KEYS``: it blocks Redis).
 
     Each row: ``experiment_id``, ``state``, ``held`` (entries), ``claim`` (owner, token, lease
     left; {} when none) and ``condition``: ``paused``; ``orphaned`` (resuming with no live claim:
@@ -310,8 +323,11 @@ def fleet_row(
     start_time: datetime | None,
     close_time: datetime | None,
 ) -> dict[str, object]:
-    """One resumption as visibility shows it: IDs, the run's status (``running``, ``completed``,
-    ``failed``, ``terminated``, ...) and the fleet search attributes (None where not set yet)."""
+    """One resumption as visibility shows it.
+
+    IDs, the run's status (``running``, ``completed``, ``failed``, ``terminated``, ...) and the fleet
+    search attributes (None where not set yet).
+    """
     row: dict[str, object] = {"workflow_id": workflow_id, "run_id": run_id}
     row["status"] = status.name.lower() if status else None
     row.update({column: attributes.get(key) for column, key in FLEET_COLUMNS.items()})
@@ -322,8 +338,10 @@ def fleet_row(
 def fleet_query(
     *, running: bool = False, phase: str | None = None, experiment_id: str | None = None, stream: str | None = None
 ) -> str:
-    """The visibility query of ``list_resumptions``: every ``ResumptionWorkflow`` run but those
-    that continued as new (a chain shows once, by its newest run), narrowed by the filters.
+    """The visibility query of ``list_resumptions``, narrowed by the filters.
+
+    Every ``ResumptionWorkflow`` run but those that continued as new (a chain shows once, by its newest
+    run).
 
     Raises:
         ValueError: an experiment ID or stream that breaks ``validate_name`` (its characters hold
@@ -347,8 +365,9 @@ def fleet_query(
 
 
 async def list_resumptions(client: Client, query: str, limit: int) -> list[dict[str, object]]:
-    """The resumptions visibility lists for ``query`` (``fleet_query``), newest first: see
-    ``fleet_row``. Needs no worker: search attributes live on the server.
+    """The resumptions visibility lists for ``query`` (``fleet_query``), newest first.
+
+    Rows as ``fleet_row``. Needs no worker: search attributes live on the server.
 
     Raises:
         temporalio.service.RPCError: the query is refused (e.g. the search attributes are not
@@ -371,10 +390,11 @@ async def list_resumptions(client: Client, query: str, limit: int) -> list[dict[
 
 
 async def live_run(client: Client, experiment_id: str, query_timeout: float) -> dict[str, object] | None:
-    """The resumption ``resumption-<E>`` as Temporal knows it, None when there never was one: its
-    ``fleet_row`` and, while it runs, ``progress`` (the ``progress`` query, or None when no worker
-    answered within ``query_timeout`` seconds, with ``progress_error`` saying so); once it
-    completed, its result's ``release_error`` when the claim could not be released at its end.
+    """The resumption ``resumption-<E>`` as Temporal knows it, None when there never was one.
+
+    Its ``fleet_row`` and, while it runs, ``progress`` (the ``progress`` query, or None when no worker
+    answered within ``query_timeout`` seconds, with ``progress_error`` saying so); once it completed,
+    its result's ``release_error`` when the claim could not be released at its end.
 
     Raises:
         temporalio.service.RPCError: Temporal fails otherwise.
@@ -416,8 +436,9 @@ async def live_run(client: Client, experiment_id: str, query_timeout: float) -> 
 
 
 async def running_handle(client: Client, experiment_id: str) -> WorkflowHandle[Any, Any]:
-    """A handle on the running resumption ``resumption-<E>`` (bound to no run: its calls reach
-    the newest run, after a continue-as-new too).
+    """A handle on the running resumption ``resumption-<E>``.
+
+    Bound to no run: its calls reach the newest run, after a continue-as-new too.
 
     Raises:
         OperatorError: no resumption of the experiment runs (none ever did, or it ended).
@@ -437,8 +458,9 @@ async def running_handle(client: Client, experiment_id: str) -> WorkflowHandle[A
 
 
 async def run_update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, seconds: float) -> EffectiveSettings:
-    """Run Update ``name`` (with ``arg``, or none) on the running resumption; at most ``seconds``;
-    returns the settings the run goes on with.
+    """Run Update ``name`` on the running resumption; returns the settings the run goes on with.
+
+    With ``arg``, or none; at most ``seconds``.
 
     Raises:
         OperatorError: the validator rejected it, the run ended meanwhile, or no worker answered.
@@ -464,12 +486,12 @@ async def run_update(handle: WorkflowHandle[Any, Any], name: Control, arg: Any, 
 
 
 async def add_etas(client: Client, rows: list[dict[str, object]], most: int, within_seconds: float) -> None:
-    """Add ``eta_seconds`` and ``eta_at`` (the ``progress`` query's) to each running row of
-    ``list_resumptions``: at most ``most`` runs, the first in ``rows``, asked together and all
-    within ``within_seconds``; a run not asked, or not answering in time, gets None. Visibility
-    holds no ETA: it changes with every reading, and a search attribute per change would cost a
-    history event each (``workflows/fleet.py`` refreshes the counts at most every 30 s); a query
-    costs none.
+    """Add ``eta_seconds`` and ``eta_at`` (the ``progress`` query's) to each running row of ``list_resumptions``.
+
+    At most ``most`` runs, the first in ``rows``, asked together and all within ``within_seconds``; a
+    run not asked, or not answering in time, gets None. Visibility holds no ETA: it changes with every
+    reading, and a search attribute per change would cost a history event each (``workflows/fleet.py``
+    refreshes the counts at most every 30 s); a query costs none.
 
     Raises:
         ValueError: ``most`` < 0 or ``within_seconds`` not > 0.

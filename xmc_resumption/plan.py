@@ -1,5 +1,6 @@
-"""What a resumption would do and cost, before it starts: ``xmc plan E`` and ``xmc resume E --dry-run``
-(docs/operating.md, "Plan").
+"""What a resumption would do and cost, before it starts: ``xmc plan E`` and ``xmc resume E --dry-run``.
+
+See docs/operating.md, "Plan".
 
 ``plan`` reads Redis and asks Temporal, and writes nothing: the held tasks (count, bytes, oldest and
 newest entry), every consumer group's backlog on the task stream by the replay's own rule
@@ -158,9 +159,11 @@ def _entry_bytes(entry: tuple[Any, dict[Any, Any]]) -> int:
 
 
 async def held_bytes(redis: RedisClient, key: str, count: int) -> tuple[int, bool]:
-    """Bytes of held stream ``key`` of ``count`` entries: (bytes, exact), read in chunks of
-    ``READ_CHUNK`` up to ``ENTRIES_READ_LIMIT`` entries or ``BYTES_READ_LIMIT`` bytes; past them
-    the average entry times ``count``."""
+    """Bytes of held stream ``key`` of ``count`` entries, as (bytes, exact).
+
+    Read in chunks of ``READ_CHUNK`` up to ``ENTRIES_READ_LIMIT`` entries or ``BYTES_READ_LIMIT`` bytes;
+    past them the average entry times ``count``.
+    """
     total, seen, start = 0, 0, "-"
     while seen < min(count, ENTRIES_READ_LIMIT) and total < BYTES_READ_LIMIT:
         chunk: list[Any] = await redis.xrange(key, min=start, count=READ_CHUNK) or []
@@ -175,8 +178,10 @@ async def held_bytes(redis: RedisClient, key: str, count: int) -> tuple[int, boo
 
 
 def required_commands(keys: ExperimentKeys) -> list[list[str]]:
-    """The commands the worker's scripts and the CLI's resume run on an experiment's keys, with
-    those keys (``deploy/redis-acl.conf`` grants them): what ``plan`` asks the ACL about."""
+    """The commands the worker's scripts and the CLI's resume run on an experiment's keys, with those keys.
+
+    ``deploy/redis-acl.conf`` grants them; they are what ``plan`` asks the ACL about.
+    """
     s, held = keys.stream, keys.held
     return [
         ["evalsha", "0" * 40, "0"],
@@ -219,9 +224,11 @@ async def _snapshot(redis: RedisClient, stream: str) -> tuple[float, dict[str, d
 async def _delivered(
     redis: RedisClient, stream: str, before: dict[str, Any], after: dict[str, Any]
 ) -> tuple[int, bool]:
-    """Entries delivered to a group between two XINFO GROUPS readings: the change of its
-    ``entries-read`` when Redis knows both, else counted by XRANGE between the two
-    last-delivered-ids (up to ``ENTRIES_READ_LIMIT``). Returns (entries, exact)."""
+    """Entries delivered to a group between two XINFO GROUPS readings; returns (entries, exact).
+
+    The change of its ``entries-read`` when Redis knows both, else counted by XRANGE between the two
+    last-delivered-ids (up to ``ENTRIES_READ_LIMIT``).
+    """
     first, last = as_text(before["last-delivered-id"]), as_text(after["last-delivered-id"])
     if first == last:
         return 0, True
@@ -263,8 +270,10 @@ async def _sample_drain(redis: RedisClient, stream: str, groups: list[GroupReadi
 def _estimate(
     inp: ResumptionInput, held: int, headroom: int, group: GroupReading | None, cap: float | None, sampled: float
 ) -> tuple[float | None, float | None, float | None, str]:
-    """(rate, estimate_seconds, at_least_seconds, basis) for ``held`` tasks with ``headroom`` at
-    the start, at ``group``'s sampled drain rate (over ``sampled`` seconds), under the rate ``cap``."""
+    """(rate, estimate_seconds, at_least_seconds, basis) for ``held`` tasks with ``headroom`` at the start.
+
+    At ``group``'s sampled drain rate (over ``sampled`` seconds), under the rate ``cap``.
+    """
     at_least = eta_seconds(held, headroom, cap, cap) if cap is not None else None
     capped = f"; at least held / the rate cap ({cap:g}/s)" if cap is not None else ""
     drained = group.drain_rate if group is not None else None

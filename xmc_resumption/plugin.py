@@ -1,5 +1,6 @@
-"""``ResumptionPlugin``: xmc-resumption as a Temporal plugin for a platform's own client and worker
-(``temporalio.plugin.SimplePlugin``; docs/embedding.md).
+"""``ResumptionPlugin``: xmc-resumption as a Temporal plugin for a platform's own client and worker.
+
+Built on ``temporalio.plugin.SimplePlugin``; see docs/embedding.md.
 
 Given to ``Client.connect(plugins=[ResumptionPlugin()])`` it configures that client and every
 worker built from it; given to one ``Worker(..., plugins=[ResumptionPlugin()])``, that worker only
@@ -76,8 +77,9 @@ workflow module of the worker, e.g. a platform's parent workflow that imports th
 
 
 def pydantic_converter(existing: DataConverter | None) -> DataConverter:
-    """``existing`` with pydantic's payload converter (``temporalio.contrib.pydantic``), which the
-    workflow's input, result, progress and Updates need (they are pydantic models).
+    """``existing`` with pydantic's payload converter (``temporalio.contrib.pydantic``).
+
+    The workflow's input, result, progress and Updates need it (they are pydantic models).
 
     The SDK's default converter gets ``PydanticPayloadConverter`` in place of its payload converter;
     its payload codec (encryption, compression) and failure converter are kept. A converter whose
@@ -100,8 +102,9 @@ def pydantic_converter(existing: DataConverter | None) -> DataConverter:
 
 
 def sandbox_passthrough(runner: WorkflowRunner | None) -> WorkflowRunner:
-    """``runner`` with ``SANDBOX_PASSTHROUGH`` added to its restrictions when it is sandboxed
-    (whatever else its restrictions say is kept); any other runner is returned as it is.
+    """``runner`` with ``SANDBOX_PASSTHROUGH`` added to its restrictions when it is sandboxed.
+
+    Whatever else its restrictions say is kept; any other runner is returned as it is.
 
     Raises:
         ValueError: no runner (a worker always has one unless another plugin removed it).
@@ -138,8 +141,9 @@ class ResumptionPlugin(SimplePlugin):
         )
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
-        """Add the workflow, the activities (without a Redis client until the worker starts) and
-        the sandbox pass-throughs to ``config``.
+        """Add the workflow, the activities and the sandbox pass-throughs to ``config``.
+
+        The activities have no Redis client until the worker starts.
 
         Raises:
             ValueError: the worker's client lacks the pydantic data converter (the plugin was given
@@ -159,8 +163,9 @@ class ResumptionPlugin(SimplePlugin):
         return super().configure_worker(config)
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
-        """Check the namespace, give the activities their Redis client, run the worker, close the
-        client when the run ends (however it ends).
+        """Check the namespace, give the activities their Redis client, run the worker, close the client.
+
+        The client is closed when the run ends, however it ends.
 
         Raises:
             xmc_resumption.search_attributes.SearchAttributesMissingError: the namespace lacks some
@@ -195,8 +200,10 @@ class ResumptionPlugin(SimplePlugin):
 
 
 async def _check_namespace(client: Client) -> None:
-    """``search_attributes.require``, except on a server that cannot list search attributes (the
-    time-skipping test server answers UNIMPLEMENTED): a warning, and no check."""
+    """``search_attributes.require``, except on a server that cannot list search attributes.
+
+    The time-skipping test server answers UNIMPLEMENTED: a warning, and no check.
+    """
     try:
         await search_attributes.require(client)
     except RPCError as err:
@@ -210,8 +217,9 @@ async def _check_namespace(client: Client) -> None:
 
 
 def _mark_never_started(worker: Worker) -> None:
-    """Let ``worker.shutdown()`` (and so ``async with worker``) return after a start this plugin
-    refused, without the worker ever polling.
+    """Let ``worker.shutdown()`` (and so ``async with worker``) return after a start this plugin refused.
+
+    The worker never polls.
 
     temporalio 1.35's ``shutdown`` waits for an event that only the worker's own run sets, and a
     plugin that raises before that run leaves it unset: the caller would wait for ever. The SDK

@@ -1,5 +1,6 @@
-"""Client side of the fleet view (``workflows/fleet.py``): check and register the custom search
-attributes on a namespace through Temporal's operator service.
+"""Client side of the fleet view (``workflows/fleet.py``): check and register the custom search attributes.
+
+On a namespace, through Temporal's operator service.
 
 The worker checks at start (``require``) and refuses to run without them: a workflow task that
 upserts an attribute the namespace does not know fails, and retries for ever. Registering needs
@@ -18,8 +19,10 @@ from xmc_resumption.workflows import fleet
 
 
 class SearchAttributesMissingError(Exception):
-    """The namespace lacks some of the fleet view's search attributes; the message is one line
-    naming them and the command that registers them."""
+    """The namespace lacks some of the fleet view's search attributes.
+
+    The message is one line naming them and the command that registers them.
+    """
 
 
 async def missing_on(client: Client) -> list[str]:

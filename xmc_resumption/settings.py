@@ -89,16 +89,18 @@ def redis_db_of(url: str) -> int:
 
 
 class Settings(BaseSettings):
-    """``XMC_REDIS_URL`` (redis://, rediss:// or unix:// URL), ``XMC_TASK_QUEUE``,
-    ``XMC_METRICS_BIND`` (host:port for a Prometheus ``/metrics`` endpoint, off when unset),
-    ``XMC_REDIS_TIMEOUT_SECONDS`` (0 < s <= 300), ``XMC_REDIS_CLUSTER`` (``true``: the URL is a
-    seed node of a Redis Cluster, reached with redis-py's cluster client; default ``false``); TLS
-    to Redis (``rediss://`` only): ``XMC_REDIS_TLS_CA_FILE``, ``XMC_REDIS_TLS_CERT_FILE``,
-    ``XMC_REDIS_TLS_KEY_FILE`` (PEM files, see ``redis_tls_kwargs``); ``XMC_LOG_FORMAT`` (the
-    worker's log lines: ``json``, one JSON object a line with every ``extra`` field, or ``text``).
+    """The process's settings, read from ``XMC_*`` environment variables.
+
+    ``XMC_REDIS_URL`` (redis://, rediss:// or unix:// URL), ``XMC_TASK_QUEUE``, ``XMC_METRICS_BIND``
+    (host:port for a Prometheus ``/metrics`` endpoint, off when unset), ``XMC_REDIS_TIMEOUT_SECONDS``
+    (0 < s <= 300), ``XMC_REDIS_CLUSTER`` (``true``: the URL is a seed node of a Redis Cluster, reached
+    with redis-py's cluster client; default ``false``); TLS to Redis (``rediss://`` only):
+    ``XMC_REDIS_TLS_CA_FILE``, ``XMC_REDIS_TLS_CERT_FILE``, ``XMC_REDIS_TLS_KEY_FILE`` (PEM files, see
+    ``redis_tls_kwargs``); ``XMC_LOG_FORMAT`` (the worker's log lines: ``json``, one JSON object a line
+    with every ``extra`` field, or ``text``).
 
     Every field is checked when the settings are read, so a bad value fails before any
-    connection, with a message naming the variable and never its secret (see ``xmc.errors``).
+    connection, with a message naming the variable and never its secret (see ``xmc_resumption.errors``).
     """
 
     model_config = SettingsConfigDict(env_prefix="XMC_")
@@ -116,9 +118,11 @@ class Settings(BaseSettings):
     @field_validator("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
     @classmethod
     def _readable_file(cls, path: Path | None, info: ValidationInfo) -> Path | None:
-        """A PEM file that exists and this process may read (empty means unset), with a
-        ``rediss://`` URL only: redis-py ignores TLS files on ``redis://``, and the operator would
-        believe the connection encrypted. Only the path is ever shown: the file may hold a key."""
+        """A PEM file that exists and this process may read (empty means unset), with a ``rediss://`` URL only.
+
+        redis-py ignores TLS files on ``redis://``, and the operator would believe the connection
+        encrypted. Only the path is ever shown: the file may hold a key.
+        """
         if path is None or str(path) in ("", "."):
             return None
         if urlsplit(str(info.data.get("redis_url", ""))).scheme != "rediss":
@@ -137,11 +141,13 @@ class Settings(BaseSettings):
         return self
 
     def redis_tls_kwargs(self) -> dict[str, Any]:
-        """The redis-py TLS keywords of these settings (empty for ``redis://`` and ``unix://``):
-        the CA that verifies the server's certificate (``ssl_ca_certs``; the system's CAs when
-        unset), the client certificate and key (``ssl_certfile``, ``ssl_keyfile``) for a server
-        that requires one (``tls-auth-clients``). The server's certificate is always verified,
-        its host name too (redis-py's defaults for ``rediss://``)."""
+        """The redis-py TLS keywords of these settings (empty for ``redis://`` and ``unix://``).
+
+        The CA that verifies the server's certificate (``ssl_ca_certs``; the system's CAs when unset), the
+        client certificate and key (``ssl_certfile``, ``ssl_keyfile``) for a server that requires one
+        (``tls-auth-clients``). The server's certificate is always verified, its host name too (redis-py's
+        defaults for ``rediss://``).
+        """
         if urlsplit(self.redis_url).scheme != "rediss":
             return {}
         kwargs: dict[str, Any] = {"ssl_cert_reqs": "required"}
@@ -155,8 +161,10 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _valid_redis_url(cls, url: str) -> str:
-        """Parse the URL with redis-py's own parser (what the client does), and refuse a database
-        path that is not a number: redis-py silently reads ``redis://host/abc`` as database 0."""
+        """Parse the URL with redis-py's own parser (what the client does); refuse a non-numeric database path.
+
+        redis-py silently reads ``redis://host/abc`` as database 0.
+        """
         try:
             kwargs = parse_url(url)
         except ValueError as err:  # the scheme, a port that is no number, a bad query argument
@@ -176,8 +184,11 @@ class Settings(BaseSettings):
     @field_validator("redis_cluster")
     @classmethod
     def _valid_cluster_url(cls, cluster: bool, info: ValidationInfo) -> bool:
-        """A cluster is reached over TCP (redis:// or rediss://, any one node as the seed) and has
-        database 0 only (Redis Cluster spec: "Redis Cluster does not support multiple databases")."""
+        """Refuse a cluster URL that is not TCP or names a database other than 0.
+
+        A cluster is reached over TCP (redis:// or rediss://, any one node as the seed) and has database 0
+        only (Redis Cluster spec: "Redis Cluster does not support multiple databases").
+        """
         url = info.data.get("redis_url")
         if not cluster or url is None:  # a bad URL is reported on its own
             return cluster
@@ -205,6 +216,7 @@ class Settings(BaseSettings):
 
     def redis(self, *, retries: int | None = None) -> RedisClient:
         """A new asyncio Redis client; bytes in, bytes out (task field maps move byte for byte).
+
         With ``XMC_REDIS_CLUSTER`` a cluster client (``redis_cluster_client``).
 
         Args:
@@ -219,9 +231,11 @@ class Settings(BaseSettings):
         return Redis.from_url(self.redis_url, **retry, **self._client_kwargs())
 
     def sync_redis(self, *, retries: int | None = None) -> SyncRedisClient:
-        """A new blocking Redis client with the same settings as ``redis`` (bytes, timeouts, TLS;
-        with ``XMC_REDIS_CLUSTER`` redis-py's blocking cluster client), for producers in sync code
-        (``xmc_resumption.client.XmcSyncClient``); ``retries`` as for ``redis``."""
+        """A new blocking Redis client with the same settings as ``redis``, for producers in sync code.
+
+        Bytes, timeouts, TLS; with ``XMC_REDIS_CLUSTER`` redis-py's blocking cluster client. Used by
+        ``xmc_resumption.client.XmcSyncClient``; ``retries`` as for ``redis``.
+        """
         if self.redis_cluster:
             return SyncRedisCluster.from_url(
                 self.redis_url,
@@ -242,8 +256,7 @@ class Settings(BaseSettings):
         }
 
     def redis_cluster_client(self, *, retries: int | None = None) -> RedisCluster:
-        """A new asyncio Redis Cluster client (a ``ClusterClient``) seeded by ``XMC_REDIS_URL``;
-        bytes in, bytes out.
+        """A new asyncio Redis Cluster client (a ``ClusterClient``) seeded by ``XMC_REDIS_URL``; bytes in, bytes out.
 
         It learns the slot map from the seed on its first command and follows the cluster itself:
         MOVED updates its map, ASK and TRYAGAIN (a slot being migrated) are retried (16 tries at
@@ -261,23 +274,28 @@ class Settings(BaseSettings):
 
 
 class TemporalUnreachableError(Exception):
-    """Temporal could not be reached at the configured address; the message is one line naming
-    ``TEMPORAL_ADDRESS`` (never the API key)."""
+    """Temporal could not be reached at the configured address.
+
+    The message is one line naming ``TEMPORAL_ADDRESS`` (never the API key).
+    """
 
 
 def temporal_target() -> tuple[str, str]:
-    """The address and namespace envconfig selects (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``,
-    profiles), with the SDK's defaults; for messages."""
+    """The address and namespace envconfig selects, with the SDK's defaults; for messages.
+
+    Read from ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE`` and profiles.
+    """
     config = ClientConfig.load_client_connect_config()
     return str(config.get("target_host") or DEFAULT_TEMPORAL_ADDRESS), str(config.get("namespace") or "default")
 
 
 def temporal_connect_config() -> ClientConnectConfig:
-    """The keywords ``connect_temporal`` passes to ``Client.connect``, as envconfig reads them:
-    address, namespace, API key (``TEMPORAL_API_KEY``; it turns TLS on), TLS
-    (``TEMPORAL_TLS``, ``TEMPORAL_TLS_SERVER_CA_CERT_PATH``, ``TEMPORAL_TLS_CLIENT_CERT_PATH``,
-    ``TEMPORAL_TLS_CLIENT_KEY_PATH``, ``TEMPORAL_TLS_SERVER_NAME`` or a profile's ``[profile.X.tls]``
-    in ``TEMPORAL_CONFIG_FILE``, chosen by ``TEMPORAL_PROFILE``); the address defaults to
+    """The keywords ``connect_temporal`` passes to ``Client.connect``, as envconfig reads them.
+
+    Address, namespace, API key (``TEMPORAL_API_KEY``; it turns TLS on), TLS (``TEMPORAL_TLS``,
+    ``TEMPORAL_TLS_SERVER_CA_CERT_PATH``, ``TEMPORAL_TLS_CLIENT_CERT_PATH``,
+    ``TEMPORAL_TLS_CLIENT_KEY_PATH``, ``TEMPORAL_TLS_SERVER_NAME`` or a profile's ``[profile.X.tls]`` in
+    ``TEMPORAL_CONFIG_FILE``, chosen by ``TEMPORAL_PROFILE``); the address defaults to
     ``localhost:7233``. The result holds secrets (the API key, the client key's bytes): never print it.
 
     Raises:
@@ -294,10 +312,11 @@ appended to its name (e.g. ``temporalio.core.temporalio_client::retry``)."""
 
 
 def prometheus_runtime(bind_address: str) -> Runtime:
-    """A Temporal SDK runtime serving Prometheus ``/metrics`` on ``bind_address`` (``host:port``) by
-    the metric conventions of ``workflows/metrics.py`` (docs/embedding.md): counters end in
-    ``_total`` (``counters_total_suffix``; the SDK's own ``temporal_*`` counters gain it too),
-    durations in seconds, and ``xmc_resumption_throttle_wait_seconds``'s buckets from 50 ms to an hour.
+    """A Temporal SDK runtime serving Prometheus ``/metrics`` on ``bind_address`` (``host:port``).
+
+    It follows the metric conventions of ``workflows/metrics.py`` (docs/embedding.md): counters end in
+    ``_total`` (``counters_total_suffix``; the SDK's own ``temporal_*`` counters gain it too), durations
+    in seconds, and ``xmc_resumption_throttle_wait_seconds``'s buckets from 50 ms to an hour.
 
     Pass it to ``Client.connect(runtime=...)``; a process needs one (each runtime has its own
     threads and its own endpoint).
@@ -309,11 +328,13 @@ def prometheus_runtime(bind_address: str) -> Runtime:
 
 
 def sdk_runtime(metrics_bind: str | None, *, forward_core_logs: bool) -> Runtime:
-    """A Temporal SDK runtime: Prometheus metrics on ``metrics_bind`` as ``prometheus_runtime``
-    serves them (None: none), and with ``forward_core_logs`` the SDK core's log lines (its warnings
-    and errors) forwarded to the Python logger ``CORE_LOGGER``, so the process's log handler
-    formats them (one JSON object a line, ``xmc_resumption.worker.setup_logging``) instead of the
-    core printing ANSI-coloured text to stderr; else the SDK's default (the core prints them).
+    """A Temporal SDK runtime with optional Prometheus metrics and the SDK core's log lines forwarded.
+
+    Prometheus metrics on ``metrics_bind`` as ``prometheus_runtime`` serves them (None: none), and with
+    ``forward_core_logs`` the SDK core's log lines (its warnings and errors) forwarded to the Python
+    logger ``CORE_LOGGER``, so the process's log handler formats them (one JSON object a line,
+    ``xmc_resumption.worker.setup_logging``) instead of the core printing ANSI-coloured text to stderr;
+    else the SDK's default (the core prints them).
 
     Raises:
         ValueError: as ``prometheus_runtime``.

@@ -78,7 +78,7 @@ class ExpectedFaultFilter(logging.Filter):
 
     temporalio logs every failed activity attempt on the ``temporalio.activity`` logger as
     ``Completing activity as failed`` with ``exc_info``: during a Redis outage the local
-    activities' fast retries made that about 80 traceback lines a second. For an exception in
+    activities' fast retries would flood the log with tracebacks. For an exception in
     ``EXPECTED_FAULTS`` the record keeps its level and the activity's details and gains
     ``error=Type: message`` on the same line; any other exception (a bug) keeps its traceback.
     """
@@ -123,12 +123,15 @@ def setup_logging(log_format: str = "json", level: int = logging.INFO) -> None:
 
 
 async def check_redis(settings: Settings) -> None:
-    """Ping Redis once at start: a configuration it refuses (``ResponseError`` such as ``DB index
-    is out of range``, bad credentials, an endpoint that is not Redis, a server certificate that
-    ``XMC_REDIS_TLS_CA_FILE`` does not verify) is raised; a Redis that is down only logs a warning,
-    since the replay waits out outages by itself. A ``maxmemory-policy`` that could evict the
-    replay's keys (anything but ``noeviction``, ``redisclient.memory``) logs a warning too: the
-    worker starts, and every resumption on that Redis fails at its claim."""
+    """Ping Redis once at start: raise on a configuration it refuses, warn on an outage or an evicting policy.
+
+    A configuration it refuses (``ResponseError`` such as ``DB index is out of range``, bad
+    credentials, an endpoint that is not Redis, a server certificate that ``XMC_REDIS_TLS_CA_FILE`` does
+    not verify) is raised; a Redis that is down only logs a warning, since the replay waits out outages
+    by itself. A ``maxmemory-policy`` that could evict the replay's keys (anything but ``noeviction``,
+    ``redisclient.memory``) logs a warning too: the worker starts, and every resumption on that Redis
+    fails at its claim.
+    """
     redis = settings.redis()
     try:
         await redis.ping()
@@ -147,8 +150,10 @@ async def check_redis(settings: Settings) -> None:
 
 
 async def _warn_about_eviction(redis: RedisClient) -> None:
-    """Log a warning when Redis's eviction policy would make every resumption fail, or when it
-    cannot be read (an ACL user without ``+info``: the scripts need INFO too)."""
+    """Log a warning when Redis's eviction policy would make every resumption fail, or cannot be read.
+
+    It cannot be read by an ACL user without ``+info`` (the scripts need INFO too).
+    """
     try:
         memory = await read_memory(redis, DEFAULT_STREAM)
     except ResponseError as err:
@@ -212,9 +217,11 @@ async def main(settings: Settings) -> None:
 
 
 def cli() -> int:
-    """Entry point of ``python -m xmc_resumption.worker`` (and ``python -m worker``): settings from the
-    environment; an operator error (``xmc_resumption.errors.operator_message``) is one line on stderr
-    and exit 2, a bug keeps its traceback."""
+    """Entry point of ``python -m xmc_resumption.worker`` (and ``python -m worker``); returns the exit code.
+
+    Settings from the environment; an operator error (``xmc_resumption.errors.operator_message``) is one
+    line on stderr and exit 2, a bug keeps its traceback.
+    """
     settings: Settings | None = None
     try:
         settings = Settings()

@@ -1,6 +1,8 @@
-"""What every ``xmc`` command shares: the click group, the settings, the parameter types and the
-options taken from ``ResumptionInput``, output, and the error handling of ``main`` (the exit codes
-of the package docstring)."""
+"""What every ``xmc`` command shares: the group, the settings, parameter types and options, output, error handling.
+
+The click group, the settings, the parameter types and the options taken from ``ResumptionInput``,
+output, and the error handling of ``main`` (the exit codes of the package docstring).
+"""
 
 from __future__ import annotations
 
@@ -70,15 +72,18 @@ def settings_of(ctx: click.Context) -> Settings:
 
 
 def client_of(ctx: click.Context, stream: str) -> XmcClient:
-    """The client of a command (``xmc_resumption.client``): the settings' Redis and task queue, the
-    command's stream. It sends nothing twice: a command reports a Redis fault at once (the operator
-    runs it again)."""
+    """The client of a command (``xmc_resumption.client``): the settings' Redis and task queue, the command's stream.
+
+    It sends nothing twice: a command reports a Redis fault at once (the operator runs it again).
+    """
     return XmcClient.from_settings(settings_of(ctx), stream=stream, retries=0)
 
 
 class Interrupted(Exception):
-    """Ctrl-C during a command; raised instead of ``KeyboardInterrupt`` so that Click does not
-    print a line of its own before ``main``'s one."""
+    """Ctrl-C during a command; raised instead of ``KeyboardInterrupt``.
+
+    So Click does not print a line of its own before ``main``'s one.
+    """
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -95,8 +100,10 @@ def emit(as_json: bool, doc: Mapping[str, Any] | Sequence[Any], text: str) -> No
 
 
 class ManyArgument(click.Argument):
-    """An argument taking one or more values: ``NAME...`` in the usage line, ``'NAME'`` in errors
-    (as a single argument names itself there)."""
+    """An argument taking one or more values: ``NAME...`` in the usage line, ``'NAME'`` in errors.
+
+    It names itself in errors as a single argument does.
+    """
 
     def get_error_hint(self, ctx: click.Context | None) -> str:
         return f"'{self.human_readable_name}'"
@@ -111,8 +118,10 @@ GROUP_NAME = NameType("consumer_group")
 
 @dataclass(frozen=True)
 class InputOption:
-    """A ``resume`` option that sets one ``ResumptionInput`` field: its type, bounds and default
-    come from the model (``params.field_type``)."""
+    """A ``resume`` option that sets one ``ResumptionInput`` field.
+
+    Its type, bounds and default come from the model (``params.field_type``).
+    """
 
     flag: str
     field: str
@@ -183,8 +192,10 @@ INPUT_OPTIONS = (
 
 
 def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``INPUT_OPTIONS`` to a command, each with the model's default (a default of None, such
-    as ``max_wait_seconds``'s, stays None: the model fills it in)."""
+    """Add ``INPUT_OPTIONS`` to a command, each with the model's default.
+
+    A default of None, such as ``max_wait_seconds``'s, stays None: the model fills it in.
+    """
     for opt in reversed(INPUT_OPTIONS):
         default = ResumptionInput.model_fields[opt.field].default
         fn = click.option(
@@ -199,8 +210,10 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def field_option(flag: str, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """An option that sets ``ResumptionInput`` field ``name``: its type and bounds (click shows
-    them in the help), no default."""
+    """An option that sets ``ResumptionInput`` field ``name``, with no default.
+
+    Its type and bounds come from the field (click shows them in the help).
+    """
     return click.option(flag, name, type=field_type(ResumptionInput, name), help=name)
 
 
@@ -236,9 +249,11 @@ def cli() -> None:
 
 
 def eta_text(eta_seconds: float | None, eta_at: str | datetime | None) -> str:
-    """An ETA for people, counted from now on this machine's clock: ``~3m 07s (at 12:34:56Z)``,
+    """An ETA for people, counted from now on this machine's clock: ``~3m 07s (at 12:34:56Z)``.
+
     ``0s`` when nothing is left, ``-`` while it cannot be estimated (``Progress.eta_seconds``,
-    ``eta_at``: a datetime, or its ISO text from JSON)."""
+    ``eta_at``: a datetime, or its ISO text from JSON).
+    """
     if eta_seconds is None or eta_at is None:
         return "-"
     if eta_seconds == 0:
@@ -261,8 +276,10 @@ def text_table(header: list[str], rows: list[list[object]]) -> str:
 
 
 def _command_path(err: click.ClickException, args: Sequence[str]) -> str:
-    """The command an error is about: its context's, else (click raises some parse errors, such
-    as a value given to a flag, without one) the command named in ``args``, else ``xmc``."""
+    """The command an error is about: its context's, else the command named in ``args``, else ``xmc``.
+
+    Click raises some parse errors, such as a value given to a flag, without a context.
+    """
     ctx = getattr(err, "ctx", None)
     if ctx is not None:
         return str(ctx.command_path)

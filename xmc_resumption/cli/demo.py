@@ -76,8 +76,11 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
 )
 @click.pass_context
 def demo(ctx: click.Context, /, **opts: Any) -> None:
-    """Replay held tasks end to end; starts redis-server and a Temporal dev server unless
-    XMC_REDIS_URL / TEMPORAL_ADDRESS are set. Prints its own report (no --json)."""
+    """Replay held tasks end to end on local services.
+
+    Starts redis-server and a Temporal dev server unless XMC_REDIS_URL / TEMPORAL_ADDRESS are set.
+    Prints its own report (no --json).
+    """
     options = DemoOptions(**opts)
     options.resumption_input("demo")  # a knob the workflow would refuse fails here, before any service starts
     settings_of(ctx)

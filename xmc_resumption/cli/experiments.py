@@ -1,5 +1,4 @@
-"""The Redis-side commands on experiments: ``pause``, ``enqueue``, ``status``, ``dead`` and
-``held``."""
+"""The Redis-side commands on experiments: ``pause``, ``enqueue``, ``status``, ``dead`` and ``held``."""
 
 from __future__ import annotations
 
@@ -62,8 +61,10 @@ def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) ->
     "--count", type=click.IntRange(1, MAX_TASKS_ENQUEUED), default=100, show_default=True, help="tasks to enqueue"
 )
 def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, count: int) -> None:
-    """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script
-    (``XmcClient.enqueue_many``, ``MAX_ENQUEUE_TASKS`` a call)."""
+    """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script.
+
+    ``XmcClient.enqueue_many``, ``MAX_ENQUEUE_TASKS`` a call.
+    """
 
     async def go() -> dict[str, int]:
         where: dict[str, int] = {}
@@ -121,8 +122,10 @@ def status(
     threshold: int,
     idle_seconds: float,
 ) -> None:
-    """``xmc status E``: ``XmcClient.status``: Redis's side, and the run in Temporal when it can
-    be reached (else ``run`` holds the one-line reason)."""
+    """``xmc status E``: ``XmcClient.status``: Redis's side, and the run in Temporal when it can be reached.
+
+    When Temporal cannot be reached, ``run`` holds the one-line reason.
+    """
     if groups is not None and group not in groups:
         raise click.BadParameter(f"must include --group {group}", ctx, param_hint="'--groups'")
 
@@ -151,8 +154,11 @@ def status(
 
 
 def _status_text(doc: Mapping[str, Any]) -> str:
-    """``xmc status`` as text: one fact a line; a part that could not be read says ``unknown`` and
-    why (``ops.experiment_status``); keys it does not know are printed as they are."""
+    """``xmc status`` as text: one fact a line.
+
+    A part that could not be read says ``unknown`` and why (``ops.experiment_status``); keys it does not
+    know are printed as they are.
+    """
     e, s = doc["experiment_id"], doc["stream"]
     unknown: Mapping[str, str] = doc.get("unknown") or {}
 
@@ -204,8 +210,11 @@ def _status_text(doc: Mapping[str, Any]) -> str:
 
 
 def _backlog_lines(b: Mapping[str, Any]) -> list[str]:
-    """``xmc status``'s backlog: the largest among the groups, the group that has it, each group's
-    part (when there are several) and a missing stream or group."""
+    """``xmc status``'s backlog lines.
+
+    The largest among the groups, the group that has it, each group's part (when there are several) and
+    a missing stream or group.
+    """
 
     def part(g: Mapping[str, Any]) -> str:
         if g.get("missing"):
@@ -323,10 +332,12 @@ def dead(
 @json_option
 @click.pass_context
 def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_json: bool) -> None:
-    """Every experiment on the stream that Redis holds something for: paused, orphaned (resuming
-    with no live claim: start a resumption again), resuming (a replay holds the claim), unknown
-    (a state value the contract does not know), stranded (tasks held but no state key), bad_keys.
-    Found by SCAN (never KEYS), so it is safe on a busy Redis."""
+    """Every experiment on the stream that Redis holds something for.
+
+    Paused, orphaned (resuming with no live claim: start a resumption again), resuming (a replay holds
+    the claim), unknown (a state value the contract does not know), stranded (tasks held but no state
+    key), bad_keys. Found by SCAN (never KEYS), so it is safe on a busy Redis.
+    """
 
     async def go() -> tuple[list[dict[str, object]], bool]:
         async with client_of(ctx, stream) as client:

@@ -1,5 +1,6 @@
-"""Click parameter types of the ``xmc`` command: every value is refused at parse time, one line
-naming the option, when it breaks the rule of the thing it sets.
+"""Click parameter types of the ``xmc`` command: every value is checked at parse time.
+
+A value that breaks the rule of the thing it sets is refused with one line naming the option.
 
 A number that reaches Redis, a timer or a timeout is finite and bounded (the house rule), so there
 is no plain ``click.INT`` / ``click.FLOAT`` / ``click.STRING`` option: integers are
@@ -30,9 +31,11 @@ MAX_ENTRY_ID_PART = 2**64 - 1
 
 
 class FiniteFloat(click.FloatRange):
-    """A decimal within ``min``..``max`` (``min_open`` / ``max_open`` exclude the bound); nan,
-    inf and values that overflow to inf (``1e999``) are refused. ``click.FloatRange`` alone lets
-    nan through: every comparison with nan is false."""
+    """A decimal within ``min``..``max``; nan, inf and values that overflow to inf (``1e999``) are refused.
+
+    ``min_open`` / ``max_open`` exclude the bound. ``click.FloatRange`` alone lets nan through: every
+    comparison with nan is false.
+    """
 
     name = "float"
 
@@ -59,8 +62,10 @@ class NameType(click.ParamType[str]):
 
 
 class NameListType(click.ParamType[list[str]]):
-    """Names separated by commas (``a,b``): each by ``validate_name``'s rule, none twice, at most
-    ``MAX_LISTED_NAMES``; the value is the list."""
+    """Names separated by commas (``a,b``); the value is the list.
+
+    Each by ``validate_name``'s rule, none twice, at most ``MAX_LISTED_NAMES``.
+    """
 
     name = "names"
 
@@ -102,8 +107,10 @@ MAX_TASK_QUEUE_LENGTH = 1000
 
 
 class TaskQueueType(click.ParamType[str]):
-    """A Temporal task queue name: 1..``MAX_TASK_QUEUE_LENGTH`` printable characters, without
-    leading or trailing blanks (a queue that differs from the workers' by a blank is never polled)."""
+    """A Temporal task queue name: 1..``MAX_TASK_QUEUE_LENGTH`` printable characters, no leading or trailing blank.
+
+    A queue that differs from the workers' by a blank is never polled.
+    """
 
     name = "task-queue"
 

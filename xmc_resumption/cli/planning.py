@@ -1,6 +1,8 @@
-"""Capacity commands: ``plan`` (what a resumption would move, cost and meet; ``resume --dry-run``
-prints the same) and ``rate`` (the stream-wide rate cap). docs/operating.md, "Plan"; docs/pacing.md,
-"Rate caps"."""
+"""Capacity commands: ``plan`` and ``rate``.
+
+``plan``: what a resumption would move, cost and meet (``resume --dry-run`` prints the same);
+``rate``: the stream-wide rate cap. docs/operating.md, "Plan"; docs/pacing.md, "Rate caps".
+"""
 
 from __future__ import annotations
 
@@ -49,13 +51,15 @@ def sample_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 def plan_cmd(
     ctx: click.Context, experiment_id: str, stream: str, as_json: bool, sample_seconds: float, **fields: Any
 ) -> None:
-    """Plan the resumption xmc resume would start with the same options, writing nothing: the held
-    tasks (count, bytes, oldest and newest), each consumer group's backlog (the replay's rule),
-    their drain sampled over --sample-seconds and the time the replay would take at that rate
-    (bounded by the fixed policy's waits and the rate caps), and every reason the start would be
-    refused or would wait (eviction policy, ACL, memory, a running resumption, a missing stream or
-    group, a backlog at the threshold, a rate cap). Exit 0 whatever it finds (xmc resume
-    --dry-run exits 2 when the start would be refused)."""
+    """Plan the resumption xmc resume would start with the same options, writing nothing.
+
+    Shows the held tasks (count, bytes, oldest and newest), each consumer group's backlog (the replay's
+    rule), their drain sampled over --sample-seconds and the time the replay would take at that rate
+    (bounded by the fixed policy's waits and the rate caps), and every reason the start would be refused
+    or would wait (eviction policy, ACL, memory, a running resumption, a missing stream or group, a
+    backlog at the threshold, a rate cap). Exit 0 whatever it finds (xmc resume --dry-run exits 2 when
+    the start would be refused).
+    """
     given = {name: value for name, value in fields.items() if value is not None}
     inp = ResumptionInput.model_validate({"experiment_id": experiment_id, "stream": stream, **given})
     found = run_sync(run_plan(ctx, inp, sample_seconds))
@@ -110,10 +114,13 @@ def plan_text(p: Plan) -> str:
 @json_option
 @click.pass_context
 def rate_cmd(ctx: click.Context, stream: str, limit: float | None, clear: bool, as_json: bool) -> None:
-    """The stream-wide rate cap ({S}:rate in Redis): every publish of every replay of the stream
-    takes its tasks from one token bucket on Redis's clock (a second's worth at most), so together
-    they move at most this many tasks per second. Applies from each replay's next publish; a
-    replay's own max_tasks_per_second applies as well. Without --set or --clear: show it."""
+    """Show, set or clear the stream-wide rate cap ({S}:rate in Redis).
+
+    Every publish of every replay of the stream takes its tasks from one token bucket on Redis's clock
+    (a second's worth at most), so together they move at most this many tasks per second. Applies from
+    each replay's next publish; a replay's own max_tasks_per_second applies as well. Without --set or
+    --clear: show it.
+    """
     if limit is not None and clear:
         raise click.UsageError("--set and --clear exclude each other", ctx)
 

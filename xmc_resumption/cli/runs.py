@@ -84,12 +84,14 @@ def list_cmd(
     eta: bool,
     as_json: bool,
 ) -> None:
-    """Every ResumptionWorkflow run visibility knows (a continue-as-new chain once, by its newest
-    run), newest first, from the search attributes XmcExperimentId, XmcPhase, XmcReplayed,
-    XmcRemaining and XmcOutcome: no worker needed. The same query works from the Temporal CLI:
-    temporal workflow list --query "XmcPhase = 'throttled'". The ETA column is no search attribute
-    (it changes with every reading): it comes from the progress query of each running run, asked
-    together within a few seconds, '-' where no worker answered in time or no rate is known yet."""
+    """Every ResumptionWorkflow run visibility knows, newest first; no worker needed.
+
+    A continue-as-new chain shows once, by its newest run; from the search attributes XmcExperimentId,
+    XmcPhase, XmcReplayed, XmcRemaining and XmcOutcome. The same query works from the Temporal CLI:
+    temporal workflow list --query "XmcPhase = 'throttled'". The ETA column is no search attribute (it
+    changes with every reading): it comes from the progress query of each running run, asked together
+    within a few seconds, '-' where no worker answered in time or no rate is known yet.
+    """
     query = fleet_query(running=running, phase=phase, experiment_id=experiment_id, stream=stream)
 
     async def go() -> list[dict[str, object]]:
@@ -157,17 +159,19 @@ def resume(
     sample_seconds: float,
     **fields: Any,
 ) -> None:
-    """Start a resumption of each experiment (XmcClient.resume_many). Options left out take
-    ResumptionInput's defaults; every input is validated by the model, and every experiment
-    checked, before anything starts: a refusal (exit 2) starts none. Refused: an experiment that is
-    running and holds nothing, a Redis that may evict keys. A run already going is reported (exit 2)
-    after the others have started. One line per started run. With --wait: progress every second on
-    stderr for each run in turn (a bar on a terminal, a line every few seconds otherwise), a warning
-    when no consumer drains the stream or no worker answers; exit 1 when a run ends without a result
-    (failed, terminated, cancelled). --json: one document, and with several experiments
-    {"resumptions": [...]}. With --dry-run: nothing is written or started; each experiment's plan
-    is printed (as xmc plan; --json: one document, with several {"plans": [...]}), exit 2 with one
-    line when a start would be refused."""
+    """Start a resumption of each experiment (XmcClient.resume_many).
+
+    Options left out take ResumptionInput's defaults; every input is validated by the model, and every
+    experiment checked, before anything starts: a refusal (exit 2) starts none. Refused: an experiment
+    that is running and holds nothing, a Redis that may evict keys. A run already going is reported
+    (exit 2) after the others have started. One line per started run. With --wait: progress every
+    second on stderr for each run in turn (a bar on a terminal, a line every few seconds otherwise), a
+    warning when no consumer drains the stream or no worker answers; exit 1 when a run ends without a
+    result (failed, terminated, cancelled). --json: one document, and with several experiments
+    {"resumptions": [...]}. With --dry-run: nothing is written or started; each experiment's plan is
+    printed (as xmc plan; --json: one document, with several {"plans": [...]}), exit 2 with one line
+    when a start would be refused.
+    """
     given = {name: value for name, value in fields.items() if value is not None}
     inputs = [
         ResumptionInput.model_validate({"experiment_id": e, "stream": stream, **given})
@@ -210,9 +214,11 @@ async def _resume(
     force: bool,
     as_json: bool,
 ) -> tuple[list[dict[str, Any]], list[str], ResumeError | None]:
-    """Start the runs; with ``wait`` follow each to its end. Returns (one document per started
-    run, the one-line messages of runs that ended without a result, the error of runs that did not
-    start)."""
+    """Start the runs; with ``wait`` follow each to its end.
+
+    Returns (one document per started run, the one-line messages of runs that ended without a result,
+    the error of runs that did not start).
+    """
     settings = settings_of(ctx)
     queue = task_queue or settings.task_queue
     refused: ResumeError | None = None
@@ -262,8 +268,10 @@ def _result_text(result: Mapping[str, Any]) -> str:
 
 
 class RateCapChange(FiniteFloat):
-    """``xmc set --max-tasks-per-second``: 0 (remove the cap) or a value within
-    ``ResumptionInput.max_tasks_per_second``'s bounds."""
+    """``xmc set --max-tasks-per-second``: 0 (remove the cap) or a value within the field's bounds.
+
+    The bounds are ``ResumptionInput.max_tasks_per_second``'s.
+    """
 
     def __init__(self) -> None:
         super().__init__(0, MAX_TASKS_PER_SECOND)
@@ -292,10 +300,12 @@ class RateCapChange(FiniteFloat):
     "--timeout", type=UPDATE_TIMEOUT, default=30.0, show_default=True, help="seconds to wait for a worker to answer"
 )
 def set_cmd(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, timeout: float, **fields: Any) -> None:
-    """Change the settings of a running resumption with one configure Update; prints the
-    settings it runs with from now on. Each value is checked against ResumptionInput's bounds
-    here, and the whole input again by the workflow's validator (claim_lease_seconds must stay
-    longer than every wait), which refuses a bad change without a trace in the history."""
+    """Change the settings of a running resumption with one configure Update.
+
+    Prints the settings it runs with from now on. Each value is checked against ResumptionInput's bounds
+    here, and the whole input again by the workflow's validator (claim_lease_seconds must stay longer
+    than every wait), which refuses a bad change without a trace in the history.
+    """
     given = {name: value for name, value in fields.items() if value is not None}
     if not given:
         raise click.UsageError(
@@ -319,9 +329,11 @@ def set_cmd(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     "--timeout", type=UPDATE_TIMEOUT, default=30.0, show_default=True, help="seconds to wait for a worker to answer"
 )
 def stop(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, wait: bool, timeout: float) -> None:
-    """Ask the running resumption to stop: at its next turn it releases the claim, leaves the
-    experiment paused and ends with outcome 'paused'; held tasks stay. A throttle wait is cut
-    short. xmc resume goes on from where it stopped."""
+    """Ask the running resumption to stop; held tasks stay.
+
+    At its next turn it releases the claim, leaves the experiment paused and ends with outcome 'paused'.
+    A throttle wait is cut short. xmc resume goes on from where it stopped.
+    """
 
     async def go() -> dict[str, Any]:
         async with client_of(ctx, stream) as client:

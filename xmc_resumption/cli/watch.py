@@ -1,5 +1,4 @@
-"""``xmc resume --wait``: follow a running resumption, show its progress and warn when nothing
-drains it."""
+"""``xmc resume --wait``: follow a running resumption, show its progress and warn when nothing drains it."""
 
 from __future__ import annotations
 
@@ -47,12 +46,14 @@ run's longest throttle wait, so a healthy fixed-wait replay never triggers it.""
 
 
 class Watcher:
-    """Follows a running resumption until it ends: asks ``progress`` every ``POLL_SECONDS``,
-    shows it on stderr (a rich progress bar on a terminal, plain lines otherwise; nothing when
-    ``quiet``) and warns once, on stderr, when no consumer drains the stream (the workflow says
-    ``stalled``; the group has no consumer while the replay is throttled; or the backlog sat at
-    the threshold, nothing replayed, for ``drain_warning_seconds``) and once when no worker
-    answers the query for ``NO_WORKER_WARNING_SECONDS``. It never waits silently."""
+    """Follows a running resumption until it ends, showing its progress; it never waits silently.
+
+    Asks ``progress`` every ``POLL_SECONDS``, shows it on stderr (a rich progress bar on a terminal,
+    plain lines otherwise; nothing when ``quiet``) and warns once, on stderr, when no consumer drains
+    the stream (the workflow says ``stalled``; the group has no consumer while the replay is throttled;
+    or the backlog sat at the threshold, nothing replayed, for ``drain_warning_seconds``) and once when
+    no worker answers the query for ``NO_WORKER_WARNING_SECONDS``.
+    """
 
     def __init__(
         self,

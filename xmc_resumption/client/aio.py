@@ -122,8 +122,10 @@ class XmcClient:
         temporal: Client | None = None,
         retries: int = RETRIES,
     ) -> XmcClient:
-        """A client on the Redis and task queue of ``settings`` (read from the environment when
-        None), redis-py's own retries off; ``aclose`` closes its Redis client."""
+        """A client on the Redis and task queue of ``settings`` (read from the environment when None).
+
+        redis-py's own retries are off; ``aclose`` closes its Redis client.
+        """
         settings = settings or Settings()
         return cls(
             settings.redis(retries=0),
@@ -165,8 +167,10 @@ class XmcClient:
         return self._temporal
 
     async def _repeat(self, call: Callable[..., Awaitable[T]], *args: Any, safe: bool = True) -> T:
-        """``call(*args)``, sent again up to ``retries`` times after a connection error or a
-        timeout when ``safe`` (it may have run: only what may run twice is repeated)."""
+        """``call(*args)``, sent again up to ``retries`` times after a connection error or a timeout when ``safe``.
+
+        It may have run: only what may run twice is repeated.
+        """
         for attempt in range(self._retries + 1):
             try:
                 return await call(*args)
@@ -179,8 +183,9 @@ class XmcClient:
     # --- producers -------------------------------------------------------------------------------
 
     async def pause(self, experiment_id: str) -> None:
-        """Pause the experiment: its new tasks are held and a running replay stops at its next turn
-        (``SET {S}:experiment:E:state paused``).
+        """Pause the experiment: its new tasks are held and a running replay stops at its next turn.
+
+        Runs ``SET {S}:experiment:E:state paused``.
 
         Raises:
             ValueError: a bad experiment ID. redis.exceptions.RedisError: a Redis fault.
@@ -210,8 +215,9 @@ class XmcClient:
     async def enqueue_many(
         self, experiment_id: str, tasks: Sequence[Task], *, idempotency_keys: Sequence[IdempotencyKey] | None = None
     ) -> list[Enqueued]:
-        """Enqueue up to ``MAX_ENQUEUE_TASKS`` tasks in order, in one script call (one round trip,
-        all or none): the same rules as ``enqueue``, per task.
+        """Enqueue up to ``MAX_ENQUEUE_TASKS`` tasks in order, in one script call (one round trip, all or none).
+
+        The same rules as ``enqueue``, per task.
 
         Args:
             idempotency_keys: None, or one key (or None) per task. The call is retried after a
@@ -239,9 +245,11 @@ class XmcClient:
         return ResumptionInput.model_validate({"stream": self.stream, **fields, "experiment_id": experiment})
 
     async def check_resumable(self, inputs: Sequence[ResumptionInput], *, force: bool = False) -> None:
-        """The checks ``resume`` makes before it starts anything: Redis's eviction policy must be
-        ``noeviction`` (``ops.refuse_evicting_redis``), and an experiment that is running and holds
-        no tasks, or that has no key at all on the stream, has nothing to resume (unless ``force``).
+        """The checks ``resume`` makes before it starts anything.
+
+        Redis's eviction policy must be ``noeviction`` (``ops.refuse_evicting_redis``), and an experiment
+        that is running and holds no tasks, or that has no key at all on the stream, has nothing to resume
+        (unless ``force``).
 
         Raises:
             OperatorError: the eviction policy (naming it). NothingToResumeError: one line naming
@@ -268,8 +276,9 @@ class XmcClient:
     async def resume(
         self, experiment: str | ResumptionInput, *, force: bool = False, task_queue: str | None = None, **fields: Any
     ) -> ResumptionHandle:
-        """Start the resumption of one experiment (``ResumptionWorkflow``, ID ``resumption-<E>``)
-        after ``check_resumable``.
+        """Start the resumption of one experiment after ``check_resumable``.
+
+        The run is ``ResumptionWorkflow``, ID ``resumption-<E>``.
 
         Args:
             experiment: an experiment ID (then ``fields`` are the other ``ResumptionInput`` fields;
@@ -337,8 +346,10 @@ class XmcClient:
         raise ResumeError(started, failures, message) from next(iter(failures.values()))
 
     async def stop(self, experiment_id: str, *, update_timeout: float = 30.0) -> Stopping:
-        """Ask the running resumption to stop gracefully (the ``pause`` Update): at its next turn
-        it releases the claim, leaves the experiment paused and ends with outcome ``paused``.
+        """Ask the running resumption to stop gracefully (the ``pause`` Update).
+
+        At its next turn it releases the claim, leaves the experiment paused and ends with outcome
+        ``paused``.
 
         Args:
             update_timeout: seconds to wait for a worker to accept the Update.
@@ -354,8 +365,7 @@ class XmcClient:
     async def configure(
         self, experiment_id: str, change: ControlChange, *, update_timeout: float = 30.0
     ) -> EffectiveSettings:
-        """Change a running resumption's settings (the ``configure`` Update); returns the settings
-        it runs with from now on.
+        """Change a running resumption's settings (the ``configure`` Update); returns the settings it runs with now.
 
         Raises:
             OperatorError: as ``stop``; the message names the field a validator refused.
@@ -374,11 +384,12 @@ class XmcClient:
         groups: Sequence[str] | None = None,
         idle_seconds: float = DEFAULT_IDLE_SECONDS,
     ) -> ExperimentStatus:
-        """The experiment's state, held tasks, claim, fencing token, backlog (of ``groups``, every
-        group of the stream when None, ``group`` required; counted up to ``threshold`` entries),
-        the consumers holding pending entries while idle for ``idle_seconds``, and Redis memory;
-        with ``run``, its resumption in Temporal (an error reaching Temporal is recorded in
-        ``run``, not raised).
+        """The experiment's status in Redis and, with ``run``, its resumption in Temporal.
+
+        State, held tasks, claim, fencing token, backlog (of ``groups``, every group of the stream when
+        None, ``group`` required; counted up to ``threshold`` entries), the consumers holding pending
+        entries while idle for ``idle_seconds``, and Redis memory; with ``run``, its resumption in Temporal
+        (an error reaching Temporal is recorded in ``run``, not raised).
 
         Raises:
             KeyContentError: a key holds the wrong type or a value the contract does not know.
@@ -397,8 +408,9 @@ class XmcClient:
         return ExperimentStatus.model_validate(doc)
 
     async def held(self, *, limit: int = 1_000) -> tuple[list[HeldRow], bool]:
-        """Every experiment on this stream that Redis holds something for (``ops.held_experiments``:
-        paused, orphaned, resuming, unknown, stranded, bad_keys), by ``SCAN``.
+        """Every experiment on this stream that Redis holds something for, found by ``SCAN``.
+
+        See ``ops.held_experiments``: paused, orphaned, resuming, unknown, stranded, bad_keys.
 
         Returns:
             (rows, truncated): truncated when more than ``limit`` (1..``MAX_LISTED``) were found.
@@ -415,8 +427,9 @@ class XmcClient:
         stream: str | None = None,
         limit: int = 200,
     ) -> list[FleetRow]:
-        """The resumptions Temporal visibility knows, newest first (``ops.fleet_query``: a
-        continue-as-new chain once), narrowed by the filters; no worker needed.
+        """The resumptions Temporal visibility knows, newest first, narrowed by the filters; no worker needed.
+
+        A continue-as-new chain shows once (``ops.fleet_query``).
 
         Raises:
             ValueError: a bad phase, experiment ID, stream, or ``limit`` outside 1..``MAX_LISTED``.
@@ -435,10 +448,11 @@ class XmcClient:
         query_timeout: float = QUERY_TIMEOUT_SECONDS,
         **fields: Any,
     ) -> Plan:
-        """What resuming ``experiment`` (as ``resume`` would start it) would move, cost and meet,
-        writing nothing (``xmc_resumption.plan.plan``: held tasks and bytes, every group's backlog
-        and sampled drain over ``sample_seconds``, the estimated time, the refusals and waits).
-        Temporal out of reach is one of the plan's notes, not an error.
+        """What resuming ``experiment`` (as ``resume`` would start it) would move, cost and meet, writing nothing.
+
+        See ``xmc_resumption.plan.plan``: held tasks and bytes, every group's backlog and sampled drain over
+        ``sample_seconds``, the estimated time, the refusals and waits. Temporal out of reach is one of the
+        plan's notes, not an error.
 
         Raises:
             pydantic.ValidationError: a bad input. ValueError: ``sample_seconds`` out of bounds.

@@ -35,8 +35,10 @@ T = TypeVar("T")
 
 
 class XmcSyncClient:
-    """The blocking client (see the module docstring): the producer calls on a blocking Redis
-    client, the operator calls on an ``XmcClient`` in a thread of its own.
+    """The blocking client (see the module docstring).
+
+    The producer calls run on a blocking Redis client, the operator calls on an ``XmcClient`` in a
+    thread of its own.
 
     Args:
         redis: a blocking Redis client (``Settings.sync_redis``), bytes in and out.
@@ -65,8 +67,10 @@ class XmcSyncClient:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, *, stream: str = DEFAULT_STREAM) -> XmcSyncClient:
-        """A client on the Redis (and, for operator calls, the Temporal and task queue) of
-        ``settings``, read from the environment when None; redis-py's own retries off."""
+        """A client on the Redis of ``settings`` (read from the environment when None); redis-py's own retries off.
+
+        For operator calls, also on the Temporal and task queue of ``settings``.
+        """
         settings = settings or Settings()
         return cls(
             settings.sync_redis(retries=0),

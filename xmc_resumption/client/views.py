@@ -19,9 +19,11 @@ ResumptionHandle = WorkflowHandle[ResumptionWorkflow, ResumptionResult]
 
 
 class BacklogSummary(BaseModel):
-    """The consumer groups' backlog as ``status`` counts it (entries, up to ``threshold``): the
-    largest, of ``limiting_group``; ``group`` is the one that must exist; ``missing_group`` the first
-    required group not found (None when none); ``groups`` each group's part (docs/memory.md)."""
+    """The consumer groups' backlog as ``status`` counts it (entries, up to ``threshold``).
+
+    The largest, of ``limiting_group``; ``group`` is the one that must exist; ``missing_group`` the
+    first required group not found (None when none); ``groups`` each group's part (docs/memory.md).
+    """
 
     group: str
     limiting_group: str = ""
@@ -100,21 +102,26 @@ class FleetRow(BaseModel):
 
 @dataclass(frozen=True)
 class Stopping:
-    """A resumption asked to stop (``XmcClient.stop``): its handle (``await handle.result()`` waits
-    for its end, outcome ``paused``) and the settings it runs with until then."""
+    """A resumption asked to stop (``XmcClient.stop``): its handle and the settings it runs with until then.
+
+    ``await handle.result()`` waits for its end, outcome ``paused``.
+    """
 
     handle: ResumptionHandle
     settings: EffectiveSettings
 
 
 class NothingToResumeError(OperatorError):
-    """An experiment is running and holds no tasks: a resumption would have nothing to replay
-    (``resume(..., force=True)`` starts it anyway)."""
+    """An experiment is running and holds no tasks: a resumption would have nothing to replay.
+
+    ``resume(..., force=True)`` starts it anyway.
+    """
 
 
 class ResumeError(OperatorError):
-    """Some resumptions of a ``resume_many`` did not start (one already ran, or Temporal failed
-    midway); the others did.
+    """Some resumptions of a ``resume_many`` did not start; the others did.
+
+    One already ran, or Temporal failed midway.
 
     Attributes:
         started: the handles of the runs that started, in the order given.

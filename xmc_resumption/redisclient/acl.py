@@ -2,7 +2,7 @@
 
 The project runs as an ACL user limited to its keys and commands (``deploy/redis-acl.conf``). A
 call outside that rule is refused, and the refusal repeats on every try, so the activities fail it
-at once (``activities.resumption._classified``) and the CLI prints it (``xmc.errors``). Redis words
+at once (``activities.resumption._classified``) and the CLI prints it (``xmc_resumption.errors``). Redis words
 a refusal in several ways, none naming the user (which the client knows) and not always the
 command:
 
@@ -39,9 +39,11 @@ _WITH_SUBCOMMANDS = frozenset({"XINFO", "XGROUP", "SCRIPT", "CLUSTER", "CLIENT",
 
 
 def is_denial(err: BaseException) -> bool:
-    """True when ``err`` is an ACL refusal (a command or a key outside the user's rule), whether
-    sent directly (``NOPERM``: redis-py raises ``NoPermissionError`` and drops the prefix) or from
-    a Lua script (a plain ``ResponseError``)."""
+    """True when ``err`` is an ACL refusal (a command or a key outside the user's rule).
+
+    Whether sent directly (``NOPERM``: redis-py raises ``NoPermissionError`` and drops the prefix) or
+    from a Lua script (a plain ``ResponseError``).
+    """
     reply = str(err)
     return (
         isinstance(err, NoPermissionError)
@@ -59,15 +61,19 @@ def _script_names() -> dict[str, str]:
 
 
 def acl_user(client: RedisClient) -> str:
-    """The ACL user ``client`` authenticates as: the URL's username, ``default`` when it names none
-    (``get_connection_kwargs``, which redis-py's cluster client has too)."""
+    """The ACL user ``client`` authenticates as: the URL's username, ``default`` when it names none.
+
+    Read by ``get_connection_kwargs``, which redis-py's cluster client has too.
+    """
     return str(client.get_connection_kwargs().get("username") or "default")
 
 
 def denial_message(err: BaseException, user: str, doing: str) -> str | None:
-    """One line for an ACL refusal, naming the ACL ``user``, the refused command (or, when Redis
-    does not name it, the script or the step ``doing`` it came from) and the reply; None when
-    ``err`` is not an ACL refusal. Never a password: neither the reply nor the user carries one.
+    """One line for an ACL refusal naming the user, the command and the reply; None when ``err`` is not one.
+
+    It names the ACL ``user``, the refused command (or, when Redis does not name it, the script or the
+    step ``doing`` it came from) and the reply. Never a password: neither the reply nor the user carries
+    one.
 
     Args:
         err: the error raised by redis-py (``NoPermissionError`` or a ``ResponseError``); its
@@ -94,8 +100,10 @@ def denial_message(err: BaseException, user: str, doing: str) -> str | None:
 
 
 def _script_of(err: BaseException) -> tuple[str | None, int | None]:
-    """The project script an error reply came from, by the SHA1 in it or in its causes, and the
-    line of the script the reply names (``on @user_script:<line>``), or None."""
+    """The project script an error reply came from and the script line the reply names, or None.
+
+    Found by the SHA1 in the reply or in its causes; the line is the reply's ``on @user_script:<line>``.
+    """
     seen: BaseException | None = err
     while seen is not None:
         found = _SCRIPT_SHA.search(str(seen))
@@ -107,9 +115,11 @@ def _script_of(err: BaseException) -> tuple[str | None, int | None]:
 
 
 def _command_at(script: str | None, line: int | None) -> str | None:
-    """The command that line ``line`` (1-based) of project script ``script`` calls, as Redis names
-    it in ACL rules (``INFO``, ``XINFO|GROUPS``); None when it cannot be told. Redis 7.0 does not
-    name a command refused inside a script, only the script's line, which runs one command."""
+    """The command that line ``line`` (1-based) of project script ``script`` calls, as Redis names it in ACL rules.
+
+    Such as ``INFO``, ``XINFO|GROUPS``; None when it cannot be told. Redis 7.0 does not name a command
+    refused inside a script, only the script's line, which runs one command.
+    """
     if script is None or script == "unknown" or line is None:
         return None
     lines = source(script).splitlines()
@@ -122,9 +132,10 @@ def _command_at(script: str | None, line: int | None) -> str | None:
 
 
 async def allowed_commands(client: RedisClient, slot_key: str, commands: list[list[str]]) -> list[bool]:
-    """Whether ``client``'s ACL user may run each of ``commands`` (a command's name and its
-    arguments, keys among them), asked of Redis without running them (``redis.acl_check_cmd`` in
-    ``lua/acl_check.lua``; Redis >= 7.0). Reads and writes nothing.
+    """Whether ``client``'s ACL user may run each of ``commands``, asked of Redis without running them.
+
+    A command is its name and its arguments, keys among them. Asked with ``redis.acl_check_cmd`` in
+    ``lua/acl_check.lua`` (Redis >= 7.0). Reads and writes nothing.
 
     Args:
         slot_key: a key of the slot to ask (on a Redis Cluster, the node holding it answers); not read.

@@ -1,5 +1,7 @@
-"""The client type of the Redis layer, and failover behind a stable address: drop a client's
-pooled connections when they point at a server that is no longer the primary.
+"""The client type of the Redis layer, and failover behind a stable address.
+
+After a failover, a client's pooled connections that point at a server that is no longer the
+primary are dropped.
 
 ``RedisClient`` is what every function of ``redisclient`` takes: a single Redis (``Redis``) or a
 Redis Cluster (``RedisCluster``, ``XMC_REDIS_CLUSTER``). Both speak the same commands; a cluster
@@ -50,8 +52,9 @@ client in sync code (``xmc_resumption.client.XmcSyncClient``)."""
 
 
 class ClusterClient(RedisCluster):
-    """redis-py's asyncio cluster client, failing like a single Redis client when it cannot learn
-    the slot map: with the last seed node's own error (``ConnectionError``, ``TimeoutError``,
+    """redis-py's asyncio cluster client, failing like a single Redis client when it cannot learn the slot map.
+
+    It raises the last seed node's own error (``ConnectionError``, ``TimeoutError``,
     ``AuthenticationError``: a ``RedisError``, so the activities retry it and the CLI and the worker
     report it in one line), or a ``ResponseError`` when a seed answers but is no cluster node.
     (redis-py raises ``RedisClusterException``, which is no ``RedisError``, for both.)

@@ -29,8 +29,9 @@ MAX_IDLE_MS = 2**53
 async def idle_consumers(
     client: RedisClient, stream: str, groups: Sequence[str], min_idle_ms: int, limit: int = 10
 ) -> list[IdleConsumer]:
-    """The consumers of ``groups`` on ``stream`` that hold pending entries and have been idle for
-    at least ``min_idle_ms``, the most pending first (then the longest idle), at most ``limit``.
+    """The consumers of ``groups`` on ``stream`` holding pending entries and idle for at least ``min_idle_ms``.
+
+    The most pending first (then the longest idle), at most ``limit``.
 
     A group (or the stream) that does not exist holds nothing: it is skipped.
 

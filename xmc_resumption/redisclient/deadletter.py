@@ -40,10 +40,12 @@ Lua's ``unpack`` (about 8,000 values at most; ``XMC_MAX_VALUES`` = 7,990 in ``lu
 
 @asynccontextmanager
 async def _transaction(client: RedisClient, key: str) -> AsyncIterator[Pipeline]:
-    """A pipeline for WATCH / MULTI / EXEC on the Redis that serves ``key``: ``client``'s own for a
-    single Redis; for a cluster, one of a client of its own, with one connection to the primary
-    that serves ``key``'s slot now (closed at the end), so the whole transaction uses one
-    connection."""
+    """A pipeline for WATCH / MULTI / EXEC on the Redis that serves ``key``, on one connection.
+
+    ``client``'s own for a single Redis; for a cluster, one of a client of its own, with one connection
+    to the primary that serves ``key``'s slot now (closed at the end), so the whole transaction uses
+    one connection.
+    """
     if not isinstance(client, RedisCluster):
         async with client.pipeline(transaction=True) as pipe:
             yield pipe
@@ -63,8 +65,9 @@ async def _transaction(client: RedisClient, key: str) -> AsyncIterator[Pipeline]
 
 
 async def set_aside(client: RedisClient, keys: ExperimentKeys, token: int, entry_id: str) -> SetAside:
-    """Move held entry ``entry_id`` to the dead-letter stream, field map byte for byte, if
-    ``token`` is still the current fencing token; atomic (MULTI/EXEC under WATCH).
+    """Move held entry ``entry_id`` to the dead-letter stream if ``token`` is still the current fencing token.
+
+    The field map moves byte for byte; atomic (MULTI/EXEC under WATCH).
 
     Returns:
         ``set_aside``, or ``gone`` when the held stream has no such entry (an earlier try moved
@@ -101,8 +104,11 @@ async def _dead_count(client: RedisClient, keys: ExperimentKeys) -> int:
 
 
 async def _must_be_a_stream(client: RedisClient, key: str) -> None:
-    """Raise a WRONGTYPE ``ResponseError`` naming ``key`` unless it is a stream or absent: checked
-    under WATCH before a MULTI, since Redis runs the rest of a transaction past a failed command."""
+    """Raise a WRONGTYPE ``ResponseError`` naming ``key`` unless it is a stream or absent.
+
+    Checked under WATCH before a MULTI, since Redis runs the rest of a transaction past a failed
+    command.
+    """
     wrong = wrong_type(key, as_text(await client.type(key)))
     if wrong:
         raise ResponseError(f"WRONGTYPE {wrong}")
@@ -134,10 +140,11 @@ async def drop(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> bool
 
 
 async def retry(client: RedisClient, keys: ExperimentKeys, entry_id: str) -> str | None:
-    """Put set-aside task ``entry_id`` back, byte for byte, in one transaction: at the end of the
-    held stream when the experiment holds tasks (a state key or held tasks; the next resume
-    replays it, and sets it aside again if it still cannot be moved), else into the task stream
-    for the consumers. Returns where it went (``held`` or ``stream``), None when it was not there.
+    """Put set-aside task ``entry_id`` back, byte for byte, in one transaction; returns where it went.
+
+    At the end of the held stream when the experiment holds tasks (a state key or held tasks; the next
+    resume replays it, and sets it aside again if it still cannot be moved), else into the task stream
+    for the consumers. Returns ``held`` or ``stream``, None when it was not there.
 
     Raises:
         redis.exceptions.ResponseError: WRONGTYPE naming the key, the dead-letter stream or the

@@ -37,8 +37,9 @@ def validate_lease(lease_ms: int) -> None:
 async def acquire_claim(
     client: RedisClient, keys: ExperimentKeys, owner: str, lease_ms: int, request_id: str | None = None
 ) -> ClaimGrant:
-    """Take the claim: a new fencing token, and the experiment moves ``paused`` -> ``resuming``
-    (also when its state key is gone but tasks are still held).
+    """Take the claim: a new fencing token, and the experiment moves ``paused`` -> ``resuming``.
+
+    Also when its state key is gone but tasks are still held.
 
     Args:
         client: an asyncio Redis client.
@@ -96,8 +97,9 @@ async def release_claim(
     back_to_paused: bool,
     outcome: str = "",
 ) -> Release:
-    """Release the claim and revoke its token, if the token is still current, and record the
-    release (``lua/release.lua``).
+    """Release the claim and revoke its token, if the token is still current, and record the release.
+
+    The script is ``lua/release.lua``.
 
     The fence counter is bumped, so the released token is fenced from then on: a zombie attempt of
     the released run can publish nothing. The release log keeps the last 16 releases with their

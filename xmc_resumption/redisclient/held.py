@@ -1,5 +1,4 @@
-"""Experiment pause state and the pause-aware enqueue of tasks (the producers' contract:
-docs/producers.md).
+"""Experiment pause state and the pause-aware enqueue of tasks (the producers' contract: docs/producers.md).
 
 State machine: running --pause--> paused --resume--> resuming --(held stream drained)--> running;
 pause is allowed from resuming too. Producers enqueue through the enqueue script
@@ -34,8 +33,10 @@ IdempotencyKey = str | bytes | None
 
 @cache
 def _script_constant(name: str) -> int:
-    """The value of ``local <name> = <expression>`` in ``lua/enqueue.lua``, so the limits below are
-    the script's own (written once, there)."""
+    """The value of ``local <name> = <expression>`` in ``lua/enqueue.lua``.
+
+    So the limits below are the script's own (written once, there).
+    """
     match = re.search(rf"^local {name} = ([0-9 *]+)", source("enqueue"), re.MULTILINE)
     if match is None:
         raise LookupError(f"lua/enqueue.lua defines no {name}")
@@ -90,8 +91,10 @@ def _as_bytes(value: str | bytes | int | float) -> bytes:
 
 
 def enqueue_args(tasks: Sequence[Task], idempotency_keys: Sequence[IdempotencyKey] | None = None) -> list[bytes]:
-    """The enqueue script's ARGV for ``tasks`` (docs/producers.md): the count, then per task its
-    idempotency key ('' for none), its field count and its field/value pairs.
+    """The enqueue script's ARGV for ``tasks`` (docs/producers.md).
+
+    The count, then per task its idempotency key ('' for none), its field count and its field/value
+    pairs.
 
     Args:
         tasks: 1..``MAX_ENQUEUE_TASKS`` field maps of 1..``MAX_TASK_FIELDS`` fields each.
@@ -145,8 +148,9 @@ async def enqueue_tasks(
     tasks: Sequence[Task],
     idempotency_keys: Sequence[IdempotencyKey] | None = None,
 ) -> list[Enqueued]:
-    """Enqueue tasks of the experiment in one script call (one round trip, atomic), honouring its
-    pause state; a task whose idempotency key was recorded is not added again.
+    """Enqueue tasks of the experiment in one script call (one round trip, atomic), honouring its pause state.
+
+    A task whose idempotency key was recorded is not added again.
 
     Args and errors: see ``enqueue_args``; besides, ``redis.exceptions.ResponseError`` for an error
     reply of the script (``WRONGTYPE`` naming a key, ``XMCCORRUPT``) and
@@ -181,14 +185,19 @@ async def enqueue_task(
 
 
 async def pause(client: RedisClient, keys: ExperimentKeys) -> None:
-    """Pause the experiment (``SET`` its state key to ``paused``): its new tasks are held, and a
-    running replay stops at its next turn."""
+    """Pause the experiment (``SET`` its state key to ``paused``).
+
+    Its new tasks are held, and a running replay stops at its next turn.
+    """
     await client.set(keys.state, ExperimentState.PAUSED.value)
 
 
 async def get_state(client: RedisClient, keys: ExperimentKeys) -> ExperimentState:
-    """The experiment's state: ``running`` when the state key is absent, ``unknown`` when it holds
-    anything but ``paused`` or ``resuming`` (as the scripts read it: ``lua/tokens.lua``)."""
+    """The experiment's state as the scripts read it (``lua/tokens.lua``).
+
+    ``running`` when the state key is absent, ``unknown`` when it holds anything but ``paused`` or
+    ``resuming``.
+    """
     raw = await client.get(keys.state)
     if raw is None:
         return ExperimentState.RUNNING

@@ -16,11 +16,12 @@ MAX_NAME_LENGTH = 200
 
 
 def validate_name(what: str, value: str) -> str:
-    """The one rule for a name that becomes part of a key (an experiment ID, a stream): 1 to 200
-    of ``NAME_CHARACTERS``. So no whitespace, no brace (it would move the ``{S}`` hash tag and
+    """The one rule for a name that becomes part of a key (an experiment ID, a stream); returns ``value``.
+
+    1 to 200 of ``NAME_CHARACTERS``. So no whitespace, no brace (it would move the ``{S}`` hash tag and
     split an experiment's keys across cluster slots) and no glob character (``*``, ``?``, ``[``,
     ``\\``) where a key pattern is built; every entry point (workflow input, activities, CLI,
-    producers) goes through it. Returns ``value``.
+    producers) goes through it.
 
     Raises:
         ValueError: naming ``what`` and the rule.
@@ -91,30 +92,38 @@ class ExperimentKeys:
 
     @property
     def replay(self) -> str:
-        """Hash key: ``moved``, the tasks the resume in progress moved, whatever claim moved them
-        (the authority for a resumption's ``replayed``): set to 0 by the claim that starts a resume
-        (the experiment was not ``resuming``), counted by the publish script, dropped by the release
-        that ends the resume (``lua/acquire.lua``, ``lua/publish.lua``, ``lua/release.lua``)."""
+        """Hash key: ``moved``, the tasks the resume in progress moved, whatever claim moved them.
+
+        It is the authority for a resumption's ``replayed``: set to 0 by the claim that starts a resume (the
+        experiment was not ``resuming``), counted by the publish script, dropped by the release that ends
+        the resume (``lua/acquire.lua``, ``lua/publish.lua``, ``lua/release.lua``).
+        """
         return f"{self._prefix}:replay"
 
     @property
     def released(self) -> str:
-        """List key: the last 16 releases, newest first, each ``<token> <outcome> <replayed>
-        <remaining>`` (``-`` for an unknown count): what a re-executed turn of a run that already
-        released its claim reads to report its own release instead of a takeover (``lua/tokens.lua``)."""
+        """List key: the last 16 releases, newest first, each ``<token> <outcome> <replayed> <remaining>``.
+
+        ``-`` stands for an unknown count. A re-executed turn of a run that already released its claim
+        reads it to report its own release instead of a takeover (``lua/tokens.lua``).
+        """
         return f"{self._prefix}:released"
 
     @property
     def dead(self) -> str:
-        """Stream key: the experiment's dead-letter stream: held tasks the publish script cannot
-        move (more fields than a script can pass to XADD), set aside in order with their field
-        maps byte for byte, for an operator to retry or drop (``xmc dead``)."""
+        """Stream key: the experiment's dead-letter stream of held tasks the publish script cannot move.
+
+        Such a task has more fields than a script can pass to XADD; they are set aside in order with their
+        field maps byte for byte, for an operator to retry or drop (``xmc dead``).
+        """
         return f"{self._prefix}:dead"
 
     @property
     def idempotency(self) -> str:
-        """Hash key: the enqueue script's idempotency record, idempotency key -> ``<destination>
-        <entry ID>`` of the task's first enqueue (``lua/enqueue.lua``; bounded, with a TTL)."""
+        """Hash key: the enqueue script's idempotency record (``lua/enqueue.lua``; bounded, with a TTL).
+
+        Idempotency key -> ``<destination> <entry ID>`` of the task's first enqueue.
+        """
         return f"{self._prefix}:idempotency"
 
     @property
@@ -124,8 +133,10 @@ class ExperimentKeys:
 
     @property
     def enqueue_keys(self) -> list[str]:
-        """The enqueue script's KEYS, in order: the task stream, state, held stream and the two
-        generations of the idempotency record (docs/producers.md)."""
+        """The enqueue script's KEYS, in order (docs/producers.md).
+
+        The task stream, state, held stream and the two generations of the idempotency record.
+        """
         return [self.stream, self.state, self.held, self.idempotency, self.idempotency_previous]
 
     @property
@@ -165,15 +176,20 @@ _TYPES = {
 
 
 def wrong_type(key: str, actual: str) -> str | None:
-    """``"<key> is a <actual>, expected a <type>"`` when ``actual`` (a ``TYPE`` reply) is neither
-    ``none`` nor the type ``key`` holds in the layout (``expected_type``); else None."""
+    """``"<key> is a <actual>, expected a <type>"`` when ``actual`` is not what ``key`` holds in the layout.
+
+    ``actual`` is a ``TYPE`` reply; None when it is ``none`` or the type ``expected_type`` gives.
+    """
     expected = expected_type(key)
     return None if actual in ("none", expected) else f"{key} is a {actual}, expected a {expected}"
 
 
 def expected_type(key: str) -> str:
-    """The Redis type a key of the layout holds (``TYPE`` reply): an experiment's key by its last
-    part (docs/contract.md, "Redis keys"), any other key (the task stream) ``stream``."""
+    """The Redis type a key of the layout holds (a ``TYPE`` reply).
+
+    An experiment's key by its last part (docs/contract.md, "Redis keys"), any other key (the task
+    stream) ``stream``.
+    """
     if key.startswith("{") and ":experiment:" in key:
         return _TYPES.get(key.rsplit(":", 1)[1], "stream")
     if key.startswith("{") and key.endswith(("}:weights", "}:replayers")):

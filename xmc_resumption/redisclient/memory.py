@@ -58,8 +58,9 @@ async def read_memory(client: RedisClient, key: str) -> RedisMemory:
 
 
 def memory_reason(used_memory: int, maxmemory: int, fraction: float) -> str:
-    """The reason of a memory wait for the UI, e.g. ``Redis memory 93% of maxmemory (7.4 of 8.0
-    MiB) >= 90%``.
+    """The reason of a memory wait for the UI.
+
+    For example ``Redis memory 93% of maxmemory (7.4 of 8.0 MiB) >= 90%``.
 
     Args:
         used_memory, maxmemory: bytes, as the publish script read them (maxmemory > 0).

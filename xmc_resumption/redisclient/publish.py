@@ -41,8 +41,9 @@ async def publish_batch(
     fair_share: bool = False,
     groups: Sequence[str] | None = None,
 ) -> PublishResult:
-    """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream, where
-    backlog is the largest among the groups measured (``redisclient.backlog``).
+    """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
+
+    The backlog is the largest among the groups measured (``redisclient.backlog``).
 
     Args:
         client: an asyncio Redis client.

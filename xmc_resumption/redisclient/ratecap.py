@@ -1,5 +1,6 @@
-"""The stream-wide rate cap: at most so many held tasks per second into a task stream, over every
-replay of it (``lua/rate.lua``; docs/pacing.md).
+"""The stream-wide rate cap: at most so many held tasks per second into a task stream, over every replay of it.
+
+See ``lua/rate.lua`` and docs/pacing.md.
 
 One key per stream, under its hash tag so it lives in its cluster slot: ``{S}:rate``, a hash with
 ``limit`` (tasks per second, set by an operator: ``set_stream_rate``), and ``tokens`` and ``at``, the
@@ -36,8 +37,9 @@ def rate_key(stream: str) -> str:
 
 
 def validate_rate(limit: float) -> float:
-    """Return ``limit`` (tasks per second) when it is a finite number in
-    [``MIN_TASKS_PER_SECOND``, ``MAX_TASKS_PER_SECOND``].
+    """Return ``limit`` (tasks per second) when it is a finite number in the allowed range.
+
+    The range is [``MIN_TASKS_PER_SECOND``, ``MAX_TASKS_PER_SECOND``].
 
     Raises:
         ValueError: any other value (a bool is refused too).
@@ -73,8 +75,10 @@ class StreamRate(BaseModel):
 
 
 async def set_stream_rate(client: RedisClient, stream: str, limit: float) -> None:
-    """Cap the held tasks all replays of ``stream`` move together at ``limit`` per second; from
-    their next publish on. The bucket's state is kept (a lower cap clamps it to its capacity).
+    """Cap the held tasks all replays of ``stream`` move together at ``limit`` per second.
+
+    It applies from their next publish on. The bucket's state is kept (a lower cap clamps it to its
+    capacity).
 
     Raises:
         ValueError: a bad stream name or limit.

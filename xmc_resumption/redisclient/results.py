@@ -120,11 +120,14 @@ class BacklogReading(BaseModel):
 
 
 class ClaimGrant(BaseModel):
-    """A claim just taken: the fencing token, the state after the claim and before it (None in a
-    repeated grant and in results recorded before it existed), held tasks (entries); ``repeated``
-    when the request ID had been granted before (nothing changed then); ``replayed``: the tasks
-    the resume has moved so far (0 for a claim that starts a resume; None when unknown: a resume
-    begun before the replay record existed, and results recorded before it existed)."""
+    """A claim just taken.
+
+    The fencing token, the state after the claim and before it (None in a repeated grant and in results
+    recorded before it existed), held tasks (entries); ``repeated`` when the request ID had been granted
+    before (nothing changed then); ``replayed``: the tasks the resume has moved so far (0 for a claim
+    that starts a resume; None when unknown: a resume begun before the replay record existed, and
+    results recorded before it existed).
+    """
 
     token: int
     state: ExperimentState
@@ -135,9 +138,11 @@ class ClaimGrant(BaseModel):
 
 
 class ReleaseRecord(BaseModel):
-    """What a release recorded in the release log (``{S}:experiment:E:released``): the outcome the
-    run ended with, the resume's tasks moved (None when unknown) and the held tasks left then
-    (entries)."""
+    """What a release recorded in the release log (``{S}:experiment:E:released``).
+
+    The outcome the run ended with, the resume's tasks moved (None when unknown) and the held tasks left
+    then (entries).
+    """
 
     outcome: str
     replayed: int | None = None
@@ -230,7 +235,7 @@ class PublishResult(BaseModel):
         moved: tasks moved from the held stream to the task stream (entries); moved_bytes: their
             bytes (IDs, fields and values as read).
         poison_id: the held entry that stopped the move, '' when none: it has more fields than a
-            script can pass to XADD, and the caller sets it aside (``held.set_aside``).
+            script can pass to XADD, and the caller sets it aside (``deadletter.set_aside``).
         total_moved: tasks this token has moved in all, counted by the script in the publish
             record (None in results recorded before it existed).
         replayed: tasks the resume has moved in all, whatever claim moved them, counted by the
@@ -329,8 +334,11 @@ class DrainWait(BaseModel):
 
 
 class SetAsideStatus(StrEnum):
-    """What ``held.set_aside`` did: ``set_aside`` (moved to the dead-letter stream), ``gone`` (no
-    such held entry: set aside already, by an earlier try), ``fenced`` (the token is not current)."""
+    """What ``deadletter.set_aside`` did.
+
+    ``set_aside`` (moved to the dead-letter stream), ``gone`` (no such held entry: set aside already, by
+    an earlier try), ``fenced`` (the token is not current).
+    """
 
     SET_ASIDE = "set_aside"
     GONE = "gone"
@@ -338,8 +346,10 @@ class SetAsideStatus(StrEnum):
 
 
 class SetAside(BaseModel):
-    """The result of setting a held entry aside: what happened, the dead-letter stream's key and
-    its length after it (entries)."""
+    """The result of setting a held entry aside.
+
+    What happened, the dead-letter stream's key and its length after it (entries).
+    """
 
     status: SetAsideStatus
     key: str
@@ -366,9 +376,10 @@ class MissingGroupPolicy(StrEnum):
 
 
 class IdleConsumer(BaseModel):
-    """A consumer holding pending entries and idle for a while (``XINFO CONSUMERS``;
-    ``redisclient.consumers``): entries it read and has not acknowledged stay in its group's
-    backlog until it acknowledges them or another consumer claims them.
+    """A consumer holding pending entries and idle for a while (``XINFO CONSUMERS``; ``redisclient.consumers``).
+
+    Entries it read and has not acknowledged stay in its group's backlog until it acknowledges them or
+    another consumer claims them.
 
     Attributes:
         group: its consumer group.

@@ -91,9 +91,11 @@ class CrossSlotKeysError(ValueError):
 
 
 def check_one_slot(name: str, keys: list[str]) -> None:
-    """Raise ``CrossSlotKeysError`` unless every key of ``keys`` hashes to the same Redis Cluster
-    slot (CRC16 of the key, or of its ``{...}`` hash tag, mod 16384: the Redis Cluster spec, "Key
-    distribution model", as ``redis.crc.key_slot`` computes it)."""
+    """Raise ``CrossSlotKeysError`` unless every key of ``keys`` hashes to the same Redis Cluster slot.
+
+    The slot is the CRC16 of the key, or of its ``{...}`` hash tag, mod 16384 (the Redis Cluster spec,
+    "Key distribution model", as ``redis.crc.key_slot`` computes it).
+    """
     slots = {key: key_slot(key.encode()) for key in keys}
     if len(set(slots.values())) > 1:
         raise CrossSlotKeysError(name, slots)
@@ -126,8 +128,10 @@ async def run_script(client: RedisClient, name: str, keys: list[str], args: list
 
 
 def run_script_sync(client: SyncRedisClient, name: str, keys: list[str], args: list[Any]) -> Any:
-    """``run_script`` on a blocking client (``redis.Redis`` or ``redis.cluster.RedisCluster``):
-    the same checks, the same error replies. The script is registered once per client."""
+    """``run_script`` on a blocking client (``redis.Redis`` or ``redis.cluster.RedisCluster``).
+
+    The same checks, the same error replies. The script is registered once per client.
+    """
     check_one_slot(name, keys)
     registered: dict[str, Script] = client.__dict__.setdefault("_xmc_scripts", {})
     if name not in registered:
@@ -151,10 +155,11 @@ def _wrong_type_reply(reply: str, keys: Sequence[str], types: list[str]) -> str:
 
 @asynccontextmanager
 async def naming_wrong_type(client: RedisClient, keys: Sequence[str]) -> AsyncIterator[None]:
-    """Run the block; a WRONGTYPE error reply from it is raised again naming the key of the wrong
-    type and what the layout expects (``TYPE`` of each of ``keys``, asked after the failure:
-    ``WRONGTYPE {S}:experiment:E:dead is a string, expected a stream``). Redis's own reply names no
-    key. Any other error passes unchanged.
+    """Run the block; a WRONGTYPE error reply from it is raised again naming the key and the expected type.
+
+    The key of the wrong type and what the layout expects are found by ``TYPE`` of each of ``keys``,
+    asked after the failure: ``WRONGTYPE {S}:experiment:E:dead is a string, expected a stream``.
+    Redis's own reply names no key. Any other error passes unchanged.
 
     Raises:
         redis.exceptions.ResponseError (the class redis-py chose): the renamed WRONGTYPE reply.

@@ -45,8 +45,9 @@ def validate_weight(weight: int) -> int:
 
 
 async def set_weight(client: Redis, stream: str, experiment_id: str, weight: int) -> None:
-    """Give ``experiment_id`` the weight ``weight`` among the fair-share replays of ``stream``;
-    it applies from its replay's next publish.
+    """Give ``experiment_id`` the weight ``weight`` among the fair-share replays of ``stream``.
+
+    It applies from its replay's next publish.
 
     Raises:
         ValueError: a bad name or weight.
@@ -61,9 +62,11 @@ async def clear_weight(client: Redis, stream: str, experiment_id: str) -> None:
 
 
 async def active_replayers(client: Redis, stream: str) -> dict[str, float]:
-    """The fair-share replayers of ``stream`` whose lease has not ended, with the end of each lease
-    (milliseconds on Redis's clock), as ``lua/fair.lua`` counts them: a lease end further ahead than
-    the longest lease (``MAX_LEASE_MS``) was never written by a replay and is left out.
+    """The fair-share replayers of ``stream`` whose lease has not ended, with the end of each lease.
+
+    Lease ends are milliseconds on Redis's clock, counted as ``lua/fair.lua`` counts them: a lease end
+    further ahead than the longest lease (``MAX_LEASE_MS``) was never written by a replay and is left
+    out.
 
     Raises:
         redis.exceptions.RedisError: on any Redis fault.
