@@ -26,6 +26,7 @@ ENDINGS: dict[str, tuple[EventType.ValueType, str | None, list[str]]] = {
     # scenario: (the first run's last event, the result's outcome, the Redis calls after the last timer)
     "completed_after_throttles": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "adaptive_completed": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
+    "probe_completed": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "waited_for_redis": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "paused_during_wait": (
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,

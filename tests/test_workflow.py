@@ -313,6 +313,7 @@ async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshol
             max_backlog_threshold=5,
             batch_size=3,
             throttle_seconds=10,
+            throttle_policy="fixed",
             stall_window_seconds=20,
             max_stall_seconds=40,
         )
