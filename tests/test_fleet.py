@@ -79,7 +79,14 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
     names = await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=60)
+        handle = await start(
+            dev_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_seconds=60,
+            throttle_policy="fixed",
+        )
         await wait_for(handle, throttled)
         rows = await listed(dev_env, f'XmcPhase="throttled" AND XmcExperimentId="{e}"')
         assert [r["execution"]["workflowId"] for r in rows] == [f"resumption-{e}"]
@@ -126,7 +133,14 @@ async def test_a_rejected_update_leaves_nothing_in_the_history(dev_env, redis, r
     await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=60)
+        handle = await start(
+            dev_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_seconds=60,
+            throttle_policy="fixed",
+        )
         await wait_for(handle, throttled)
         before = (await handle.fetch_history()).events
         with pytest.raises(WorkflowUpdateFailedError) as raised:

@@ -189,7 +189,14 @@ async def test_cancel_ends_even_while_redis_is_away(dev_env, redis, redis_url, t
     await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
     async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=30)
+        handle = await start(
+            dev_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_seconds=30,
+            throttle_policy="fixed",
+        )
         await wait_for(handle, throttled)
         async with redis_outage(redis):
             t0 = time.monotonic()
