@@ -104,12 +104,14 @@ class IdleConsumersRequest(BaseModel):
 
 class ReleaseRequest(BaseModel):
     """Release the claim of ``token`` (0: whatever claim ``owner`` holds) and revoke the token;
-    ``back_to_paused`` moves a resuming experiment back to paused."""
+    ``back_to_paused`` moves a resuming experiment back to paused; ``outcome`` is what the run ends
+    with, recorded with the release ('' in requests recorded before it existed)."""
 
     ref: ExperimentRef
     token: int = Field(ge=0)
     owner: str = Field(min_length=1)
     back_to_paused: bool = False
+    outcome: str = Field(default="", max_length=32, pattern=r"^[a-z_]*$")
 
 
 class SetAsideRequest(BaseModel):

@@ -31,7 +31,7 @@ from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 
 from xmc_resumption.activities.errors import ErrorType
-from xmc_resumption.activities.metrics import HELD_REMAINING
+from xmc_resumption.activities.metrics import HELD_REMAINING, OUTCOMES, REPLAYED
 from xmc_resumption.activities.requests import (
     AcquireRequest,
     BacklogRequest,
@@ -57,6 +57,7 @@ from xmc_resumption.redisclient.results import (
     IdleConsumer,
     PublishResult,
     PublishStatus,
+    Release,
     SetAside,
 )
 
@@ -161,6 +162,46 @@ class HeldRemaining:
             )
 
 
+class Counts:
+    """The counts Redis decides, emitted where Redis answers (``activities/metrics.py``): tasks
+    moved (``REPLAYED``: the publish script's ``moved`` of a fresh move; a recorded result returned
+    again moved nothing) and resumptions ended by a release (``OUTCOMES``: a fresh release; a
+    repeated one counts nothing). Labelled as the workflow's metrics are: ``stream``,
+    ``consumer_group``, ``namespace``, ``task_queue``, ``workflow_type``.
+
+    Args:
+        meter: the worker runtime's metric meter; None: the activity's own (it adds
+            ``activity_type``).
+    """
+
+    def __init__(self, meter: MetricMeter | None) -> None:
+        self._meter = meter
+
+    def _add(self, name: str, description: str, value: int, ref: ExperimentRef, **labels: str) -> None:
+        info = activity.info()
+        base = {"stream": ref.stream, "consumer_group": ref.consumer_group, "workflow_type": info.workflow_type or ""}
+        if self._meter is None:
+            meter = activity.metric_meter()
+        else:
+            meter = self._meter
+            base |= {"namespace": info.namespace, "task_queue": info.task_queue}
+        meter.create_counter(name, description).add(value, base | labels)
+
+    def show(self, ref: ExperimentRef) -> None:
+        """Add 0 tasks moved: the series shows from a replay's first check on, not first at a move."""
+        self._add(REPLAYED, "tasks moved into the task stream", 0, ref)
+
+    def moved(self, ref: ExperimentRef, result: PublishResult) -> None:
+        """Count the tasks a publish moved now (none for a recorded result returned again)."""
+        if result.moved > 0 and not result.repeated:
+            self._add(REPLAYED, "tasks moved into the task stream", result.moved, ref)
+
+    def released(self, ref: ExperimentRef, outcome: str, release: Release) -> None:
+        """Count the resumption ended by a release done now (none for a repeated one or none at all)."""
+        if outcome and release.token and not release.repeated:
+            self._add(OUTCOMES, "resumptions ended, by outcome", 1, ref, outcome=outcome)
+
+
 class ResumptionActivities:
     """The activities, bound to one asyncio Redis client (``decode_responses=False``: task field
     maps are moved byte for byte).
@@ -174,6 +215,7 @@ class ResumptionActivities:
     def __init__(self, redis: RedisClient | None = None, meter: MetricMeter | None = None) -> None:
         self._redis = redis
         self.held = HeldRemaining(meter)
+        self.counts = Counts(meter)
 
     @property
     def redis(self) -> RedisClient:
@@ -222,6 +264,7 @@ class ResumptionActivities:
             check = await fencing.check_claim(self.redis, _keys(req.ref), req.token, req.owner, req.lease_ms)
         # a fenced run ends without a release: it stops counting here at once
         self.held.report(req.ref, None if check.fenced or check.fence_lost else check.held, req.lease_ms)
+        self.counts.show(req.ref)
         if check.reestablished:
             activity.logger.warning(
                 "claim lease had lapsed; re-established for the current token",
@@ -285,8 +328,9 @@ class ResumptionActivities:
                 fair_share=req.fair_share,
                 groups=req.ref.consumer_groups,
             )
-        fenced = result.status in (PublishStatus.FENCED, PublishStatus.FENCE_LOST)
+        fenced = result.status in (PublishStatus.FENCED, PublishStatus.FENCE_LOST, PublishStatus.RELEASED)
         self.held.report(req.ref, None if fenced else result.remaining, req.lease_ms)
+        self.counts.moved(req.ref, result)
         return result
 
     @activity.defn
@@ -310,15 +354,32 @@ class ResumptionActivities:
         return result
 
     @activity.defn
-    async def release_claim(self, req: ReleaseRequest) -> int:
-        """Release the claim and revoke its token if still current; returns the released token or 0."""
+    async def release_claim(self, req: ReleaseRequest) -> Release:
+        """Release the claim and revoke its token if still current, recording the outcome; returns
+        the release (token 0: nothing released) with the resume's count and the held tasks left."""
         async with _classified(self.redis):
             released = await fencing.release_claim(
-                self.redis, _keys(req.ref), req.token, owner=req.owner, back_to_paused=req.back_to_paused
+                self.redis,
+                _keys(req.ref),
+                req.token,
+                owner=req.owner,
+                back_to_paused=req.back_to_paused,
+                outcome=req.outcome,
             )
         self.held.report(req.ref, None, 0)
+        self.counts.released(req.ref, req.outcome, released)
+        if released.repeated:
+            message = "claim released before, by this token: its record returned"
+        else:
+            message = "claim released" if released.token else "no claim to release: none held, or a newer token owns it"
         activity.logger.info(
-            "claim released" if released else "no claim to release: none held, or a newer token owns it",
-            extra={"experiment_id": req.ref.experiment_id, "token": released or req.token},
+            message,
+            extra={
+                "experiment_id": req.ref.experiment_id,
+                "token": released.token or req.token,
+                "outcome": released.outcome,
+                "replayed": released.replayed,
+                "remaining": released.remaining,
+            },
         )
         return released

@@ -186,7 +186,7 @@ return 0
 
 async def uncapped(redis: Redis) -> int:
     """Pending + every entry after the group's last-delivered-id, counted inside Redis (entries)."""
-    return int(await redis.eval(UNCAPPED, 1, STREAM, GROUP))  # type: ignore[misc]
+    return int(await redis.eval(UNCAPPED, 1, STREAM, GROUP))
 
 
 async def timed(fn: Callable[[], Awaitable[object]]) -> float:

@@ -44,7 +44,7 @@ from bench.sampler import sampler_process
 from bench.tasks import READ_CHUNK, hold_tasks
 from xmc_resumption.ops import start_resumption
 from xmc_resumption.redisclient import held, weights
-from xmc_resumption.redisclient.keys import DEFAULT_GROUP, ExperimentKeys
+from xmc_resumption.redisclient.keys import DEFAULT_GROUP, ExperimentKeys, replayers_key, weights_key
 
 CONSUMERS = 2
 """Paced consumers sharing the rate R (entries/s each: R / CONSUMERS)."""
@@ -239,7 +239,7 @@ async def scale_run(
     held_left = sum([await held.held_count(env.redis, k) for k, _ in members])
     running = [(await held.get_state(env.redis, k)).value == "running" for k, _ in members]
     replayers_left = len(await weights.active_replayers(env.redis, stream))
-    await env.redis.delete(stream, weights.replayers_key(stream), weights.weights_key(stream))
+    await env.redis.delete(stream, replayers_key(stream), weights_key(stream))
     outcomes = Counter(result.outcome.value for _, result in timed)
     finish = [t for t, _ in timed]
     by_group: dict[str, dict[str, float]] = {}

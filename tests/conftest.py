@@ -1,5 +1,6 @@
-"""Fixtures: a real redis-server per session on a free loopback port, and real Temporal servers
-(the time-skipping test server and the dev server) from the installed binaries, never downloaded."""
+"""Fixtures: a real redis-server per session on a free loopback port, and one Temporal environment
+fixture, ``temporal_env``: the time-skipping test server or the dev server from the installed
+binaries (never downloaded), chosen by ``--workflow-environment`` and the ``real_server`` marker."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -34,31 +36,84 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-@pytest_asyncio.fixture(scope="session")
-async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
-    """Temporal's time-skipping test server, for workflow logic."""
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=installed_binary("temporal-test-server"),
-        data_converter=pydantic_data_converter,
+TIME_SKIPPING, LOCAL = "time-skipping", "local"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--workflow-environment",
+        default=TIME_SKIPPING,
+        help="where the workflow-logic tests run: time-skipping (default: Temporal's test server), local (the dev "
+        "server, real time), or HOST:PORT of a running server; tests marked real_server run on the dev server "
+        "unless an address is given",
     )
-    await search_attributes.register(env.client)  # the fleet view's (no start flag for this server)
-    yield env
-    await env.shutdown()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "real_server: needs a real Temporal server (real time, reset, continue-as-new chains, child workflows, the "
+        "temporal CLI): runs on the dev server, or on --workflow-environment HOST:PORT",
+    )
+
+
+class Environments:
+    """The Temporal environments of a session, started at first use and shut down at its end."""
+
+    def __init__(self, option: str) -> None:
+        self.option = option
+        self._started: dict[str, WorkflowEnvironment] = {}
+
+    def kind(self, real_server: bool) -> str:
+        """The environment a test gets: the option's, but the dev server for a ``real_server`` test
+        where the option names the time-skipping server."""
+        return LOCAL if real_server and self.option == TIME_SKIPPING else self.option
+
+    async def get(self, kind: str) -> WorkflowEnvironment:
+        if kind not in self._started:
+            self._started[kind] = await self._start(kind)
+        return self._started[kind]
+
+    @staticmethod
+    async def _start(kind: str) -> WorkflowEnvironment:
+        if kind == TIME_SKIPPING:
+            env = await WorkflowEnvironment.start_time_skipping(
+                test_server_existing_path=installed_binary("temporal-test-server"),
+                data_converter=pydantic_data_converter,
+            )
+            await search_attributes.register(env.client)  # the fleet view's (no start flag for this server)
+            return env
+        if kind == LOCAL:
+            return await WorkflowEnvironment.start_local(
+                dev_server_existing_path=installed_binary("temporal"),
+                data_converter=pydantic_data_converter,
+                ip="127.0.0.1",
+                dev_server_log_level="error",
+                dev_server_extra_args=["--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'],
+                search_attributes=fleet.ALL,
+            )
+        client = await Client.connect(kind, data_converter=pydantic_data_converter)
+        await search_attributes.register(client)
+        return WorkflowEnvironment.from_client(client)
+
+    async def shutdown(self) -> None:
+        for env in self._started.values():
+            await env.shutdown()
 
 
 @pytest_asyncio.fixture(scope="session")
-async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
-    """Temporal's dev server (real time, the real server's continue-as-new and child workflows)."""
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=installed_binary("temporal"),
-        data_converter=pydantic_data_converter,
-        ip="127.0.0.1",
-        dev_server_log_level="error",
-        dev_server_extra_args=["--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'],
-        search_attributes=fleet.ALL,
-    )
-    yield env
-    await env.shutdown()
+async def environments(request: pytest.FixtureRequest) -> AsyncIterator[Environments]:
+    """The session's Temporal environments (``Environments``)."""
+    envs = Environments(request.config.getoption("--workflow-environment"))
+    yield envs
+    await envs.shutdown()
+
+
+@pytest_asyncio.fixture
+async def temporal_env(request: pytest.FixtureRequest, environments: Environments) -> WorkflowEnvironment:
+    """The test's Temporal environment: ``--workflow-environment``'s, or the dev server for a test
+    marked ``real_server`` (``Environments.kind``)."""
+    return await environments.get(environments.kind(request.node.get_closest_marker("real_server") is not None))
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpda
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     STREAM,
     consume,

@@ -20,8 +20,8 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from tests.helpers import resumption_worker, run_module, start
-from tests.secure import ACL_FILE, ACL_USER, ROOT, SECRET, acl_redis
+from tests.support.helpers import resumption_worker, run_module, start
+from tests.support.secure import ACL_FILE, ACL_USER, ROOT, SECRET, acl_redis
 from xmc_resumption.activities.requests import (
     AcquireRequest,
     BacklogRequest,
@@ -40,6 +40,8 @@ from xmc_resumption.redisclient.acl import denial_message
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
 from xmc_resumption.redisclient.scripts import source
 from xmc_resumption.services import free_port
+
+pytestmark = pytest.mark.real_server
 
 STREAM = "xmc-tasks-stream"
 GROUP = "xmc-workers"
@@ -161,7 +163,8 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     assert (await deadletter.set_aside(user, keys, 1, back_id.decode())).status.value == "set_aside"
     [(dead_id, _, _)] = await deadletter.dead_letters(user, keys)
     assert await deadletter.drop(user, keys, dead_id)
-    assert await env.run(acts.release_claim, ReleaseRequest(ref=ref, token=1, owner="w1", back_to_paused=True)) == 1
+    released = await env.run(acts.release_claim, ReleaseRequest(ref=ref, token=1, owner="w1", back_to_paused=True))
+    assert released.token == 1
     # the memory guard's reading, directly and from a script (registered: SCRIPT LOAD + EVALSHA)
     assert (await user.info("memory"))["used_memory"] > 0
     assert b"used_memory:" in await user.register_script("return redis.call('INFO', 'memory')")()
@@ -300,7 +303,7 @@ async def test_the_plan_runs_as_the_acl_user_and_names_what_a_rule_refuses(
 
 
 async def test_the_cli_and_one_replay_run_as_the_acl_user(
-    admin: Redis, acl_urls: tuple[str, str], dev_env: WorkflowEnvironment, task_queue: str
+    admin: Redis, acl_urls: tuple[str, str], temporal_env: WorkflowEnvironment, task_queue: str
 ) -> None:
     """``xmc pause``, ``enqueue``, ``status``, ``resume --wait`` and ``dead`` as the ACL user, with a
     worker whose Redis client is the ACL user's: the replay completes, every task reaches the
@@ -308,12 +311,12 @@ async def test_the_cli_and_one_replay_run_as_the_acl_user(
     env = {
         "XMC_REDIS_URL": acl_urls[1],
         "XMC_TASK_QUEUE": task_queue,
-        "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
     }
     await admin.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     for args in (["pause", "A5"], ["enqueue", "A5", "--count", "40"]):
         assert run_module("xmc_resumption", *args, **env).returncode == 0
-    async with resumption_worker(dev_env.client, task_queue, acl_urls[1]):
+    async with resumption_worker(temporal_env.client, task_queue, acl_urls[1]):
         # in a thread: the worker runs on this event loop while the command waits for the result
         resume = ("resume", "A5", "--batch", "15", "--threshold", "100", "--wait", "--json")
         proc = await asyncio.to_thread(run_module, "xmc_resumption", *resume, timeout=60, **env)
@@ -330,14 +333,14 @@ async def test_the_cli_and_one_replay_run_as_the_acl_user(
 
 
 async def test_a_refusal_fails_the_replay_at_once_and_hands_the_experiment_back(
-    admin: Redis, narrow_url: str, dev_env: WorkflowEnvironment, task_queue: str
+    admin: Redis, narrow_url: str, temporal_env: WorkflowEnvironment, task_queue: str
 ) -> None:
     keys = ExperimentKeys(STREAM, "A6")
     await held.pause(admin, keys)
     for i in range(3):
         await held.enqueue_task(admin, keys, {"task": f"t{i}"})
-    async with resumption_worker(dev_env.client, task_queue, narrow_url):
-        handle = await start(dev_env.client, task_queue, experiment_id="A6")
+    async with resumption_worker(temporal_env.client, task_queue, narrow_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id="A6")
         with pytest.raises(WorkflowFailureError) as err:
             await handle.result()
     cause = err.value.cause

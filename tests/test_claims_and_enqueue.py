@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from tests.helpers import STREAM, fill_backlog, hold_tasks, resumption_worker, start, throttled, wait_for
+from tests.support.helpers import STREAM, fill_backlog, hold_tasks, resumption_worker, start, throttled, wait_for
 from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import publish_batch
@@ -75,7 +75,7 @@ async def test_newest_claim_wins_and_stale_tokens_are_fenced(redis: Redis) -> No
     assert old.fenced and old.current_token == 2
     new = await fencing.check_claim(redis, KEYS, second.token, "b", 60_000)
     assert not new.fenced and new.state is ExperimentState.RESUMING
-    assert not await fencing.release_claim(redis, KEYS, first.token, back_to_paused=True)
+    assert not (await fencing.release_claim(redis, KEYS, first.token, back_to_paused=True)).token
     assert await held.get_state(redis, KEYS) is ExperimentState.RESUMING
     assert (await fencing.claim_info(redis, KEYS))["owner"] == "b"
 
@@ -102,7 +102,7 @@ async def test_lapsed_lease_is_reestablished_for_the_current_token(redis: Redis)
 async def test_release_can_hand_the_experiment_back_as_paused(redis: Redis) -> None:
     await held.pause(redis, KEYS)
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
-    assert await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True) == 1
+    assert (await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True)).token == 1
     assert await held.get_state(redis, KEYS) is ExperimentState.PAUSED
     assert not await redis.exists(KEYS.claim)
     assert await fencing.current_token(redis, KEYS) == 2  # the released token is revoked
@@ -114,15 +114,18 @@ async def test_a_released_token_is_fenced_for_good(redis: Redis) -> None:
     check = await fencing.check_claim(redis, KEYS, grant.token, "a", 60_000)
     assert check.fenced and not check.reestablished
     assert not await redis.exists(KEYS.claim)
-    assert await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=False) == 0
+    again = await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=False)
+    assert (again.token, again.repeated) == (grant.token, True)  # its own release, recorded: nothing changes
+    assert await fencing.current_token(redis, KEYS) == grant.token + 1
 
 
 async def test_release_by_owner_when_the_token_is_unknown(redis: Redis) -> None:
     await held.pause(redis, KEYS)
     grant = await fencing.acquire_claim(redis, KEYS, "resumption-E1", 60_000)
-    assert await fencing.release_claim(redis, KEYS, 0, owner="someone-else", back_to_paused=True) == 0
+    assert (await fencing.release_claim(redis, KEYS, 0, owner="someone-else", back_to_paused=True)).token == 0
     assert await held.get_state(redis, KEYS) is ExperimentState.RESUMING
-    assert await fencing.release_claim(redis, KEYS, 0, owner="resumption-E1", back_to_paused=True) == grant.token
+    by_owner = await fencing.release_claim(redis, KEYS, 0, owner="resumption-E1", back_to_paused=True)
+    assert by_owner.token == grant.token
     assert await held.get_state(redis, KEYS) is ExperimentState.PAUSED
     assert (await fencing.check_claim(redis, KEYS, grant.token, "resumption-E1", 60_000)).fenced
 
@@ -198,8 +201,9 @@ async def test_tokens_compare_as_integers_whatever_their_length(redis: Redis, co
     assert (await publish(redis, counter + 5)).status is PublishStatus.FENCE_LOST
     moved = await publish(redis, grant.token)
     assert (moved.status, moved.moved) == (PublishStatus.COMPLETED, 4)
-    assert await fencing.release_claim(redis, KEYS, stale, owner="old", back_to_paused=False) == 0
-    assert await fencing.release_claim(redis, KEYS, grant.token, owner="me", back_to_paused=False) == grant.token
+    assert (await fencing.release_claim(redis, KEYS, stale, owner="old", back_to_paused=False)).token == 0
+    released = await fencing.release_claim(redis, KEYS, grant.token, owner="me", back_to_paused=False)
+    assert released.token == grant.token
     assert await fencing.current_token(redis, KEYS) == counter + 2
 
 
@@ -218,7 +222,9 @@ async def test_a_fence_counter_that_is_no_token_is_refused_alike_in_lua_and_pyth
     assert await redis.xlen(KEYS.held) == 1 and await redis.xlen(KEYS.dead) == 0
 
 
-async def test_a_replay_whose_token_is_one_digit_shorter_ends_fenced(ts_env, redis, redis_url, task_queue) -> None:
+async def test_a_replay_whose_token_is_one_digit_shorter_ends_fenced(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """A run holding token 9 when a newer claim takes 10: outcome ``fenced`` (a takeover), not
     ``fence_lost`` (data loss), and it publishes nothing more."""
     e = "E9to10"
@@ -226,11 +232,11 @@ async def test_a_replay_whose_token_is_one_digit_shorter_ends_fenced(ts_env, red
     await fill_backlog(redis, 5)
     keys = ExperimentKeys(STREAM, e)
     await redis.set(keys.fence, 8)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
         progress = await wait_for(handle, throttled)
         newer = await fencing.acquire_claim(redis, keys, "someone-else", 60_000)
-        await ts_env.sleep(15)  # past the throttle wait: the next check sees the newer token
+        await temporal_env.sleep(15)  # past the throttle wait: the next check sees the newer token
         result = await handle.result()
     assert (progress.token, newer.token) == (9, 10)
     assert (result.outcome, result.token, result.replayed) == (Outcome.FENCED, 9, 0)

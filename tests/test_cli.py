@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 from redis.asyncio import Redis
 
-from tests.helpers import xmc_process
+from tests.support.helpers import xmc_process
 from xmc_resumption.cli import INPUT_OPTIONS, main
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys

@@ -11,13 +11,16 @@ import sys
 import threading
 import uuid
 
+import pytest
 from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker
+from tests.support.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker
 from tests.test_cli import Xmc, one_line, xmc_fixture  # noqa: F401  (the fixture)
 from tests.test_cli_temporal import ROOT, _read_lines, address, until
 from xmc_resumption.redisclient import ratecap
+
+pytestmark = pytest.mark.real_server
 
 
 async def test_rate_shows_sets_and_clears_the_stream_cap(redis: Redis, xmc: Xmc) -> None:
@@ -54,7 +57,7 @@ def test_resume_and_set_check_the_rate_cap_by_the_model(xmc: Xmc) -> None:
 
 
 async def test_the_eta_in_wait_status_and_list_and_a_live_rate_cap(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
 ) -> None:
     """A replay of 600 tasks (fixed 1 s waits at threshold 30) to a consumer at 200/s: once a rate
     is measured, ``--wait``'s lines, ``xmc status`` and ``xmc list`` show an ETA; ``xmc set
@@ -63,13 +66,13 @@ async def test_the_eta_in_wait_status_and_list_and_a_live_rate_cap(
     e = f"R{uuid.uuid4().hex[:6]}"
     await hold_tasks(redis, e, 600)
     await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
-    env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
-    proc_env = {"PATH": "/usr/bin:/bin", "XMC_REDIS_URL": redis_url, "TEMPORAL_ADDRESS": address(dev_env)}
+    env = {"temporal": address(temporal_env), "XMC_TASK_QUEUE": task_queue}
+    proc_env = {"PATH": "/usr/bin:/bin", "XMC_REDIS_URL": redis_url, "TEMPORAL_ADDRESS": address(temporal_env)}
     stop, seen = asyncio.Event(), []  # type: ignore[var-annotated]
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20, rate=200))
     err_lines: list[str] = []
     try:
-        async with resumption_worker(dev_env.client, task_queue, redis_url):
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
             resume = ("resume", e, "--threshold", "30", "--throttle-seconds", "1", "--wait")
             waiting = subprocess.Popen(
                 [sys.executable, "-m", "xmc_resumption", *resume],

@@ -26,7 +26,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     consume,
     fill_backlog,
@@ -39,6 +39,8 @@ from tests.helpers import (
 from tests.test_cli import Ran, Xmc, one_line, xmc_fixture  # noqa: F401  (the fixture)
 from xmc_resumption.client import XmcClient
 from xmc_resumption.services import installed_binary
+
+pytestmark = pytest.mark.real_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,16 +60,16 @@ async def until(check: Callable[[], Ran], ok: Callable[[Ran], bool], timeout: fl
 
 
 async def test_resume_wait_completes_and_the_fleet_view_shows_it(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
 ) -> None:
     experiment = f"L{uuid.uuid4().hex[:8]}"
     names = await hold_tasks(redis, experiment, 300)
     await redis.xgroup_create("xmc-tasks-stream", GROUP, id="0", mkstream=True)
-    env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
+    env = {"temporal": address(temporal_env), "XMC_TASK_QUEUE": task_queue}
     stop, seen = asyncio.Event(), []
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=50))
     try:
-        async with resumption_worker(dev_env.client, task_queue, redis_url):
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
             ran = await asyncio.to_thread(
                 xmc,
                 "resume",
@@ -104,7 +106,7 @@ async def test_resume_wait_completes_and_the_fleet_view_shows_it(
         "completed",
         "completed",
     )
-    newest = (await dev_env.client.get_workflow_handle(doc["workflow_id"]).describe()).run_id
+    newest = (await temporal_env.client.get_workflow_handle(doc["workflow_id"]).describe()).run_id
     assert (row["replayed"], row["remaining"], row["run_id"]) == (300, 0, newest)
     assert newest != doc["run_id"]
     text = await asyncio.to_thread(xmc, "list", "--experiment", experiment, **env)
@@ -128,19 +130,19 @@ def _read_lines(stream: object, lines: list[str]) -> None:
 
 
 async def test_wait_warns_without_consumers_then_set_and_stop(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
 ) -> None:
     experiment = f"W{uuid.uuid4().hex[:8]}"
     await hold_tasks(redis, experiment, 60)
     await fill_backlog(redis, 5)  # the group exists, no consumer ever reads: backlog 5 = the threshold
-    env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
+    env = {"temporal": address(temporal_env), "XMC_TASK_QUEUE": task_queue}
     proc_env = {
         "PATH": "/usr/bin:/bin",
         "XMC_REDIS_URL": redis_url,
-        "TEMPORAL_ADDRESS": address(dev_env),
+        "TEMPORAL_ADDRESS": address(temporal_env),
         "XMC_TASK_QUEUE": task_queue,
     }
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         waiting = subprocess.Popen(
             [
                 sys.executable,
@@ -252,7 +254,7 @@ def temporal_start(env: WorkflowEnvironment, task_queue: str, workflow_id: str, 
 
 
 async def test_temporal_cli_start_while_one_runs_attaches_and_drops_the_input(
-    dev_env: WorkflowEnvironment, redis: Redis, task_queue: str, xmc: Xmc
+    temporal_env: WorkflowEnvironment, redis: Redis, task_queue: str, xmc: Xmc
 ) -> None:
     """What docs/operating.md says of the Temporal CLI (1.9.1): a second ``temporal workflow start`` of a
     running resumption prints the running run's ID and exits 0, with or without
@@ -260,25 +262,25 @@ async def test_temporal_cli_start_while_one_runs_attaches_and_drops_the_input(
     dropped. ``xmc resume`` refuses instead. No worker polls the task queue, so the run stays open."""
     experiment = f"T{uuid.uuid4().hex[:8]}"
     workflow_id = f"resumption-{experiment}"
-    first = temporal_start(dev_env, task_queue, workflow_id, {"experiment_id": experiment})
+    first = temporal_start(temporal_env, task_queue, workflow_id, {"experiment_id": experiment})
     assert first.returncode == 0, first.stderr
     run_id = re.search(r"RunId\s+(\S+)", first.stdout).group(1)  # type: ignore[union-attr]
-    handle = dev_env.client.get_workflow_handle(workflow_id)
+    handle = temporal_env.client.get_workflow_handle(workflow_id)
     try:
         for flags in ([], ["--id-conflict-policy", "Fail"], ["--id-reuse-policy", "RejectDuplicate"]):
             second = temporal_start(
-                dev_env, task_queue, workflow_id, {"experiment_id": experiment, "batch_size": 7}, *flags
+                temporal_env, task_queue, workflow_id, {"experiment_id": experiment, "batch_size": 7}, *flags
             )
             assert (second.returncode, second.stderr) == (0, ""), (flags, second.stderr)
             assert re.search(r"RunId\s+(\S+)", second.stdout).group(1) == run_id, (flags, second.stdout)  # type: ignore[union-attr]
-        runs = [w async for w in dev_env.client.list_workflows(f"WorkflowId = '{workflow_id}'")]
+        runs = [w async for w in temporal_env.client.list_workflows(f"WorkflowId = '{workflow_id}'")]
         assert [(w.run_id, w.status) for w in runs] == [(run_id, WorkflowExecutionStatus.RUNNING)]
         history = await handle.fetch_history()
         started = history.events[0].workflow_execution_started_event_attributes
         assert json.loads(started.input.payloads[0].data) == {"experiment_id": experiment}  # batch_size 7 dropped
 
         await hold_tasks(redis, experiment, 1)
-        env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
+        env = {"temporal": address(temporal_env), "XMC_TASK_QUEUE": task_queue}
         listed = await asyncio.to_thread(xmc, "list", "--running", "--experiment", experiment, "--json", **env)
         rows = json.loads(listed.stdout)["resumptions"]
         assert [(r["workflow_id"], r["run_id"], r["status"], r["phase"]) for r in rows] == [
@@ -293,7 +295,7 @@ async def test_temporal_cli_start_while_one_runs_attaches_and_drops_the_input(
 
 
 async def test_wait_warns_when_no_worker_answers_and_ctrl_c_leaves_the_run(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
     """No worker polls the task queue: ``--wait`` says so after 10 s instead of waiting silently;
     Ctrl-C ends the command with 130 and says the run goes on."""
@@ -305,7 +307,7 @@ async def test_wait_warns_when_no_worker_answers_and_ctrl_c_leaves_the_run(
         env={
             "PATH": "/usr/bin:/bin",
             "XMC_REDIS_URL": redis_url,
-            "TEMPORAL_ADDRESS": address(dev_env),
+            "TEMPORAL_ADDRESS": address(temporal_env),
             "XMC_TASK_QUEUE": task_queue,
         },
         stdout=subprocess.PIPE,
@@ -325,7 +327,7 @@ async def test_wait_warns_when_no_worker_answers_and_ctrl_c_leaves_the_run(
         if waiting.poll() is None:
             waiting.kill()
             waiting.wait()
-        await dev_env.client.get_workflow_handle(f"resumption-{experiment}").terminate()
+        await temporal_env.client.get_workflow_handle(f"resumption-{experiment}").terminate()
     reader.join(timeout=5)
     out = waiting.stdout.read()  # type: ignore[union-attr]
     assert waiting.returncode == 130, err_lines
@@ -357,7 +359,7 @@ async def _terminate(client: Client, *experiments: str) -> None:
 
 
 async def test_resume_starts_several_experiments_each_checked(
-    dev_env: WorkflowEnvironment, redis: Redis, task_queue: str, xmc: Xmc
+    temporal_env: WorkflowEnvironment, redis: Redis, task_queue: str, xmc: Xmc
 ) -> None:
     """``xmc resume E1 E2``: one line per started run, on the ``--task-queue`` given (else
     ``XMC_TASK_QUEUE``); a refusal of one starts none; one already running is reported (exit 2)
@@ -366,14 +368,14 @@ async def test_resume_starts_several_experiments_each_checked(
     r1, r2, r3, r4, idle = (f"M{tag}-{i}" for i in range(5))
     for e in (r1, r2, r3, r4):
         await hold_tasks(redis, e, 2)
-    env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
+    env = {"temporal": address(temporal_env), "XMC_TASK_QUEUE": task_queue}
     try:
         ran = await asyncio.to_thread(xmc, "resume", r1, r2, "--task-queue", f"{task_queue}-x", "--batch", "9", **env)
         assert (ran.returncode, ran.stderr) == (0, ""), ran
         lines = ran.stdout.splitlines()
         assert [line.split(" (run ")[0] for line in lines] == [f"started resumption-{r1}", f"started resumption-{r2}"]
         for e, line in zip((r1, r2), lines, strict=True):
-            desc = await dev_env.client.get_workflow_handle(f"resumption-{e}").describe()
+            desc = await temporal_env.client.get_workflow_handle(f"resumption-{e}").describe()
             assert (desc.task_queue, desc.run_id) == (f"{task_queue}-x", line.split(" (run ")[1].rstrip(")"))
 
         refused = await asyncio.to_thread(xmc, "resume", r3, idle, **env)
@@ -384,7 +386,7 @@ async def test_resume_starts_several_experiments_each_checked(
             "(--force starts the workflow anyway)",
         )
         with pytest.raises(RPCError):  # the refusal of one started none
-            await dev_env.client.get_workflow_handle(f"resumption-{r3}").describe()
+            await temporal_env.client.get_workflow_handle(f"resumption-{r3}").describe()
 
         partial = await asyncio.to_thread(xmc, "resume", r1, r3, "--json", **env)
         assert partial.returncode == 2 and len(partial.stderr.splitlines()) == 1, partial
@@ -396,25 +398,25 @@ async def test_resume_starts_several_experiments_each_checked(
         single = await asyncio.to_thread(xmc, "resume", r4, "--json", **env)
         doc = json.loads(single.stdout)  # one experiment: the document of one run, as before
         assert (doc["workflow_id"], doc["input"]["experiment_id"]) == (f"resumption-{r4}", r4)
-        desc = await dev_env.client.get_workflow_handle(f"resumption-{r4}").describe()
+        desc = await temporal_env.client.get_workflow_handle(f"resumption-{r4}").describe()
         assert desc.task_queue == task_queue  # XMC_TASK_QUEUE
         shown = " ".join((await asyncio.to_thread(xmc, "resume", "--help")).stdout.split())
         assert "EXPERIMENT_ID..." in shown and "--task-queue TASK-QUEUE the task queue the workers poll" in shown
         assert "[default: (XMC_TASK_QUEUE, else xmc-resumption)]" in shown
     finally:
-        await _terminate(dev_env.client, r1, r2, r3, r4)
+        await _terminate(temporal_env.client, r1, r2, r3, r4)
 
 
 async def test_resume_wait_follows_several_runs_and_exits_1_when_one_ends_without_a_result(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     first, second = f"V{tag}-1", f"V{tag}-2"
     for e in (first, second):
         await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)  # no consumer reads: both runs throttle at threshold 5
-    env = {"temporal": address(dev_env), "XMC_TASK_QUEUE": task_queue}
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    env = {"temporal": address(temporal_env), "XMC_TASK_QUEUE": task_queue}
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         waiting = asyncio.create_task(
             asyncio.to_thread(
                 xmc, "resume", first, second, "--threshold", "5", "--throttle-seconds", "1", "--wait", "--json", **env
@@ -422,14 +424,14 @@ async def test_resume_wait_follows_several_runs_and_exits_1_when_one_ends_withou
         )
         try:
             for e in (first, second):
-                await _started(dev_env.client, e)
-                await wait_for(dev_env.client.get_workflow_handle(f"resumption-{e}"), throttled)
-            await dev_env.client.get_workflow_handle(f"resumption-{first}").terminate("gone")
+                await _started(temporal_env.client, e)
+                await wait_for(temporal_env.client.get_workflow_handle(f"resumption-{e}"), throttled)
+            await temporal_env.client.get_workflow_handle(f"resumption-{first}").terminate("gone")
             # not with xmc stop: the xmc fixture captures one command's output at a time
-            assert (await XmcClient(redis, dev_env.client).stop(second)).settings.stopping
+            assert (await XmcClient(redis, temporal_env.client).stop(second)).settings.stopping
             ran = await asyncio.wait_for(waiting, 60)
         finally:
-            await _terminate(dev_env.client, first, second)
+            await _terminate(temporal_env.client, first, second)
     assert ran.returncode == 1, ran
     runs = json.loads(ran.stdout)["resumptions"]
     assert [r["workflow_id"] for r in runs] == [f"resumption-{first}", f"resumption-{second}"]

@@ -17,8 +17,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from tests.proxy import LosingProxy, losing_proxy
-from tests.secure import ROOT
+from tests.support.proxy import LosingProxy, losing_proxy
+from tests.support.secure import ROOT
 from xmc_resumption.client import Enqueued, XmcClient, XmcSyncClient
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.deadletter import MAX_TASK_FIELDS

@@ -19,11 +19,13 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import GROUP, STREAM, fill_backlog, hold_tasks, resumption_worker, stream_tasks, wait_for
+from tests.support.helpers import GROUP, STREAM, fill_backlog, hold_tasks, resumption_worker, stream_tasks, wait_for
 from xmc_resumption.client import FleetRow, NothingToResumeError, ResumeError, XmcClient, XmcSyncClient
 from xmc_resumption.errors import OperatorError
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import ControlChange, Phase, ResumptionInput
+
+pytestmark = pytest.mark.real_server
 
 
 def ids(prefix: str, n: int) -> list[str]:
@@ -33,10 +35,10 @@ def ids(prefix: str, n: int) -> list[str]:
 
 @pytest_asyncio.fixture
 async def client(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> AsyncIterator[XmcClient]:
     async with XmcClient.from_settings(
-        Settings(redis_url=redis_url, task_queue=task_queue), temporal=dev_env.client
+        Settings(redis_url=redis_url, task_queue=task_queue), temporal=temporal_env.client
     ) as made:
         yield made
 
@@ -59,7 +61,7 @@ async def not_started(client: Client, experiment: str) -> bool:
 
 
 async def test_resume_checks_every_experiment_before_it_starts_any(
-    client: XmcClient, dev_env: WorkflowEnvironment, redis: Redis, task_queue: str
+    client: XmcClient, temporal_env: WorkflowEnvironment, redis: Redis, task_queue: str
 ) -> None:
     """No worker polls: the runs stay open, so a second start of one finds it running."""
     a, b, c, d, e = ids("K", 5)
@@ -71,7 +73,7 @@ async def test_resume_checks_every_experiment_before_it_starts_any(
             match=rf"experiment {b} has no key on xmc-tasks-stream \(never paused here: .*\): nothing to resume",
         ):
             await client.resume_many([a, b])
-        assert await not_started(dev_env.client, a)  # a refusal starts none
+        assert await not_started(temporal_env.client, a)  # a refusal starts none
         with pytest.raises(ValidationError, match="batch_size"):
             await client.resume(a, batch_size=0)
         await redis.config_set("maxmemory-policy", "allkeys-lru")
@@ -80,7 +82,7 @@ async def test_resume_checks_every_experiment_before_it_starts_any(
                 await client.resume(a)
         finally:
             await redis.config_set("maxmemory-policy", "noeviction")
-        assert await not_started(dev_env.client, a)
+        assert await not_started(temporal_env.client, a)
 
         handles = await client.resume_many([a, c, a], batch_size=7)  # given twice: started once
         assert [h.id for h in handles] == [f"resumption-{a}", f"resumption-{c}"]
@@ -104,15 +106,15 @@ async def test_resume_checks_every_experiment_before_it_starts_any(
         with pytest.raises(TypeError, match="not both"):
             await client.resume(ResumptionInput(experiment_id=e), batch_size=3)
     finally:
-        await terminate(dev_env.client, a, b, c, d, e)
+        await terminate(temporal_env.client, a, b, c, d, e)
 
 
 async def test_resume_stop_configure_status_and_list(
-    client: XmcClient, dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+    client: XmcClient, temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
     done, stopped = ids("R", 2)
     names = await hold_tasks(redis, done, 20)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         # no group yet: under 'zero' the stream's entries (fewer than the threshold) are the backlog
         handle = await client.resume(done, missing_group="zero")
         result = await handle.result()
@@ -151,18 +153,18 @@ async def test_resume_stop_configure_status_and_list(
 
 
 async def test_the_sync_client_resumes_and_waits_on_its_own_event_loop(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, monkeypatch: pytest.MonkeyPatch
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The blocking client connects to Temporal through envconfig, like ``xmc``; its calls run in a
     thread here because the test's worker runs on the test's event loop."""
     [experiment] = ids("Y", 1)
-    monkeypatch.setenv("TEMPORAL_ADDRESS", dev_env.client.service_client.config.target_host)
+    monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_env.client.service_client.config.target_host)
     sync = XmcSyncClient.from_settings(Settings(redis_url=redis_url, task_queue=task_queue))
     try:
         await asyncio.to_thread(sync.pause, experiment)
         await asyncio.to_thread(sync.enqueue_many, experiment, [{"task": f"t{i}"} for i in range(10)])
         await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)  # the consumers' group
-        async with resumption_worker(dev_env.client, task_queue, redis_url):
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
             [handle] = await asyncio.to_thread(sync.resume_many, [experiment])
             result = await asyncio.to_thread(sync.result, handle)
         assert (result.outcome.value, result.replayed) == ("completed", 10)
@@ -179,5 +181,5 @@ async def test_the_sync_client_resumes_and_waits_on_its_own_event_loop(
         assert started.id == f"resumption-{experiment}"
     finally:
         await asyncio.to_thread(sync.close)
-        await terminate(dev_env.client, experiment)
+        await terminate(temporal_env.client, experiment)
     assert [f[b"task"] for _, f in await redis.xrange("xmc-tasks-stream")] == [f"t{i}".encode() for i in range(10)]

@@ -1,4 +1,4 @@
-"""Redis Cluster (issue 8, item 2): a 3-primary cluster on loopback ports (``tests.cluster``).
+"""Redis Cluster (issue 8, item 2): a 3-primary cluster on loopback ports (``tests.support.cluster``).
 
 The Redis layer's tests of the other modules run here again against the cluster client: they are
 imported below, and this module's ``redis`` fixture (a cluster client) replaces conftest's for
@@ -25,8 +25,8 @@ from redis.exceptions import ConnectionError, MovedError, ResponseError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.cluster import LocalCluster, local_cluster
-from tests.helpers import GROUP, STREAM, history_calls
+from tests.support.cluster import LocalCluster, local_cluster
+from tests.support.helpers import GROUP, STREAM, history_calls
 from tests.test_backlog import (  # noqa: F401  (collected again here, against the cluster)
     test_backlog_case,
     test_lag_count_stops_just_past_the_threshold,
@@ -101,6 +101,8 @@ from xmc_resumption.services import free_port
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import Outcome, ResumptionInput, ResumptionResult, ThrottlePolicy
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+pytestmark = pytest.mark.real_server
 
 OTHER_STREAM = "clicks"
 """A second task stream: slot 12981, served by another primary than ``STREAM`` (slot 5175) in the
@@ -308,7 +310,7 @@ async def replay(
 
 
 async def test_replays_on_two_primaries_and_one_slot_moved_mid_run_deliver_every_task_once(
-    dev_env: WorkflowEnvironment, cluster: LocalCluster, redis: RedisCluster
+    temporal_env: WorkflowEnvironment, cluster: LocalCluster, redis: RedisCluster
 ) -> None:
     """Two experiments on two streams served by different primaries, replayed at once by one
     worker on its own cluster client (dev server: real time, as in production); the second holds
@@ -332,7 +334,7 @@ async def test_replays_on_two_primaries_and_one_slot_moved_mid_run_deliver_every
     worker_redis = cluster_settings(cluster).redis()
     assert isinstance(worker_redis, RedisCluster)
     try:
-        result_a, result_b = await replay(dev_env, worker_redis, redis, [a, b], move_when_under_way())
+        result_a, result_b = await replay(temporal_env, worker_redis, redis, [a, b], move_when_under_way())
         assert worker_redis.get_node_from_key(a.stream).port == third  # the worker's client followed a MOVED
     finally:
         await worker_redis.aclose()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.helpers import GROUP, STREAM
+from tests.support.helpers import GROUP, STREAM
 from xmc_resumption.consumer import run_consumer
 
 

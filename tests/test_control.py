@@ -11,7 +11,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from tests.helpers import (
+from tests.support.helpers import (
     STREAM,
     assert_checked_after_every_wait,
     assert_never_over,
@@ -48,16 +48,21 @@ async def event_types(handle) -> list[int]:  # type: ignore[no-untyped-def]
 
 
 async def test_raising_the_threshold_wakes_the_wait_and_the_replay_goes_on_under_it(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     """Backlog 5 at threshold 5: throttled on a 10 s timer. ``set_threshold 25`` ends the timer at
     once, the next turn checks first, then publishes up to 25 - 5 = 20 (batch 50) in one go."""
     e = experiment()
     names = await hold_tasks(redis, e, 20)
     await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=50, throttle_policy="fixed"
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            batch_size=50,
+            throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
         assert await redis.xlen(STREAM) == 5
@@ -95,9 +100,9 @@ async def test_raising_the_threshold_wakes_the_wait_and_the_replay_goes_on_under
     ],
 )
 async def test_a_bad_value_is_rejected_by_the_validator_and_leaves_nothing_in_history(
-    ts_env, redis, redis_url, task_queue, update, arg, field
+    temporal_env, redis, redis_url, task_queue, update, arg, field
 ) -> None:
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         handle = run.handle
         before = await event_types(handle)
         with pytest.raises(WorkflowUpdateFailedError) as raised:
@@ -119,9 +124,9 @@ async def test_a_bad_value_is_rejected_by_the_validator_and_leaves_nothing_in_hi
 
 
 async def test_the_pause_update_ends_the_run_paused_and_keeps_every_held_task(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         handle, keys = run.handle, run.keys
         effective = await handle.execute_update(ResumptionWorkflow.pause)
         result = await handle.result()
@@ -137,15 +142,15 @@ async def test_the_pause_update_ends_the_run_paused_and_keeps_every_held_task(
     assert EventType.EVENT_TYPE_TIMER_FIRED not in await event_types(handle)
 
 
-async def test_changed_settings_survive_continue_as_new(ts_env, redis, redis_url, task_queue) -> None:
+async def test_changed_settings_survive_continue_as_new(temporal_env, redis, redis_url, task_queue) -> None:
     """Batch 1 and two turns per run: the change of batch size and policy is carried into the runs
     that follow (it is part of the input continue-as-new passes on)."""
     e = experiment()
     names = await hold_tasks(redis, e, 30)
     await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=1, turns_per_run=2
+            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=1, turns_per_run=2
         )
         await wait_for(handle, throttled)
         effective = await handle.execute_update(
@@ -164,8 +169,10 @@ async def test_changed_settings_survive_continue_as_new(ts_env, redis, redis_url
     assert moved and max(moved) <= 7
 
 
-async def test_an_unknown_signal_is_logged_not_silently_dropped(ts_env, redis, redis_url, task_queue, caplog) -> None:
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+async def test_an_unknown_signal_is_logged_not_silently_dropped(
+    temporal_env, redis, redis_url, task_queue, caplog
+) -> None:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         handle = run.handle
         with caplog.at_level(logging.WARNING, logger="temporalio.workflow"):
             await handle.signal("set_threshold", 50)

@@ -13,7 +13,16 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError, WatchError
 
-from tests.helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, xmc_process
+from tests.support.helpers import (
+    GROUP,
+    STREAM,
+    consume,
+    hold_tasks,
+    resumption_worker,
+    start,
+    stream_tasks,
+    xmc_process,
+)
 from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.deadletter import MAX_TASK_FIELDS
 from xmc_resumption.redisclient.keys import ExperimentKeys
@@ -63,7 +72,7 @@ async def test_set_aside_moves_it_byte_for_byte_once_and_only_under_the_current_
     assert await redis.xlen(keys.held) == 2
 
 
-async def test_a_poison_task_does_not_stop_the_replay(ts_env, redis, redis_url, task_queue) -> None:
+async def test_a_poison_task_does_not_stop_the_replay(temporal_env, redis, redis_url, task_queue) -> None:
     """Issue 6's input: 100 held tasks, the 41st with 4,000 fields. The 99 others are replayed in
     order, exactly once; the 41st is in the dead-letter stream, counted in the result and progress."""
     e = f"E{uuid.uuid4().hex[:6]}"
@@ -71,8 +80,8 @@ async def test_a_poison_task_does_not_stop_the_replay(ts_env, redis, redis_url, 
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     stop, seen = asyncio.Event(), []
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=500, batch_size=30)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=500, batch_size=30)
         result = await asyncio.wait_for(handle.result(), 30)
         progress = await handle.query(ResumptionWorkflow.progress)
     stop.set()
@@ -174,7 +183,7 @@ def task_of(fields: int, name: bytes) -> dict[bytes, bytes]:
 
 @pytest.mark.parametrize(("fields", "set_aside"), [(MAX_TASK_FIELDS, 0), (MAX_TASK_FIELDS + 1, 1)])
 async def test_the_most_fields_a_script_moves_is_the_boundary(
-    ts_env, redis, redis_url, task_queue, fields: int, set_aside: int
+    temporal_env, redis, redis_url, task_queue, fields: int, set_aside: int
 ) -> None:
     """A held task of exactly ``MAX_TASK_FIELDS`` (3,995) fields goes through the publish script in
     its place, in order; one of 3,996 is set aside and the replay goes on behind it."""
@@ -184,8 +193,8 @@ async def test_the_most_fields_a_script_moves_is_the_boundary(
     await redis.xadd(keys.held, task_of(fields, b"big"))
     names += [b"big"] + await hold_tasks(redis, e, 2, start=2)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=100)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=100)
         result = await asyncio.wait_for(handle.result(), 30)
     assert (result.outcome, result.replayed, result.set_aside) == (Outcome.COMPLETED, 5 - set_aside, set_aside)
     assert await stream_tasks(redis) == [n for n in names if not (set_aside and n == b"big")]

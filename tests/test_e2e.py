@@ -20,14 +20,26 @@ from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.helpers import GROUP, STREAM, consume, fill_backlog, hold_tasks, scrape, start, stream_tasks, worker_polling
-from tests.parent import ResumeExperimentParent
+from tests.support.helpers import (
+    GROUP,
+    STREAM,
+    consume,
+    fill_backlog,
+    hold_tasks,
+    scrape,
+    start,
+    stream_tasks,
+    worker_polling,
+)
+from tests.support.parent import ResumeExperimentParent
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.services import free_port, installed_binary
 from xmc_resumption.worker import SHUTDOWN_LIMIT_SECONDS
 from xmc_resumption.workflows.models import Outcome, ResumptionInput, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+pytestmark = pytest.mark.real_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,14 +51,14 @@ def metrics_port() -> int:
 
 @contextmanager
 def running_worker(
-    dev_env: WorkflowEnvironment, redis_url: str, task_queue: str, log_path: Path, metrics_port: int | None = None
+    temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str, log_path: Path, metrics_port: int | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m worker`` configured only through the environment, as an operator runs it;
     killed at the end of the block if still running."""
     env = {
         **({"XMC_METRICS_BIND": f"127.0.0.1:{metrics_port}"} if metrics_port else {}),
         **os.environ,
-        "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
         "TEMPORAL_NAMESPACE": "default",
         "XMC_REDIS_URL": redis_url,
         "XMC_TASK_QUEUE": task_queue,
@@ -64,9 +76,9 @@ def running_worker(
 
 
 @pytest.fixture
-def worker_process(dev_env, redis_url, task_queue, tmp_path, metrics_port) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(temporal_env, redis_url, task_queue, tmp_path, metrics_port) -> Iterator[subprocess.Popen[bytes]]:
     """One worker process for the test (see ``running_worker``)."""
-    with running_worker(dev_env, redis_url, task_queue, tmp_path / "worker.log", metrics_port) as proc:
+    with running_worker(temporal_env, redis_url, task_queue, tmp_path / "worker.log", metrics_port) as proc:
         yield proc
 
 
@@ -79,7 +91,7 @@ def temporal_workflow_cli(env: WorkflowEnvironment, *args: str) -> subprocess.Co
     )  # fmt: skip
 
 
-async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_process, metrics_port) -> None:
+async def test_started_from_the_temporal_cli(temporal_env, redis, task_queue, worker_process, metrics_port) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 300)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
@@ -87,15 +99,15 @@ async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20, rate=300))
     payload = {"experiment_id": e, "max_backlog_threshold": 50, "batch_size": 20, "throttle_seconds": 0.5}
     started = temporal_workflow_cli(
-        dev_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue,
+        temporal_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue,
         "--workflow-id", f"resumption-{e}", "--input", json.dumps(payload),
         "--static-summary", f"Resume experiment {e}",
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
-    handle = dev_env.client.get_workflow_handle_for(ResumptionWorkflow.run, f"resumption-{e}")
+    handle = temporal_env.client.get_workflow_handle_for(ResumptionWorkflow.run, f"resumption-{e}")
     result = await asyncio.wait_for(handle.result(), 60)
     queried = temporal_workflow_cli(
-        dev_env, "query", "--workflow-id", f"resumption-{e}", "--type", "progress", "-o", "json"
+        temporal_env, "query", "--workflow-id", f"resumption-{e}", "--type", "progress", "-o", "json"
     )
     stop.set()
     await consumer
@@ -124,14 +136,14 @@ async def test_started_from_the_temporal_cli(dev_env, redis, task_queue, worker_
     assert not [key for key in samples.values if "experiment_id" in dict(key[1])]
 
 
-async def test_bad_cli_input_fails_the_run_naming_the_field(dev_env, redis, task_queue, worker_process) -> None:
+async def test_bad_cli_input_fails_the_run_naming_the_field(temporal_env, redis, task_queue, worker_process) -> None:
     wid = f"resumption-bad-{uuid.uuid4().hex[:6]}"
     started = temporal_workflow_cli(
-        dev_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue,
+        temporal_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue,
         "--workflow-id", wid, "--input", '{"experiment_id": "E", "batch_size": "lots"}',
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
-    handle = dev_env.client.get_workflow_handle(wid, result_type=ResumptionResult)
+    handle = temporal_env.client.get_workflow_handle(wid, result_type=ResumptionResult)
     t0 = time.monotonic()
     with pytest.raises(WorkflowFailureError) as failure:
         await asyncio.wait_for(handle.result(), 30)
@@ -149,32 +161,32 @@ async def test_bad_cli_input_fails_the_run_naming_the_field(dev_env, redis, task
     ids=["two-inputs", "no-input"],
 )
 async def test_the_wrong_number_of_cli_inputs_fails_the_run_at_once(
-    dev_env, redis, task_queue, worker_process, inputs
+    temporal_env, redis, task_queue, worker_process, inputs
 ) -> None:
     """``temporal workflow start`` with two ``--input`` flags or none: the run fails at once, not a
     workflow task retried for ever, and nothing in Redis is touched."""
     wid = f"resumption-args-{uuid.uuid4().hex[:6]}"
     started = temporal_workflow_cli(
-        dev_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue, "--workflow-id", wid, *inputs
+        temporal_env, "start", "--type", "ResumptionWorkflow", "--task-queue", task_queue, "--workflow-id", wid, *inputs
     )
     assert started.returncode == 0, started.stderr
-    handle = dev_env.client.get_workflow_handle(wid, result_type=ResumptionResult)
+    handle = temporal_env.client.get_workflow_handle(wid, result_type=ResumptionResult)
     with pytest.raises(WorkflowFailureError) as failure:
         await asyncio.wait_for(handle.result(), 30)
     assert "positional argument" in str(failure.value.cause)  # e.g. "takes 2 positional arguments but 3 were given"
     assert await redis.dbsize() == 0
 
 
-async def test_started_as_a_child_workflow(dev_env, redis, task_queue, worker_process) -> None:
+async def test_started_as_a_child_workflow(temporal_env, redis, task_queue, worker_process) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 120)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     stop, seen = asyncio.Event(), []
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20))
     parent_queue = f"{task_queue}-parent"
-    async with Worker(dev_env.client, task_queue=parent_queue, workflows=[ResumeExperimentParent]):
+    async with Worker(temporal_env.client, task_queue=parent_queue, workflows=[ResumeExperimentParent]):
         result = await asyncio.wait_for(
-            dev_env.client.execute_workflow(
+            temporal_env.client.execute_workflow(
                 ResumeExperimentParent.run,
                 args=[ResumptionInput(experiment_id=e, max_backlog_threshold=40, throttle_seconds=0.3), task_queue],
                 id=f"parent-{e}",
@@ -186,15 +198,15 @@ async def test_started_as_a_child_workflow(dev_env, redis, task_queue, worker_pr
     await consumer
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 120)
     assert await stream_tasks(redis) == names
-    child = await dev_env.client.get_workflow_handle(f"resumption-{e}").describe()
+    child = await temporal_env.client.get_workflow_handle(f"resumption-{e}").describe()
     assert child.parent_id == f"parent-{e}"
     assert await child.static_summary() == f"Resume experiment {e} into {STREAM} (group {GROUP})"
     assert "threshold: 40 entries" in (await child.static_details() or "")
     assert await held.get_state(redis, ExperimentKeys(STREAM, e)) == "running"
 
 
-async def test_worker_stops_cleanly_on_sigterm(dev_env, task_queue, worker_process) -> None:
-    await worker_polling(dev_env.client, task_queue)
+async def test_worker_stops_cleanly_on_sigterm(temporal_env, task_queue, worker_process) -> None:
+    await worker_polling(temporal_env.client, task_queue)
     assert worker_process.poll() is None
     worker_process.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
@@ -219,7 +231,7 @@ async def until(read: Callable[[], Awaitable[int]], at_least: int, timeout: floa
 
 
 async def test_sigterm_during_back_to_back_polls_stops_the_worker_and_another_finishes(
-    dev_env, redis, redis_url, task_queue, tmp_path
+    temporal_env, redis, redis_url, task_queue, tmp_path
 ) -> None:
     """An adaptive replay whose every wait is a poll (``max_wait_seconds`` 2, nobody draining)
     keeps its workflow task open with local activities back to back. SIGTERM still stops the
@@ -230,9 +242,9 @@ async def test_sigterm_during_back_to_back_polls_stops_the_worker_and_another_fi
     await fill_backlog(redis, 5)
     await redis.config_resetstat()
     log = tmp_path / "worker.log"
-    with running_worker(dev_env, redis_url, task_queue, log) as first:
+    with running_worker(temporal_env, redis_url, task_queue, log) as first:
         handle = await start(
-            dev_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,
@@ -250,7 +262,7 @@ async def test_sigterm_during_back_to_back_polls_stops_the_worker_and_another_fi
     assert first.returncode == 0 and stopped_in < SHUTDOWN_LIMIT_SECONDS + 5, (first.returncode, stopped_in)
     assert await redis.xlen(STREAM) == 5  # nothing published while nobody drained
     stop, seen = asyncio.Event(), []
-    with running_worker(dev_env, redis_url, task_queue, log):
+    with running_worker(temporal_env, redis_url, task_queue, log):
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
         result = await asyncio.wait_for(handle.result(), 90)
         stop.set()

@@ -14,9 +14,11 @@ import pytest
 from temporalio.service import TLSConfig
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import run_module
-from tests.secure import Certificates, make_certificates
+from tests.support.helpers import run_module
+from tests.support.secure import Certificates, make_certificates
 from xmc_resumption.settings import temporal_connect_config
+
+pytestmark = pytest.mark.real_server
 
 API_KEY = "tmprl-ApiKey-s3cret"
 
@@ -94,11 +96,11 @@ def test_an_api_key_alone_turns_tls_on(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("command", [["xmc_resumption.worker"], ["xmc_resumption", "resume", "V1", "--force"]])
 def test_the_worker_and_the_cli_connect_with_the_profile(
-    command: list[str], certs: Certificates, tmp_path: Path, dev_env: WorkflowEnvironment, redis_url: str
+    command: list[str], certs: Certificates, tmp_path: Path, temporal_env: WorkflowEnvironment, redis_url: str
 ) -> None:
     """The profile names the (plain-text) dev server with TLS on: the TLS handshake fails, so the
     command used the profile's TLS; it says so in one line, without the key or a certificate."""
-    address = dev_env.client.service_client.config.target_host
+    address = temporal_env.client.service_client.config.target_host
     env = {
         "TEMPORAL_CONFIG_FILE": str(profile_file(tmp_path, certs, address)),
         "TEMPORAL_PROFILE": "prod",

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     STREAM,
     consume,
@@ -122,9 +122,9 @@ def test_the_details_show_the_eta_or_why_not() -> None:
     assert "- ETA: 0s (nothing left to move)" in p.details_markdown()
 
 
-async def test_no_eta_before_a_rate(ts_env, redis, redis_url, task_queue) -> None:
+async def test_no_eta_before_a_rate(temporal_env, redis, redis_url, task_queue) -> None:
     """Throttled at its first reading (backlog 5 at threshold 5), nothing drained: no rate, no ETA."""
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         progress = await run.handle.query(ResumptionWorkflow.progress)
         await run.handle.cancel()
         with pytest.raises(WorkflowFailureError):
@@ -142,7 +142,7 @@ async def drain(redis, consumer: str = "c1") -> int:  # type: ignore[no-untyped-
     return len(ids)
 
 
-async def test_the_eta_mid_run_is_the_formulas_and_zero_at_the_end(ts_env, redis, redis_url, task_queue) -> None:
+async def test_the_eta_mid_run_is_the_formulas_and_zero_at_the_end(temporal_env, redis, redis_url, task_queue) -> None:
     """Fixed waits of 1 s at threshold 5; before each wait ends the test drains the stream: 5 tasks
     per second of workflow time. After three waits the net rate is at most 5/s and the ETA is
     ``eta_seconds`` of the progress's own remaining (15), headroom (0) and rate, ``eta_at`` that
@@ -150,9 +150,9 @@ async def test_the_eta_mid_run_is_the_formulas_and_zero_at_the_end(ts_env, redis
     e = f"E{uuid.uuid4().hex[:6]}"
     await hold_tasks(redis, e, 30)
     await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,
@@ -163,10 +163,10 @@ async def test_the_eta_mid_run_is_the_formulas_and_zero_at_the_end(ts_env, redis
         await wait_for(handle, throttled)
         for waits in (2, 3, 4):
             assert await drain(redis) == 5
-            await ts_env.sleep(1)  # the test server's clock: the timer fires
+            await temporal_env.sleep(1)  # the test server's clock: the timer fires
             mid = await wait_for(handle, lambda p, n=waits: p.throttles == n and p.phase is Phase.THROTTLED)
         assert await drain(redis) == 5
-        await ts_env.sleep(1)
+        await temporal_env.sleep(1)
         stop, seen = asyncio.Event(), []
         consumer = asyncio.create_task(consume(redis, "c2", stop, seen))
         done = await handle.result()

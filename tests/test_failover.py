@@ -238,7 +238,7 @@ async def test_a_moved_reply_drops_the_pooled_connections_and_is_retried(servers
 
 
 async def test_a_failover_mid_replay_completes_without_restarting_the_worker(
-    ts_env: WorkflowEnvironment, servers: Servers, task_queue: str
+    temporal_env: WorkflowEnvironment, servers: Servers, task_queue: str
 ) -> None:
     """60 held tasks at threshold 20 with no consumer: the replay publishes 20 and waits. Meanwhile
     A fails over to B behind the worker's address; consumers then drain B, and the same worker
@@ -246,8 +246,8 @@ async def test_a_failover_mid_replay_completes_without_restarting_the_worker(
     e = "F2"
     names = await hold_tasks(servers.a, e, 60)
     await servers.a.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
-    async with resumption_worker(ts_env.client, task_queue, servers.proxy.url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=20, batch_size=7)
+    async with resumption_worker(temporal_env.client, task_queue, servers.proxy.url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=20, batch_size=7)
         progress = await wait_for(handle, throttled)
         assert (progress.replayed, progress.backlog) == (20, 20)
 

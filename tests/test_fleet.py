@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
-from tests.helpers import (
+from tests.support.helpers import (
     STREAM,
     bare_namespace,
     fill_backlog,
@@ -40,6 +40,8 @@ from xmc_resumption.services import installed_binary
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, Phase
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+pytestmark = pytest.mark.real_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,14 +75,14 @@ def attributes(row: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises_its_threshold(
-    dev_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            dev_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,
@@ -88,7 +90,7 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
             throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
-        rows = await listed(dev_env, f'XmcPhase="throttled" AND XmcExperimentId="{e}"')
+        rows = await listed(temporal_env, f'XmcPhase="throttled" AND XmcExperimentId="{e}"')
         assert [r["execution"]["workflowId"] for r in rows] == [f"resumption-{e}"]
         found = attributes(rows[0])
         assert {k: found[k] for k in ("XmcPhase", "XmcStream", "XmcReplayed", "XmcRemaining")} == {
@@ -101,7 +103,7 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
         t0 = time.monotonic()
         updated = await asyncio.to_thread(
             temporal,
-            dev_env, "workflow", "update", "execute", "--workflow-id", f"resumption-{e}",
+            temporal_env, "workflow", "update", "execute", "--workflow-id", f"resumption-{e}",
             "--name", "set_threshold", "--input", "15", "-o", "json",
         )  # fmt: skip
         assert updated.returncode == 0, updated.stderr
@@ -118,7 +120,7 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
     assert elapsed < 20  # not the 60 s the wait had left
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 10)
     assert (await stream_tasks(redis))[5:] == names
-    done = await listed(dev_env, f'XmcOutcome="completed" AND XmcExperimentId="{e}"')
+    done = await listed(temporal_env, f'XmcOutcome="completed" AND XmcExperimentId="{e}"')
     assert {k: attributes(done[0])[k] for k in ("XmcPhase", "XmcReplayed", "XmcRemaining")} == {
         "XmcPhase": "completed",
         "XmcReplayed": 10,
@@ -126,15 +128,15 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
     }
 
 
-async def test_a_rejected_update_leaves_nothing_in_the_history(dev_env, redis, redis_url, task_queue) -> None:
+async def test_a_rejected_update_leaves_nothing_in_the_history(temporal_env, redis, redis_url, task_queue) -> None:
     """On a real server the validator runs in a speculative workflow task: a rejection adds no event,
     whether the Update came from the SDK or the Temporal CLI."""
     e = f"E{uuid.uuid4().hex[:6]}"
     await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            dev_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,
@@ -148,7 +150,7 @@ async def test_a_rejected_update_leaves_nothing_in_the_history(dev_env, redis, r
         # typed at the Temporal CLI: JSON true is no threshold (it was taken as 1 once)
         typed = await asyncio.to_thread(
             temporal,
-            dev_env, "workflow", "update", "execute", "--workflow-id", f"resumption-{e}",
+            temporal_env, "workflow", "update", "execute", "--workflow-id", f"resumption-{e}",
             "--name", "set_threshold", "--input", "true",
         )  # fmt: skip
         after = (await handle.fetch_history()).events
@@ -161,8 +163,8 @@ async def test_a_rejected_update_leaves_nothing_in_the_history(dev_env, redis, r
     assert len(after) == len(before)
 
 
-async def test_the_worker_refuses_a_namespace_without_the_search_attributes(dev_env, tmp_path) -> None:
-    client = dev_env.client
+async def test_the_worker_refuses_a_namespace_without_the_search_attributes(temporal_env, tmp_path) -> None:
+    client = temporal_env.client
     bare = await bare_namespace(client)
     namespace = bare.namespace
     env = {
@@ -185,20 +187,20 @@ async def test_the_worker_refuses_a_namespace_without_the_search_attributes(dev_
     assert await search_attributes.missing_on(bare) == []
 
 
-async def test_a_failed_run_shows_failed_in_the_fleet_view(dev_env, redis, redis_url, task_queue) -> None:
+async def test_a_failed_run_shows_failed_in_the_fleet_view(temporal_env, redis, redis_url, task_queue) -> None:
     """A fault retrying cannot mend (``missing_group: error`` and no group): the run fails, hands the
     experiment back as paused, and visibility says so, not ``replaying`` for ever."""
     e = f"E{uuid.uuid4().hex[:6]}"
     await hold_tasks(redis, e, 3)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await start(dev_env.client, task_queue, experiment_id=e, missing_group="error")
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, missing_group="error")
         with pytest.raises(WorkflowFailureError):
             await asyncio.wait_for(handle.result(), 30)
-    rows = await listed(dev_env, f'XmcPhase="failed" AND XmcOutcome="failed" AND XmcExperimentId="{e}"')
+    rows = await listed(temporal_env, f'XmcPhase="failed" AND XmcOutcome="failed" AND XmcExperimentId="{e}"')
     assert [r["execution"]["workflowId"] for r in rows] == [f"resumption-{e}"]
     assert attributes(rows[0])["XmcRemaining"] == 3
     # and xmc list finds it by that phase (its choices once left "failed" out)
-    address = dev_env.client.service_client.config.target_host
+    address = temporal_env.client.service_client.config.target_host
     xmc = await asyncio.to_thread(
         run_module, "xmc_resumption", "list", "--phase", "failed", "--experiment", e, "--json",
         TEMPORAL_ADDRESS=address, XMC_REDIS_URL=redis_url,
@@ -208,7 +210,7 @@ async def test_a_failed_run_shows_failed_in_the_fleet_view(dev_env, redis, redis
     assert [(r["workflow_id"], r["phase"], r["status"]) for r in found] == [(f"resumption-{e}", "failed", "failed")]
 
 
-async def test_the_pause_update_ends_a_wait_for_redis_at_once(dev_env, redis, redis_url, task_queue) -> None:
+async def test_the_pause_update_ends_a_wait_for_redis_at_once(temporal_env, redis, redis_url, task_queue) -> None:
     """Redis refuses the worker until the run waits on its 10-minute Redis timer; the pause Update
     ends that wait at once. The release cannot reach Redis either and gives up after its bounded
     tries (RELEASE_RETRY), so the run ends ``paused`` within seconds, every task still held, and the
@@ -217,9 +219,9 @@ async def test_the_pause_update_ends_a_wait_for_redis_at_once(dev_env, redis, re
     keys = ExperimentKeys(STREAM, e)
     await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, redis_retry_seconds=600
+            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, redis_retry_seconds=600
         )
         await wait_for(handle, throttled)
         async with redis_outage(redis):

@@ -14,7 +14,16 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import GROUP, STREAM, hold_tasks, resumption_worker, start, stream_tasks, wait_for, xmc_process
+from tests.support.helpers import (
+    GROUP,
+    STREAM,
+    hold_tasks,
+    resumption_worker,
+    start,
+    stream_tasks,
+    wait_for,
+    xmc_process,
+)
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.backlog import MAX_GROUPS, measure_backlog
 from xmc_resumption.redisclient.consumers import idle_consumers
@@ -274,15 +283,15 @@ def experiment() -> str:
 
 
 async def test_the_replay_waits_for_the_group_then_replays_everything_into_it(
-    ts_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
     """No stream and no group at the start: the replay moves nothing, waits in ``waiting_for_group``
     (progress, UI details, fleet phase) naming the stream and the group; once the group is created
     at ``$``, as the consumer libraries do, every task reaches it, in order."""
     e = experiment()
     names = await hold_tasks(redis, e, 12)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, throttle_seconds=5, batch_size=5)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, throttle_seconds=5, batch_size=5)
         progress = await wait_for(handle, lambda p: p.phase is Phase.WAITING_FOR_GROUP)
         assert progress.throttle_reason == (
             f"stream {STREAM} does not exist, so neither does consumer group {GROUP} "
@@ -300,14 +309,16 @@ async def test_the_replay_waits_for_the_group_then_replays_everything_into_it(
 
 
 async def test_a_group_that_never_comes_ends_the_run_stalled_naming_it(
-    ts_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
     e = experiment()
     keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(redis, e, 5)
     await redis.xgroup_create(STREAM, "audit", id="$", mkstream=True)  # another group, not the one required
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, stall_window_seconds=20, max_stall_seconds=60)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(
+            temporal_env.client, task_queue, experiment_id=e, stall_window_seconds=20, max_stall_seconds=60
+        )
         result = await asyncio.wait_for(handle.result(), 30)
         progress = await handle.query("progress")
     assert (result.outcome, result.replayed, result.remaining) == (Outcome.STALLED, 0, 5)

@@ -15,9 +15,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     STREAM,
     consume,
@@ -29,6 +30,8 @@ from tests.helpers import (
     worker_polling,
 )
 from xmc_resumption.workflows.models import Outcome
+
+pytestmark = pytest.mark.real_server
 
 
 def _worker_env(address: str, redis_url: str, task_queue: str, log_format: str) -> dict[str, str]:
@@ -50,11 +53,11 @@ def _records(log: Path) -> list[dict[str, Any]]:
 
 @asynccontextmanager
 async def _worker(
-    dev_env: WorkflowEnvironment, redis_url: str, task_queue: str, log_format: str, log: Path
+    temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str, log_format: str, log: Path
 ) -> AsyncIterator[subprocess.Popen[bytes]]:
     """``python -m worker`` logging to ``log`` in ``log_format``, polling when the block starts;
     stopped by SIGTERM at its end (its exit code is then the process's ``returncode``)."""
-    address = dev_env.client.service_client.config.target_host
+    address = temporal_env.client.service_client.config.target_host
     with open(log, "wb") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "worker"],
@@ -63,7 +66,7 @@ async def _worker(
             stderr=subprocess.STDOUT,
         )
         try:
-            await worker_polling(dev_env.client, task_queue)
+            await worker_polling(temporal_env.client, task_queue)
             yield worker
         finally:
             worker.send_signal(signal.SIGTERM)
@@ -71,14 +74,14 @@ async def _worker(
 
 
 async def test_worker_logs_one_json_object_a_line_with_the_extra_fields(
-    dev_env, redis, redis_url, task_queue, tmp_path
+    temporal_env, redis, redis_url, task_queue, tmp_path
 ) -> None:
     log = tmp_path / "worker.log"
-    async with _worker(dev_env, redis_url, task_queue, "json", log) as worker:
+    async with _worker(temporal_env, redis_url, task_queue, "json", log) as worker:
         e = f"E{uuid.uuid4().hex[:6]}"
         names = await hold_tasks(redis, e, 30)
         await fill_backlog(redis, 10)  # at the threshold: the first turn waits
-        handle = await start(dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=10,
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=10,
                              batch_size=10, throttle_seconds=0.5)  # fmt: skip
         await wait_for(handle, throttled)  # then the consumer drains what holds it back
         stop, seen = asyncio.Event(), []
@@ -111,9 +114,9 @@ async def test_worker_logs_one_json_object_a_line_with_the_extra_fields(
     assert (await redis.xpending(STREAM, GROUP))["pending"] == 0
 
 
-async def test_text_format_keeps_one_plain_line_a_record(dev_env, redis_url, task_queue, tmp_path) -> None:
+async def test_text_format_keeps_one_plain_line_a_record(temporal_env, redis_url, task_queue, tmp_path) -> None:
     log = tmp_path / "worker.log"
-    async with _worker(dev_env, redis_url, task_queue, "text", log) as worker:
+    async with _worker(temporal_env, redis_url, task_queue, "text", log) as worker:
         pass
     assert worker.returncode == 0
     lines = log.read_text().splitlines()

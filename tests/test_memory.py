@@ -23,7 +23,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     STREAM,
     hold_tasks,
@@ -200,15 +200,15 @@ async def test_a_publish_moves_at_most_its_byte_budget_plus_one_task(redis: Redi
 
 
 async def test_a_resumption_on_an_evicting_redis_fails_at_once_and_moves_nothing(
-    ts_env, memory, redis_url, task_queue
+    temporal_env, memory, redis_url, task_queue
 ) -> None:
     """Started like the Temporal CLI or a parent would start it (no CLI check in between)."""
     e = f"M-{uuid.uuid4().hex[:6]}"
     keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(memory, e, 3)
     await memory.config_set("maxmemory-policy", "allkeys-lru")
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e)
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), 20)
     cause = failure.value.cause
@@ -222,11 +222,11 @@ async def test_a_resumption_on_an_evicting_redis_fails_at_once_and_moves_nothing
 
 
 async def test_a_policy_changed_mid_run_fails_the_run_and_hands_back_a_paused_experiment(
-    ts_env, memory, redis_url, task_queue
+    temporal_env, memory, redis_url, task_queue
 ) -> None:
     """The policy changes during a throttle wait: the next publish refuses before its first write,
     and the run fails after releasing the claim (the release does not need the policy)."""
-    async with throttled_replay(ts_env, task_queue, memory, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, memory, redis_url) as run:
         await memory.config_set("maxmemory-policy", "allkeys-lru")
         await memory.xgroup_setid(STREAM, GROUP, "$")  # the consumers caught up: the next turn publishes
         with pytest.raises(WorkflowFailureError) as failure:
@@ -238,17 +238,17 @@ async def test_a_policy_changed_mid_run_fails_the_run_and_hands_back_a_paused_ex
     assert await memory.xlen(STREAM) == 5  # the backlog that was there; nothing replayed
 
 
-async def test_the_replay_waits_while_memory_is_high_then_goes_on(ts_env, memory, redis_url, task_queue) -> None:
+async def test_the_replay_waits_while_memory_is_high_then_goes_on(temporal_env, memory, redis_url, task_queue) -> None:
     """Used memory over the input's fraction (1 % of 100 MiB): the replay waits on a timer of
     ``throttle_seconds`` with the reason in its progress, publishing nothing; once the limit is
     lifted it replays everything in order."""
     e = f"M-{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(memory, e, 10)
     await memory.config_set("maxmemory", str(100 * MIB))
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        with ts_env.auto_time_skipping_disabled():
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        with temporal_env.auto_time_skipping_disabled():
             handle = await start(
-                ts_env.client,
+                temporal_env.client,
                 task_queue,
                 experiment_id=e,
                 max_memory_fraction=0.01,

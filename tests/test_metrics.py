@@ -7,7 +7,7 @@ import time
 
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from tests.helpers import scrape
+from tests.support.helpers import scrape
 from xmc_resumption.activities.requests import ExperimentRef
 from xmc_resumption.activities.resumption import HeldRemaining
 from xmc_resumption.services import free_port

@@ -17,13 +17,14 @@ import pytest
 from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import resumption_worker, start
-from tests.secure import PRODUCER_USER, ROOT, producer_acl_redis
+from tests.support.helpers import GROUP, STREAM, resumption_worker, start
+from tests.support.secure import PRODUCER_USER, ROOT, producer_acl_redis
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+
+pytestmark = pytest.mark.real_server
 
 NODE_DIR = ROOT / "tests" / "node"
 SCRIPT = ROOT / "xmc_resumption" / "redisclient" / "lua" / "enqueue.lua"
-STREAM = "xmc-tasks-stream"
 
 
 def node_producer(url: str, steps: list[dict[str, Any]]) -> list[Any]:
@@ -51,7 +52,7 @@ def tasks(*specs: tuple[str, str | None]) -> list[dict[str, Any]]:
 
 
 async def test_a_node_producer_enqueues_and_the_replay_is_exact(
-    acl_urls: tuple[str, str], dev_env: WorkflowEnvironment, task_queue: str
+    acl_urls: tuple[str, str], temporal_env: WorkflowEnvironment, task_queue: str
 ) -> None:
     admin_url, producer_url = acl_urls
     assert f"{PRODUCER_USER}:" in producer_url
@@ -87,8 +88,9 @@ async def test_a_node_producer_enqueues_and_the_replay_is_exact(
             batch[2]["id"],
         ]
 
-        async with resumption_worker(dev_env.client, task_queue, admin_url):
-            handle = await start(dev_env.client, task_queue, experiment_id="N1", batch_size=2)
+        await admin.xgroup_create(STREAM, GROUP, id="$")  # the consumers' group: the replay waits for it
+        async with resumption_worker(temporal_env.client, task_queue, admin_url):
+            handle = await start(temporal_env.client, task_queue, experiment_id="N1", batch_size=2)
             result = await handle.result()
         assert (result.outcome.value, result.replayed, result.remaining) == ("completed", 6, 0)
         [after] = await asyncio.to_thread(

@@ -21,13 +21,15 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.helpers import run_module as run
+from tests.support.helpers import run_module as run
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.cli import main
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.services import free_port
 from xmc_resumption.settings import Settings, redacted_url
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+pytestmark = pytest.mark.real_server
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "s3cret-Pa55"
@@ -218,8 +220,8 @@ def test_unreachable_or_malformed_temporal_address(redis_url: str) -> None:
     )
 
 
-def test_unknown_namespace(dev_env: WorkflowEnvironment, redis_url: str) -> None:
-    address = dev_env.client.service_client.config.target_host
+def test_unknown_namespace(temporal_env: WorkflowEnvironment, redis_url: str) -> None:
+    address = temporal_env.client.service_client.config.target_host
     one_line_error(
         run(
             "xmc_resumption",
@@ -235,19 +237,19 @@ def test_unknown_namespace(dev_env: WorkflowEnvironment, redis_url: str) -> None
 
 
 async def test_resume_wait_of_a_failed_run(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
     await redis.set(KEYS.state, "paused")
     await redis.set(KEYS.stream, "not a stream")  # the run fails measuring: RedisWrongType, not retryable
     env = {
         "XMC_REDIS_URL": redis_url,
         "XMC_TASK_QUEUE": task_queue,
-        "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
     }
     worker_redis = Redis.from_url(redis_url)
     try:
         async with Worker(
-            dev_env.client,
+            temporal_env.client,
             task_queue=task_queue,
             workflows=[ResumptionWorkflow],
             activities=ResumptionActivities(worker_redis).all(),
@@ -261,9 +263,9 @@ async def test_resume_wait_of_a_failed_run(
 
 
 async def test_worker_logs_one_line_per_failed_attempt_during_an_outage(
-    dev_env: WorkflowEnvironment, task_queue: str, tmp_path: Path
+    temporal_env: WorkflowEnvironment, task_queue: str, tmp_path: Path
 ) -> None:
-    address = dev_env.client.service_client.config.target_host
+    address = temporal_env.client.service_client.config.target_host
     env = {"XMC_REDIS_URL": dead_url(), "XMC_TASK_QUEUE": task_queue, "TEMPORAL_ADDRESS": address}
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
@@ -271,7 +273,7 @@ async def test_worker_logs_one_line_per_failed_attempt_during_an_outage(
             [sys.executable, "-m", "worker"], cwd=ROOT, env={"PATH": "/usr/bin:/bin", **env}, stdout=log, stderr=log
         )
     try:
-        handle = await dev_env.client.start_workflow(
+        handle = await temporal_env.client.start_workflow(
             ResumptionWorkflow.run, {"experiment_id": "E6"}, id=f"resumption-E6-{task_queue}", task_queue=task_queue
         )
         deadline = time.monotonic() + 8

@@ -8,7 +8,7 @@ import asyncio
 import itertools
 import uuid
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     STREAM,
     assert_checked_after_every_wait,
@@ -30,15 +30,15 @@ from xmc_resumption.workflows.models import Outcome, Phase, ThrottlePolicy
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
-async def test_adaptive_keeps_up_with_fast_consumers_by_polling(ts_env, redis, redis_url, task_queue) -> None:
+async def test_adaptive_keeps_up_with_fast_consumers_by_polling(temporal_env, redis, redis_url, task_queue) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 600)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     stop, seen = asyncio.Event(), []
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=10, rate=1_000))
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=50,
@@ -67,7 +67,7 @@ async def test_adaptive_keeps_up_with_fast_consumers_by_polling(ts_env, redis, r
 
 
 async def test_adaptive_waits_grow_when_nobody_drains_and_a_stall_ends_the_run(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     """No consumer: one poll finds no drain, the waits grow to ``max_wait_seconds`` timers, the run
     says stalled after the window and ends ``stalled`` after ``max_stall_seconds``, handing the
@@ -76,9 +76,9 @@ async def test_adaptive_waits_grow_when_nobody_drains_and_a_stall_ends_the_run(
     keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(redis, e, 30)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=10,
@@ -107,14 +107,16 @@ async def test_adaptive_waits_grow_when_nobody_drains_and_a_stall_ends_the_run(
     assert await stream_tasks(redis) == names[:10]
 
 
-async def test_a_pause_during_an_adaptive_wait_publishes_nothing_more(ts_env, redis, redis_url, task_queue) -> None:
+async def test_a_pause_during_an_adaptive_wait_publishes_nothing_more(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     keys = ExperimentKeys(STREAM, e)
     await hold_tasks(redis, e, 30)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=10, throttle_policy="adaptive"
+            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=10, throttle_policy="adaptive"
         )
         await wait_for(handle, lambda p: p.phase is Phase.THROTTLED)
         await held.pause(redis, keys)
@@ -127,7 +129,9 @@ async def test_a_pause_during_an_adaptive_wait_publishes_nothing_more(ts_env, re
     assert [k for k, _ in calls][-2:] == ["check_claim", "release_claim"]
 
 
-async def test_the_default_is_adaptive_and_polls_through_a_short_stop(ts_env, redis, redis_url, task_queue) -> None:
+async def test_the_default_is_adaptive_and_polls_through_a_short_stop(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """An input without ``throttle_policy`` replays adaptively (patch ``pacing-probe`` recorded). The
     consumers stop for 2.5 s mid-run: the replay polls through it (no durable timer: the waits stay
     polls, its drain estimate kept), re-checks pause and fencing after every wait, learns the
@@ -151,8 +155,8 @@ async def test_the_default_is_adaptive_and_polls_through_a_short_stop(ts_env, re
                 await asyncio.sleep(len(entries) / 1_000)
 
     consumer = asyncio.create_task(consumers())
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=50, batch_size=20)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=50, batch_size=20)
         result = await asyncio.wait_for(handle.result(), 60)
         progress = await handle.query(ResumptionWorkflow.progress)
         history = await handle.fetch_history()

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import GROUP, STREAM, consume, hold_tasks
+from tests.support.helpers import GROUP, STREAM, consume, hold_tasks
 from tests.test_cli import Xmc, one_line, xmc_fixture  # noqa: F401  (the fixture)
 from xmc_resumption import plan as plan_module
 from xmc_resumption.plan import entry_time, plan
@@ -24,6 +24,8 @@ from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.workflows.eta import eta_seconds
 from xmc_resumption.workflows.models import ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+pytestmark = pytest.mark.real_server
 
 
 def address(env: WorkflowEnvironment) -> str:
@@ -45,19 +47,23 @@ async def two_groups(redis: Redis) -> None:
     await redis.xreadgroup(GROUP, "c1", {STREAM: ">"}, count=3)
 
 
-async def test_plan_reads_everything_and_writes_nothing(dev_env: WorkflowEnvironment, redis: Redis, xmc: Xmc) -> None:
+async def test_plan_reads_everything_and_writes_nothing(
+    temporal_env: WorkflowEnvironment, redis: Redis, xmc: Xmc
+) -> None:
     e = f"P{uuid.uuid4().hex[:6]}"
     await hold_tasks(redis, e, 50)
     await two_groups(redis)
     keys = ExperimentKeys(STREAM, e)
     before = await keyspace(redis)
 
-    ran = await asyncio.to_thread(xmc, "plan", e, "--sample-seconds", "0.2", "--json", temporal=address(dev_env))
-    dry = await asyncio.to_thread(xmc, "resume", e, "--dry-run", "--sample-seconds", "0", temporal=address(dev_env))
+    ran = await asyncio.to_thread(xmc, "plan", e, "--sample-seconds", "0.2", "--json", temporal=address(temporal_env))
+    dry = await asyncio.to_thread(
+        xmc, "resume", e, "--dry-run", "--sample-seconds", "0", temporal=address(temporal_env)
+    )
 
     assert await keyspace(redis) == before
     with pytest.raises(RPCError) as missing:
-        await dev_env.client.get_workflow_handle(f"resumption-{e}").describe()
+        await temporal_env.client.get_workflow_handle(f"resumption-{e}").describe()
     assert missing.value.status is RPCStatusCode.NOT_FOUND  # nothing started
     assert (ran.returncode, ran.stderr) == (0, ""), ran
     doc = json.loads(ran.stdout)
@@ -83,7 +89,7 @@ async def test_plan_reads_everything_and_writes_nothing(dev_env: WorkflowEnviron
     assert dry.stdout.endswith("  xmc resume would start; nothing was written\n")
 
 
-async def test_plan_names_every_refusal_and_wait(dev_env: WorkflowEnvironment, redis: Redis, xmc: Xmc) -> None:
+async def test_plan_names_every_refusal_and_wait(temporal_env: WorkflowEnvironment, redis: Redis, xmc: Xmc) -> None:
     """A resumption already running (started with no worker: it stays running), Redis evicting and
     over the memory fraction, a missing group under ``error``, a backlog over the threshold, the
     stream's rate cap; ``--dry-run`` exits 2 with one line, the plan on stdout."""
@@ -91,7 +97,7 @@ async def test_plan_names_every_refusal_and_wait(dev_env: WorkflowEnvironment, r
     await hold_tasks(redis, e, 20)
     await two_groups(redis)
     await ratecap.set_stream_rate(redis, STREAM, 40)
-    handle = await dev_env.client.start_workflow(
+    handle = await temporal_env.client.start_workflow(
         ResumptionWorkflow.run, ResumptionInput(experiment_id=e), id=f"resumption-{e}", task_queue="nobody-polls"
     )
     used = int((await redis.info("memory"))["used_memory"])
@@ -99,7 +105,7 @@ async def test_plan_names_every_refusal_and_wait(dev_env: WorkflowEnvironment, r
     await redis.config_set("maxmemory-policy", "allkeys-lru")
     try:
         before = await keyspace(redis)
-        env = {"temporal": address(dev_env)}
+        env = {"temporal": address(temporal_env)}
         args = ("--sample-seconds", "0", "--max-memory-fraction", "0.3")
         missing = await asyncio.to_thread(
             xmc, "plan", e, "--group", "nosuch", "--missing-group", "error", *args, "--json", **env

@@ -30,8 +30,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from tests.helpers import bare_namespace, hold_tasks, scrape, stream_tasks
-from tests.parent import ResumeExperimentParent
+from tests.support.helpers import bare_namespace, hold_tasks, scrape, stream_tasks
+from tests.support.parent import ResumeExperimentParent
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.plugin import (
     PLUGIN_NAME,
@@ -81,12 +81,13 @@ def plugin_activities(worker: Worker) -> ResumptionActivities:
     return owner
 
 
+@pytest.mark.real_server
 async def test_on_the_client_it_hosts_the_replay_beside_the_workers_own_workflow(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
     port = free_port()
     client = await Client.connect(
-        dev_env.client.service_client.config.target_host,
+        temporal_env.client.service_client.config.target_host,
         plugins=[ResumptionPlugin(Settings(redis_url=redis_url))],
         runtime=prometheus_runtime(f"127.0.0.1:{port}"),
     )
@@ -122,16 +123,16 @@ async def test_on_the_client_it_hosts_the_replay_beside_the_workers_own_workflow
 
 
 async def test_on_a_worker_only_on_the_time_skipping_server(
-    ts_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, caplog: pytest.LogCaptureFixture
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The test server cannot list search attributes: the plugin says it did not check, and runs."""
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 5)
     with caplog.at_level(logging.WARNING, logger="xmc.plugin"):
         async with Worker(
-            ts_env.client, task_queue=task_queue, plugins=[ResumptionPlugin(Settings(redis_url=redis_url))]
+            temporal_env.client, task_queue=task_queue, plugins=[ResumptionPlugin(Settings(redis_url=redis_url))]
         ):
-            result = await ts_env.client.execute_workflow(
+            result = await temporal_env.client.execute_workflow(
                 ResumptionWorkflow.run,
                 ResumptionInput(experiment_id=e, missing_group="zero"),  # no group: 5 tasks, under the threshold
                 id=f"resumption-{e}",
@@ -145,18 +146,20 @@ async def test_on_a_worker_only_on_the_time_skipping_server(
     ]
 
 
+@pytest.mark.real_server
 async def test_a_worker_whose_client_lacks_the_pydantic_converter_is_refused(
-    dev_env: WorkflowEnvironment, redis_url: str
+    temporal_env: WorkflowEnvironment, redis_url: str
 ) -> None:
-    plain = await Client.connect(dev_env.client.service_client.config.target_host)
+    plain = await Client.connect(temporal_env.client.service_client.config.target_host)
     with pytest.raises(ValueError, match="the worker's client lacks the pydantic data converter"):
         Worker(plain, task_queue="q", plugins=[ResumptionPlugin(Settings(redis_url=redis_url))])
 
 
+@pytest.mark.real_server
 async def test_a_namespace_without_the_search_attributes_stops_the_start_and_never_polls(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
-    bare = await bare_namespace(dev_env.client)
+    bare = await bare_namespace(temporal_env.client)
     plugin = ResumptionPlugin(Settings(redis_url=redis_url))
     before = await connections(redis)
     worker = Worker(bare, task_queue=task_queue, plugins=[plugin])
@@ -182,15 +185,16 @@ async def test_a_namespace_without_the_search_attributes_stops_the_start_and_nev
         Worker(bare, task_queue=task_queue, plugins=[plugin])
 
 
+@pytest.mark.real_server
 async def test_a_plugin_that_removes_the_activities_stops_the_start(
-    dev_env: WorkflowEnvironment, redis_url: str, task_queue: str
+    temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str
 ) -> None:
     def without_ours(existing: Sequence[Any] | None) -> Sequence[Any]:
         return [fn for fn in existing or () if not isinstance(getattr(fn, "__self__", None), ResumptionActivities)]
 
     strip = SimplePlugin("strip", activities=without_ours)
     worker = Worker(
-        dev_env.client,
+        temporal_env.client,
         task_queue=task_queue,
         activities=[notify_owner],
         plugins=[ResumptionPlugin(Settings(redis_url=redis_url)), strip],
@@ -239,12 +243,13 @@ def test_pydantic_converter_swaps_the_default_payload_converter_and_keeps_the_re
         pydantic_converter(DataConverter(payload_converter_class=_OwnJson))
 
 
+@pytest.mark.real_server
 async def test_a_client_with_another_custom_payload_converter_is_refused_at_connect(
-    dev_env: WorkflowEnvironment, redis_url: str
+    temporal_env: WorkflowEnvironment, redis_url: str
 ) -> None:
     with pytest.raises(ValueError, match="the client has _OwnJson"):
         await Client.connect(
-            dev_env.client.service_client.config.target_host,
+            temporal_env.client.service_client.config.target_host,
             data_converter=DataConverter(payload_converter_class=_OwnJson),
             plugins=[ResumptionPlugin(Settings(redis_url=redis_url))],
         )

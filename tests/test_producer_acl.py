@@ -12,7 +12,7 @@ import pytest_asyncio
 from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError, ResponseError
 
-from tests.secure import PRODUCER_ACL_FILE, PRODUCER_USER, ROOT, SECRET, producer_acl_redis
+from tests.support.secure import PRODUCER_ACL_FILE, PRODUCER_USER, ROOT, SECRET, producer_acl_redis
 from xmc_resumption.client import XmcClient, XmcSyncClient
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text

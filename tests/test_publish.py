@@ -108,7 +108,8 @@ async def test_repeated_seq_returns_the_recorded_result_and_older_seq_moves_noth
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
     first = await publish(redis, grant.token, 1)
     again = await publish(redis, grant.token, 1)  # a retried activity whose reply was lost
-    assert again == first and await redis.xlen(KEYS.stream) == 10
+    assert again.repeated and not first.repeated  # the recorded result, marked: it moved nothing now
+    assert again.model_copy(update={"repeated": False}) == first and await redis.xlen(KEYS.stream) == 10
     assert (await publish(redis, grant.token, 2)).moved == 10
     zombie = await publish(redis, grant.token, 1)  # an attempt that outlived its timeout
     assert (zombie.status, zombie.moved, zombie.last_seq) == (PublishStatus.STALE, 0, 2)
@@ -125,7 +126,7 @@ async def test_a_retry_after_the_lease_lapsed_still_returns_the_recorded_result(
     await asyncio.sleep(0.1)
     assert not await redis.exists(KEYS.claim)  # the lease lapsed (a worker down longer than the lease)
     again = await publish(redis, grant.token, 1)
-    assert again == first and await redis.xlen(KEYS.stream) == 10
+    assert again.model_copy(update={"repeated": False}) == first and await redis.xlen(KEYS.stream) == 10
     assert (await publish(redis, grant.token, 1)).moved == 10  # the recorded result, not a new move
     assert await redis.xlen(KEYS.stream) == 10
     assert (await publish(redis, grant.token, 2)).moved == 10  # the next turn goes on
@@ -159,12 +160,18 @@ async def test_a_publish_sets_the_claims_lease(redis: Redis) -> None:
 
 
 async def test_a_released_token_publishes_nothing(redis: Redis) -> None:
+    """A released token moves nothing: its own release is told (``released``, with the recorded
+    outcome), a newer claim's takeover is ``fenced``."""
     await hold(redis, 5)
-    grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
-    await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True)
+    taken_over = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
+    grant = await fencing.acquire_claim(redis, KEYS, "b", 60_000)
+    await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True, outcome="paused")
     await redis.set(KEYS.state, "resuming")  # even if something moved the state on
     result = await publish(redis, grant.token, 1)
-    assert (result.status, result.moved) == (PublishStatus.FENCED, 0)
+    assert (result.status, result.moved, result.outcome, result.remaining) == (PublishStatus.RELEASED, 0, "paused", 5)
+    older = await publish(redis, taken_over.token, 1)
+    assert (older.status, older.moved, older.outcome) == (PublishStatus.FENCED, 0, "")
+    assert await redis.xlen(KEYS.stream) == 0
 
 
 async def test_field_maps_move_byte_for_byte(redis: Redis) -> None:
@@ -357,6 +364,9 @@ def test_a_publish_result_reads_the_flat_reply_and_writes_it_back_flat() -> None
         "moved_bytes": 0,
         "poison_id": "",
         "total_moved": None,
+        "replayed": None,
+        "outcome": "",
+        "repeated": False,
         "capped": False,
         "bytes_capped": False,
         "headroom": 0,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
-from tests.helpers import GROUP, STREAM, consume, hold_tasks, redis_calls, resumption_worker, start, wait_for
+from tests.support.helpers import GROUP, STREAM, consume, hold_tasks, redis_calls, resumption_worker, start, wait_for
 from xmc_resumption.redisclient import ratecap
 from xmc_resumption.workflows.models import (
     ControlChange,
@@ -42,7 +42,7 @@ async def history(handle):  # type: ignore[no-untyped-def]
     return (await handle.fetch_history()).events
 
 
-async def test_the_replays_cap_bounds_what_it_moves(ts_env, redis, redis_url, task_queue) -> None:
+async def test_the_replays_cap_bounds_what_it_moves(temporal_env, redis, redis_url, task_queue) -> None:
     """60 tasks at a cap of 25/s (a bucket of 25, full at the start), consumers far faster: no
     publish moves more than 25, the run waits for the bucket between bursts (short waits: polls),
     and from the first move to the last, workflow time is at least (60 - 25) / 25 s."""
@@ -52,8 +52,10 @@ async def test_the_replays_cap_bounds_what_it_moves(ts_env, redis, redis_url, ta
     stop, seen = asyncio.Event(), []
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
     try:
-        async with resumption_worker(ts_env.client, task_queue, redis_url):
-            handle = await start(ts_env.client, task_queue, experiment_id=e, batch_size=100, max_tasks_per_second=25)
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
+            handle = await start(
+                temporal_env.client, task_queue, experiment_id=e, batch_size=100, max_tasks_per_second=25
+            )
             result = await handle.result()  # short waits poll inside the open workflow task: no query mid-run
             progress = await handle.query(ResumptionWorkflow.progress)
     finally:
@@ -78,7 +80,7 @@ async def test_the_replays_cap_bounds_what_it_moves(ts_env, redis, redis_url, ta
     assert RATE_CAP in str(await history(handle))  # the patch marker of the rate waits
 
 
-async def test_an_update_changes_the_cap_live(ts_env, redis, redis_url, task_queue) -> None:
+async def test_an_update_changes_the_cap_live(temporal_env, redis, redis_url, task_queue) -> None:
     """A cap of 0.1/s moves 1 task, then waits on a durable timer (the bucket needs 10 s).
     ``set_max_tasks_per_second 0.2`` ends that wait at once, and the next waits are
     5 s; bad values are refused by the validator naming the field; ``configure`` with 0 removes the
@@ -86,9 +88,9 @@ async def test_an_update_changes_the_cap_live(ts_env, redis, redis_url, task_que
     e = experiment()
     await hold_tasks(redis, e, 40)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client, task_queue, experiment_id=e, max_tasks_per_second=0.1, throttle_policy="fixed"
+            temporal_env.client, task_queue, experiment_id=e, max_tasks_per_second=0.1, throttle_policy="fixed"
         )
         waiting = await wait_for(handle, lambda p: p.phase is Phase.RATE_LIMITED)
         assert (waiting.replayed, waiting.rate_waits, waiting.throttled_until is not None) == (1, 1, True)
@@ -110,7 +112,7 @@ async def test_an_update_changes_the_cap_live(ts_env, redis, redis_url, task_que
         faster = await wait_for(handle, lambda p: p.rate_waits == 2 and p.throttled_until is not None)
         assert (faster.replayed, faster.max_tasks_per_second) == (1, 0.2)
         assert faster.rate_reason is not None and 4 <= wait_of(faster.rate_reason) <= 5
-        await ts_env.sleep(5)
+        await temporal_env.sleep(5)
         await wait_for(handle, lambda p: p.replayed == 2 and p.rate_waits == 3)
         cleared = await handle.execute_update(ResumptionWorkflow.configure, ControlChange(max_tasks_per_second=0))
         assert cleared.max_tasks_per_second is None
@@ -129,7 +131,7 @@ async def test_an_update_changes_the_cap_live(ts_env, redis, redis_url, task_que
 
 
 async def test_the_stream_cap_holds_the_replay_and_a_long_rate_wait_is_no_stall(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     """An empty bucket of the stream's cap (0.01/s: 100 s of Redis's clock per task, longer than the
     test): every publish is ``rate_limited``, the run waits on timers of 10 s (half its claim's
@@ -141,13 +143,13 @@ async def test_the_stream_cap_holds_the_replay_and_a_long_rate_wait_is_no_stall(
     seconds, micros = await redis.time()
     key = ratecap.rate_key(STREAM)
     await redis.hset(key, mapping={"limit": "0.01", "tokens": "0", "at": str(seconds * 1000 + micros // 1000)})
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client, task_queue, experiment_id=e, stall_window_seconds=15, claim_lease_seconds=20
+            temporal_env.client, task_queue, experiment_id=e, stall_window_seconds=15, claim_lease_seconds=20
         )
         for waits in range(1, 5):
             progress = await wait_for(handle, lambda p, n=waits: p.rate_waits == n and p.throttled_until is not None)
-            await ts_env.sleep(10)
+            await temporal_env.sleep(10)
         assert progress.replayed == 0 and progress.phase is Phase.RATE_LIMITED
         assert progress.stream_rate_limit == 0.01 and not progress.stalled
         assert progress.rate_reason == "stream cap 0.01 tasks/s ({xmc-tasks-stream}:rate): 10s for the bucket"

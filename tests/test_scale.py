@@ -39,6 +39,8 @@ from xmc_resumption.redisclient.weights import (
 )
 from xmc_resumption.workflows.models import ResumptionInput
 
+pytestmark = pytest.mark.real_server
+
 STREAM = "scale-stream"
 GROUP = "xmc-workers"
 
@@ -215,11 +217,11 @@ SIZE = ScaleSize(experiments=10, tasks=200, rate=1_000, threshold=100)
 
 
 @pytest_asyncio.fixture
-async def bench_env(dev_env: WorkflowEnvironment, redis_url: str, task_queue: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+async def bench_env(temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     redis = Redis.from_url(redis_url, decode_responses=False)
     await redis.flushall()
-    address = dev_env.client.service_client.config.target_host
-    yield BenchEnv(redis_url, address, dev_env.client, redis, task_queue, tmp_path)
+    address = temporal_env.client.service_client.config.target_host
+    yield BenchEnv(redis_url, address, temporal_env.client, redis, task_queue, tmp_path)
     await redis.aclose()
 
 
@@ -256,7 +258,7 @@ async def test_a_released_replay_leaves_the_fair_share_at_once(group: Redis) -> 
     await fair_publish(redis, "A", a, 1, threshold=10)  # neither drains: both stay registered
     await fair_publish(redis, "B", b, 1, threshold=10)
     assert sorted(await redis.zrange(replayers_key(STREAM), 0, -1)) == [b"A", b"B"]
-    assert await fencing.release_claim(redis, keys("A"), a, owner="me", back_to_paused=True) == a
+    assert (await fencing.release_claim(redis, keys("A"), a, owner="me", back_to_paused=True)).token == a
     assert await redis.zrange(replayers_key(STREAM), 0, -1) == [b"B"]
 
 
@@ -269,7 +271,7 @@ async def test_a_replayers_key_of_the_wrong_type_does_not_stop_the_release(group
     await redis.set(replayers_key(STREAM), "x")
     with pytest.raises(ResponseError, match=r"WRONGTYPE \{scale-stream\}:replayers is a string, expected a zset"):
         await fair_publish(redis, "B", b, 1, threshold=10)
-    assert await fencing.release_claim(redis, keys("B"), b, owner="me", back_to_paused=True) == b
+    assert (await fencing.release_claim(redis, keys("B"), b, owner="me", back_to_paused=True)).token == b
     assert await fencing.current_token(redis, keys("B")) == b + 1  # revoked
     assert await held.get_state(redis, keys("B")) is ExperimentState.PAUSED
     assert await redis.exists(keys("B").claim) == 0

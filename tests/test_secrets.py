@@ -21,11 +21,13 @@ import pytest
 from google.protobuf.json_format import MessageToJson
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import run_module
-from tests.secure import ACL_USER, ROOT, SECRET, acl_redis
+from tests.support.helpers import run_module
+from tests.support.secure import ACL_USER, ROOT, SECRET, acl_redis
 from xmc_resumption.cli import cli as xmc_cli
 from xmc_resumption.services import free_port, installed_binary
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+
+pytestmark = pytest.mark.real_server
 
 API_KEY = "tmprl-ApiKey-n0t-for-logs"
 SECRETS = (SECRET, API_KEY)
@@ -115,9 +117,9 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 async def test_a_normal_run_shows_no_secret(
-    urls: tuple[str, str], dev_env: WorkflowEnvironment, task_queue: str, tmp_path: Path
+    urls: tuple[str, str], temporal_env: WorkflowEnvironment, task_queue: str, tmp_path: Path
 ) -> None:
-    temporal = dev_env.client.service_client.config.target_host
+    temporal = temporal_env.client.service_client.config.target_host
     env = env_of("ok", urls, "acl", temporal, task_queue)
     metrics = f"127.0.0.1:{free_port()}"
     log = tmp_path / "worker.log"
@@ -130,7 +132,7 @@ async def test_a_normal_run_shows_no_secret(
             assert proc.returncode in OK_CODES.get(name, {0}), f"xmc {name}: {proc.stdout}{proc.stderr}"
             assert_no_secret(f"xmc {name}", proc.stdout + proc.stderr)
         assert "outcome: completed" in proc.stdout  # the demo, last in the table
-        handle = dev_env.client.get_workflow_handle("resumption-S1")
+        handle = temporal_env.client.get_workflow_handle("resumption-S1")
         assert_no_secret("the progress query", (await handle.query(ResumptionWorkflow.progress)).model_dump_json())
         history = await handle.fetch_history()
         assert "S1" in history.to_json()  # the history is read: it names the experiment
@@ -151,9 +153,9 @@ async def test_a_normal_run_shows_no_secret(
 
 @pytest.mark.parametrize("scenario", ["redis-down", "wrong-password", "temporal-down"])
 def test_errors_show_no_secret(
-    scenario: str, urls: tuple[str, str], dev_env: WorkflowEnvironment, task_queue: str, tmp_path: Path
+    scenario: str, urls: tuple[str, str], temporal_env: WorkflowEnvironment, task_queue: str, tmp_path: Path
 ) -> None:
-    temporal = dev_env.client.service_client.config.target_host
+    temporal = temporal_env.client.service_client.config.target_host
     # the commands that talk to the failing side (list, set and stop only to Temporal; resume and
     # demo to both); independent runs, so side by side
     temporal_only, both = ("list", "set", "stop"), ("resume", "demo")

@@ -1,5 +1,5 @@
 """Issue 14, item 7: the replay against a real third-party consumer, taskiq-redis's
-``RedisStreamBroker`` (``taskiq worker`` processes, unmodified; tests/taskiq_app.py). It creates its
+``RedisStreamBroker`` (``taskiq worker`` processes, unmodified; tests/support/taskiq_app.py). It creates its
 consumer group at ``$`` when it starts, and reclaims another consumer's pending entries only after
 a read that returned entries: the two edges of issue 14 (a group created after the resume, a
 consumer that dies holding entries)."""
@@ -18,16 +18,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 from taskiq.formatters.json_formatter import JSONFormatter
 from taskiq.message import TaskiqMessage
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import STREAM, resumption_worker, run_module, start, wait_for
+from tests.support.helpers import STREAM, resumption_worker, run_module, start, wait_for
 from tests.test_e2e import running_worker
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.workflows.models import Outcome, Phase
+
+pytestmark = pytest.mark.real_server
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKIQ_GROUP = "taskiq"
@@ -50,13 +53,13 @@ async def hold_taskiq_tasks(redis: Redis, experiment_id: str, task_name: str, n:
 
 @contextmanager
 def taskiq_worker(redis_url: str, log: Path, consumer: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """``taskiq worker tests.taskiq_app:broker``, one worker process running one task at a time,
+    """``taskiq worker tests.support.taskiq_app:broker``, one worker process running one task at a time,
     acknowledging once a task has run; in its own process group, killed (SIGKILL) at the end."""
     env = {**os.environ, "XMC_TASKIQ_REDIS_URL": redis_url}
     if consumer:
         env["XMC_TASKIQ_CONSUMER"] = consumer
     taskiq = Path(sys.executable).parent / "taskiq"
-    args = [str(taskiq), "worker", "tests.taskiq_app:broker", "--workers", "1", "--max-async-tasks", "1"]
+    args = [str(taskiq), "worker", "tests.support.taskiq_app:broker", "--workers", "1", "--max-async-tasks", "1"]
     args += ["--ack-type", "when_executed"]
     with open(log, "ab") as out:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -82,7 +85,7 @@ async def until(check, timeout: float = 60) -> None:  # type: ignore[no-untyped-
 
 
 async def test_consumers_started_after_the_resume_execute_every_task_once_in_order(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, tmp_path: Path
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, tmp_path: Path
 ) -> None:
     """The issue's first case: the consumers start about 1 s after the resume and create their group
     at ``$``. The seed's rule (a missing group is backlog 0) moved every task before the group
@@ -91,9 +94,9 @@ async def test_consumers_started_after_the_resume_execute_every_task_once_in_ord
     e = f"TQ{uuid.uuid4().hex[:6]}"
     n = 300
     await hold_taskiq_tasks(redis, e, "record", n)
-    with running_worker(dev_env, redis_url, task_queue, tmp_path / "worker.log"):
+    with running_worker(temporal_env, redis_url, task_queue, tmp_path / "worker.log"):
         handle = await start(
-            dev_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             consumer_group=TASKIQ_GROUP,
@@ -120,7 +123,7 @@ async def _executed(redis: Redis, n: int) -> bool:
 
 
 async def test_a_consumer_killed_holding_pending_entries_is_named_in_the_stall(
-    dev_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, tmp_path: Path
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, tmp_path: Path
 ) -> None:
     """The issue's third case: a taskiq consumer reads the replay's 20 tasks (threshold 20) and is
     killed (SIGKILL) while holding them; taskiq reclaims only after a read that returned entries, so
@@ -129,11 +132,11 @@ async def test_a_consumer_killed_holding_pending_entries_is_named_in_the_stall(
     the 40 tasks never delivered still held."""
     e = f"TQ{uuid.uuid4().hex[:6]}"
     await hold_taskiq_tasks(redis, e, "hang", 60)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         with taskiq_worker(redis_url, tmp_path / "taskiq.log", consumer="worker-a") as proc:
             await until(lambda: _group_exists(redis))
             handle = await start(
-                dev_env.client,
+                temporal_env.client,
                 task_queue,
                 experiment_id=e,
                 consumer_group=TASKIQ_GROUP,
@@ -156,7 +159,7 @@ async def test_a_consumer_killed_holding_pending_entries_is_named_in_the_stall(
         env = {
             "XMC_REDIS_URL": redis_url,
             "XMC_TASK_QUEUE": task_queue,
-            "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+            "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
         }
         status_args = ("status", e, "--group", TASKIQ_GROUP, "--idle-seconds", "1")
         # in a thread: the worker runs on this event loop while the command asks it for progress

@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.helpers import run_module, start
-from tests.secure import ACL_FILE, ACL_USER, SECRET, Certificates, make_certificates, tls_redis
+from tests.support.helpers import GROUP, STREAM, run_module, start
+from tests.support.secure import ACL_FILE, ACL_USER, SECRET, Certificates, make_certificates, tls_redis
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.errors import validation_message
 from xmc_resumption.redisclient import fencing, held
@@ -26,21 +26,24 @@ from xmc_resumption.services import installed_binary
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-STREAM = "xmc-tasks-stream"
-
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     return make_certificates(tmp_path_factory.mktemp("certs"))
 
 
+def admin_command(certs: Certificates, port: int, *args: str) -> None:
+    """Run one command as the TLS server's default user (``redis-cli``): what the ACL user may not do."""
+    cli = [installed_binary("redis-cli"), "--tls", "--cacert", str(certs.ca), "--cert", str(certs.client_cert),
+           "--key", str(certs.client_key), "-p", str(port)]  # fmt: skip
+    subprocess.run([*cli, *args], check=True, capture_output=True)
+
+
 @pytest.fixture(scope="module")
 def tls_port(certs: Certificates) -> Iterator[int]:
     """A TLS-only redis-server with the project's ACL; its ACL user switched on with ``SECRET``."""
     with tls_redis(certs, "--aclfile", str(ACL_FILE)) as port:
-        cli = [installed_binary("redis-cli"), "--tls", "--cacert", str(certs.ca), "--cert", str(certs.client_cert),
-               "--key", str(certs.client_key), "-p", str(port)]  # fmt: skip
-        subprocess.run([*cli, "ACL", "SETUSER", ACL_USER, "on", f">{SECRET}"], check=True, capture_output=True)
+        admin_command(certs, port, "ACL", "SETUSER", ACL_USER, "on", f">{SECRET}")
         yield port
 
 
@@ -69,7 +72,7 @@ async def tls_client(certs: Certificates, tls_port: int) -> AsyncIterator[Redis]
 
 
 async def test_the_redis_layer_and_a_replay_through_tls(
-    tls_client: Redis, ts_env: WorkflowEnvironment, task_queue: str
+    tls_client: Redis, certs: Certificates, tls_port: int, temporal_env: WorkflowEnvironment, task_queue: str
 ) -> None:
     keys = ExperimentKeys(STREAM, "T1")
     await held.pause(tls_client, keys)
@@ -77,13 +80,14 @@ async def test_the_redis_layer_and_a_replay_through_tls(
         await held.enqueue_task(tls_client, keys, {"task": f"t{i}"})
     assert await held.held_count(tls_client, keys) == 25
     assert (await fencing.claim_info(tls_client, keys)) == {}
+    admin_command(certs, tls_port, "XGROUP", "CREATE", STREAM, GROUP, "$", "MKSTREAM")  # the replay waits for it
     async with Worker(
-        ts_env.client,
+        temporal_env.client,
         task_queue=task_queue,
         workflows=[ResumptionWorkflow],
         activities=ResumptionActivities(tls_client).all(),
     ):
-        handle = await start(ts_env.client, task_queue, experiment_id="T1", batch_size=10)
+        handle = await start(temporal_env.client, task_queue, experiment_id="T1", batch_size=10)
         result = await handle.result()
     assert (result.outcome.value, result.replayed) == ("completed", 25)
     assert [f[b"task"] for _, f in await tls_client.xrange(STREAM)] == [f"t{i}".encode() for i in range(25)]

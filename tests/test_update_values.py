@@ -16,7 +16,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from tests.helpers import throttled_replay
+from tests.support.helpers import throttled_replay
 from xmc_resumption.workflows.models import (
     SET_FIELDS,
     Control,
@@ -149,12 +149,14 @@ def test_a_good_argument_is_read_exactly(update: Control, value: Any, fields: di
     assert ControlChange.of_update(Control.PAUSE, []) == ControlChange()
 
 
-async def test_every_hostile_update_is_rejected_one_line_non_retryable(ts_env, redis, redis_url, task_queue) -> None:
+async def test_every_hostile_update_is_rejected_one_line_non_retryable(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """Over the wire, one throttled replay: every hostile row is rejected (non-retryable,
     ``InvalidControl``, one line naming the field) and changes nothing; then every good row is
     accepted and returns the settings it asked for; then ``pause`` ends the run."""
     rejected: list[str] = []
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         handle = run.handle
         for row in hostile_rows():
             update, args, expected = row.values

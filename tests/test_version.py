@@ -11,7 +11,7 @@ import tomllib
 import pytest
 
 import xmc_resumption
-from tests.helpers import ROOT, run_module
+from tests.support.helpers import ROOT, run_module
 from xmc_resumption.cli import main
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

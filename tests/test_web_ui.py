@@ -29,7 +29,7 @@ from playwright.async_api import Page, async_playwright, expect
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from tests.helpers import fill_backlog, hold_tasks, resumption_worker, throttled, wait_for
+from tests.support.helpers import fill_backlog, hold_tasks, resumption_worker, throttled, wait_for
 from xmc_resumption.services import free_port, local_temporal
 from xmc_resumption.workflows.models import ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow

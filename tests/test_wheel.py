@@ -36,8 +36,10 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 
 import xmc_resumption
-from tests.helpers import GROUP, ROOT, STREAM, hold_tasks, scrape, stream_tasks, worker_polling
+from tests.support.helpers import GROUP, ROOT, STREAM, hold_tasks, scrape, stream_tasks, worker_polling
 from xmc_resumption.services import free_port
+
+pytestmark = pytest.mark.real_server
 
 BUILT_FROM = ("pyproject.toml", "README.md", "LICENSE", "xmc_resumption", "workflows", "activities")
 """What the build reads (pyproject.toml's packages, package-dir, readme and license-files)."""
@@ -196,10 +198,10 @@ def test_installed_beside_an_application_with_its_own_packages(installed: tuple[
 
 
 async def test_the_applications_worker_replays_as_the_child_of_its_own_workflow(
-    installed: tuple[Path, Path, Path], dev_env: WorkflowEnvironment, redis: Redis, redis_url: str
+    installed: tuple[Path, Path, Path], temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str
 ) -> None:
     _, bin_dir, app = installed
-    client = dev_env.client
+    client = temporal_env.client
     port = free_port()
     env = app_env(
         TEMPORAL_ADDRESS=client.service_client.config.target_host,

@@ -34,12 +34,14 @@ from bench.consumers import PacedConsumer, run_paced_consumer
 from bench.env import BenchEnv, worker_process
 from bench.scale import check_stream
 from bench.tasks import hold_tasks
-from tests.helpers import chain_histories, throttled, wait_for
+from tests.support.helpers import chain_histories, throttled, wait_for
 from xmc_resumption.consumer import entries_of
 from xmc_resumption.ops import start_resumption
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, ExperimentKeys
 from xmc_resumption.workflows.models import ResumptionInput
+
+pytestmark = pytest.mark.real_server
 
 EXPERIMENTS, TASKS, THRESHOLD = 3, 130, 30
 RATE = 300
@@ -48,12 +50,12 @@ RATE = 300
 
 @pytest_asyncio.fixture
 async def bench_env(  # type: ignore[no-untyped-def]
-    dev_env: WorkflowEnvironment, redis_url: str, task_queue: str, tmp_path: Path
+    temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str, tmp_path: Path
 ) -> AsyncIterator[BenchEnv]:
     redis = Redis.from_url(redis_url, decode_responses=False)
     await redis.flushall()
-    address = dev_env.client.service_client.config.target_host
-    yield BenchEnv(redis_url, address, dev_env.client, redis, task_queue, tmp_path)
+    address = temporal_env.client.service_client.config.target_host
+    yield BenchEnv(redis_url, address, temporal_env.client, redis, task_queue, tmp_path)
     await redis.aclose()
 
 

@@ -20,7 +20,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     STREAM,
     assert_checked_after_every_wait,
@@ -60,12 +60,12 @@ async def timer_durations(handle) -> list[timedelta]:  # type: ignore[no-untyped
     ]
 
 
-async def test_throttle_waits_then_replays_everything(ts_env, redis, redis_url, task_queue) -> None:
+async def test_throttle_waits_then_replays_everything(temporal_env, redis, redis_url, task_queue) -> None:
     e = experiment()
     names = await hold_tasks(redis, e, 40)
     await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=3)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=3)
         progress = await wait_for(handle, throttled)
         assert (progress.backlog, progress.pending, progress.lag) == (5, 0, 5)
         assert progress.throttle_reason == "backlog 5 >= 5 (pending 0 + lag 5) in group xmc-workers"
@@ -84,8 +84,8 @@ async def test_throttle_waits_then_replays_everything(ts_env, redis, redis_url, 
     assert set(await timer_durations(handle)) == {timedelta(seconds=10)}
 
 
-async def test_pause_during_the_throttle_wait_publishes_nothing(ts_env, redis, redis_url, task_queue) -> None:
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+async def test_pause_during_the_throttle_wait_publishes_nothing(temporal_env, redis, redis_url, task_queue) -> None:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone: only the pause stops it now
         await held.pause(redis, run.keys)
         result = await run.handle.result()
@@ -97,8 +97,8 @@ async def test_pause_during_the_throttle_wait_publishes_nothing(ts_env, redis, r
     assert not await redis.exists(keys.claim)
 
 
-async def test_newer_claim_during_the_wait_fences_the_replay(ts_env, redis, redis_url, task_queue) -> None:
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+async def test_newer_claim_during_the_wait_fences_the_replay(temporal_env, redis, redis_url, task_queue) -> None:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         await redis.xgroup_setid(STREAM, GROUP, "$")
         newer = await fencing.acquire_claim(redis, run.keys, "operator", 60_000)
         result = await run.handle.result()
@@ -114,9 +114,9 @@ async def test_newer_claim_during_the_wait_fences_the_replay(ts_env, redis, redi
 
 
 async def test_cancel_interrupts_the_wait_and_hands_back_a_paused_experiment(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         await run.handle.cancel()
         with pytest.raises(WorkflowFailureError) as failure:
             await run.handle.result()
@@ -159,8 +159,8 @@ async def test_cancel_interrupts_the_wait_and_hands_back_a_paused_experiment(
         ),
     ],
 )
-async def test_bad_input_fails_at_once_naming_the_field(ts_env, redis, redis_url, task_queue, bad, field) -> None:
-    await fails_at_once_naming(ts_env, redis, redis_url, task_queue, bad, field)
+async def test_bad_input_fails_at_once_naming_the_field(temporal_env, redis, redis_url, task_queue, bad, field) -> None:
+    await fails_at_once_naming(temporal_env, redis, redis_url, task_queue, bad, field)
 
 
 async def fails_at_once_naming(
@@ -218,27 +218,29 @@ RAW_BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("raw,field", RAW_BAD_INPUTS, ids=[f"{i}-{f}" for i, (_, f) in enumerate(RAW_BAD_INPUTS)])
-async def test_bad_json_input_fails_at_once_naming_the_field(ts_env, redis, redis_url, task_queue, raw, field) -> None:
+async def test_bad_json_input_fails_at_once_naming_the_field(
+    temporal_env, redis, redis_url, task_queue, raw, field
+) -> None:
     """The input exactly as JSON text (the Temporal CLI's ``--input``): each fails the run at once,
     non-retryable, naming the field, and nothing in Redis is touched."""
     payload = Payload(metadata={"encoding": b"json/plain"}, data=raw.encode())
-    await fails_at_once_naming(ts_env, redis, redis_url, task_queue, RawValue(payload), field)
+    await fails_at_once_naming(temporal_env, redis, redis_url, task_queue, RawValue(payload), field)
 
 
-async def test_nothing_held_completes_at_once(ts_env, redis, redis_url, task_queue) -> None:
+async def test_nothing_held_completes_at_once(temporal_env, redis, redis_url, task_queue) -> None:
     e = experiment()
     await held.pause(redis, ExperimentKeys(STREAM, e))
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e)
         result = await handle.result()
     assert (result.outcome, result.replayed, result.throttles, result.turns) == (Outcome.COMPLETED, 0, 0, 1)
     assert await held.get_state(redis, ExperimentKeys(STREAM, e)) is ExperimentState.RUNNING
 
 
 async def test_a_fault_retrying_cannot_mend_fails_the_run_and_hands_back_a_paused_experiment(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         await redis.delete(STREAM)
         await redis.set(STREAM, "not a stream")  # somebody clobbered the task stream
         with pytest.raises(WorkflowFailureError) as failure:
@@ -275,7 +277,7 @@ class LostReplies(ResumptionActivities):
         return result
 
 
-async def test_publishes_whose_replies_were_lost_are_counted_once(ts_env, redis, redis_url, task_queue) -> None:
+async def test_publishes_whose_replies_were_lost_are_counted_once(temporal_env, redis, redis_url, task_queue) -> None:
     """Every attempt of the first publish loses its reply (the turn then waits for Redis and starts
     over): the batch moved once, and the same seq asked again returns its recorded result."""
     e = experiment()
@@ -283,9 +285,12 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(ts_env, redis,
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     client = Redis.from_url(redis_url)
     async with Worker(
-        ts_env.client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=LostReplies(client, 6).all()
+        temporal_env.client,
+        task_queue=task_queue,
+        workflows=[ResumptionWorkflow],
+        activities=LostReplies(client, 6).all(),
     ):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, batch_size=5, throttle_seconds=1)
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, batch_size=5, throttle_seconds=1)
         result = await asyncio.wait_for(handle.result(), 60)
         progress = await handle.query(ResumptionWorkflow.progress)
     await client.aclose()
@@ -295,7 +300,7 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(ts_env, redis,
 
 
 async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshold(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     """A backlog one below the threshold (pending 2 + lag 2 at threshold 5) takes exactly one task;
     at exactly the threshold the run waits, turn after turn, checking pause and fencing after every
@@ -305,9 +310,9 @@ async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshol
     names = await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 4)
     await redis.xreadgroup(GROUP, "c0", {STREAM: ">"}, count=2)  # 2 pending, 2 undelivered
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            ts_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,
@@ -332,12 +337,14 @@ async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshol
     assert kinds.count("timer") == result.throttles >= 3
 
 
-async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(ts_env, redis, redis_url, task_queue) -> None:
+async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """As after a workflow reset: the publish record already holds a later seq of the run's own
     token (here a hand-made record claiming 7 tasks). The run's publishes are refused as stale, it
     goes on from the recorded seq, and the recorded result is never counted: ``replayed`` is what
     the run moved."""
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         recorded = PublishResult(
             status=PublishStatus.PUBLISHED,
             moved=7,
@@ -362,22 +369,24 @@ async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(ts_env, 
     assert (await stream_tasks(redis))[5:] == run.names
 
 
-async def test_an_experiment_neither_paused_nor_holding_ends_nothing_held(ts_env, redis, redis_url, task_queue) -> None:
+async def test_an_experiment_neither_paused_nor_holding_ends_nothing_held(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """A mistyped experiment ID (or stream) from the Temporal CLI: a distinct outcome at once,
     not ``completed, replayed 0``, and no state is created for it."""
     e = experiment()
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
         result = await asyncio.wait_for(handle.result(), 20)
     keys = ExperimentKeys(STREAM, e)
     assert (result.outcome, result.replayed, result.remaining, result.throttles) == (Outcome.NOTHING_HELD, 0, 0, 0)
     assert not await redis.exists(keys.state, keys.held, keys.claim)
 
 
-async def test_a_fence_counter_that_went_back_ends_fence_lost(ts_env, redis, redis_url, task_queue) -> None:
+async def test_a_fence_counter_that_went_back_ends_fence_lost(temporal_env, redis, redis_url, task_queue) -> None:
     """The fence counter below the run's token (Redis restarted without persistence) is data loss,
     reported as such, and nothing more is published."""
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         await redis.set(run.keys.fence, "0")
         await redis.xgroup_setid(STREAM, GROUP, "$")
         result = await asyncio.wait_for(run.handle.result(), 20)
@@ -386,14 +395,14 @@ async def test_a_fence_counter_that_went_back_ends_fence_lost(ts_env, redis, red
 
 
 async def test_a_corrupt_fence_counter_fails_the_run_at_once_and_leaves_the_experiment_paused(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     e = experiment()
     keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(redis, e, 3)
     await redis.set(keys.fence, "-5")
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e)
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), 20)
     assert f'XMCCORRUPT {keys.fence} holds "-5"' in str(failure.value.cause)
@@ -414,7 +423,9 @@ class UnreadableCheck(ResumptionActivities):
         return {"fenced": "perhaps"}
 
 
-async def test_an_exception_in_workflow_code_fails_the_run_and_hands_back(ts_env, redis, redis_url, task_queue) -> None:
+async def test_an_exception_in_workflow_code_fails_the_run_and_hands_back(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """Decided: any exception of workflow code (here a result it cannot read) fails the run as a
     non-retryable ``WorkflowCodeError`` after handing the experiment back as paused, instead of
     retrying the workflow task for ever."""
@@ -423,9 +434,12 @@ async def test_an_exception_in_workflow_code_fails_the_run_and_hands_back(ts_env
     names = await hold_tasks(redis, e, 3)
     client = Redis.from_url(redis_url)
     async with Worker(
-        ts_env.client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=UnreadableCheck(client).all()
+        temporal_env.client,
+        task_queue=task_queue,
+        workflows=[ResumptionWorkflow],
+        activities=UnreadableCheck(client).all(),
     ):
-        handle = await start(ts_env.client, task_queue, experiment_id=e)
+        handle = await start(temporal_env.client, task_queue, experiment_id=e)
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), 20)
     await client.aclose()
@@ -439,13 +453,13 @@ async def test_an_exception_in_workflow_code_fails_the_run_and_hands_back(ts_env
 
 @pytest.mark.parametrize("deleted", ["group", "stream"])
 async def test_the_group_or_the_stream_deleted_mid_run_is_waited_for(
-    ts_env, redis, redis_url, task_queue, deleted
+    temporal_env, redis, redis_url, task_queue, deleted
 ) -> None:
     """The default policy (``wait``): a group (or stream, which takes its group with it) deleted
     mid-run stops the replay in ``waiting_for_group``; once the group is back, at ``$``, every
     held task lands once, in order, and the group sees them all. (The seed's rule took the
     missing group for a backlog of 0 and moved everything into a stream no group read.)"""
-    async with throttled_replay(ts_env, task_queue, redis, redis_url) as run:
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         if deleted == "group":
             await redis.xgroup_destroy(STREAM, GROUP)
         else:
@@ -464,14 +478,16 @@ async def test_the_group_or_the_stream_deleted_mid_run_is_waited_for(
 
 
 async def test_the_group_deleted_mid_run_under_the_error_policy_fails_and_hands_back(
-    ts_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     e = experiment()
     keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
-    async with resumption_worker(ts_env.client, task_queue, redis_url):
-        handle = await start(ts_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, missing_group="error")
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(
+            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, missing_group="error"
+        )
         await wait_for(handle, throttled)
         await redis.xgroup_destroy(STREAM, GROUP)
         with pytest.raises(WorkflowFailureError) as failure:

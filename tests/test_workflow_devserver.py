@@ -17,7 +17,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import (
+from tests.support.helpers import (
     GROUP,
     STREAM,
     assert_never_over,
@@ -41,8 +41,10 @@ from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, Phase
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
+pytestmark = pytest.mark.real_server
 
-async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis, redis_url, task_queue) -> None:
+
+async def test_exactly_once_in_order_with_consumers_and_producers(temporal_env, redis, redis_url, task_queue) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(redis, e, 2_000)
@@ -61,10 +63,10 @@ async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis
             held_later += where == "held"
             await asyncio.sleep(random.random() / 100)
 
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         consumers = [asyncio.create_task(consume(redis, f"c{i}", stop, seen, 5, rate=200)) for i in range(3)]
         handle = await start(
-            dev_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=threshold,
@@ -75,7 +77,7 @@ async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis
         result = await asyncio.wait_for(handle.result(), 120)
         stop.set()
         await asyncio.gather(*consumers)
-        calls = [c for h in await chain_histories(dev_env.client, handle) for c in history_calls(h)]
+        calls = [c for h in await chain_histories(temporal_env.client, handle) for c in history_calls(h)]
     assert result.outcome is Outcome.COMPLETED
     assert result.replayed == 2_000 + held_later
     assert result.throttles >= 1
@@ -84,14 +86,14 @@ async def test_exactly_once_in_order_with_consumers_and_producers(dev_env, redis
     assert_never_over(calls, threshold)  # each publish's backlog, measured atomically with its move
 
 
-async def test_continue_as_new_carries_token_and_counters(dev_env, redis, redis_url, task_queue) -> None:
+async def test_continue_as_new_carries_token_and_counters(temporal_env, redis, redis_url, task_queue) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 30)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
-        handle = await start(dev_env.client, task_queue, experiment_id=e, batch_size=4, turns_per_run=2)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, batch_size=4, turns_per_run=2)
         result = await asyncio.wait_for(handle.result(), 60)
-        histories = await chain_histories(dev_env.client, handle)
+        histories = await chain_histories(temporal_env.client, handle)
     kinds = [[k for k, _ in history_calls(h)] for h in histories]
     # 30 tasks at 4 a turn: 8 publishing turns, 2 turns a run
     assert (result.outcome, result.replayed, result.turns, result.runs, result.token) == (
@@ -114,16 +116,18 @@ async def test_continue_as_new_carries_token_and_counters(dev_env, redis, redis_
     assert len(await redis.lrange(keys.acquire_log, 0, -1)) == 1
 
 
-async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, redis, redis_url, task_queue) -> None:
+async def test_throttle_wait_survives_a_worker_restart_and_fires_once(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
     """docs/contract.md, "Guarantees": a 10 s throttle survives a worker restart and fires once. The worker stays
     down past the claim's lease too; the next check takes the lease again for the same token."""
     e = f"E{uuid.uuid4().hex[:6]}"
     keys = ExperimentKeys(STREAM, e)
     names = await hold_tasks(redis, e, 20)
     await fill_backlog(redis, 5)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            dev_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,
@@ -137,7 +141,7 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, r
     await asyncio.sleep(max(0.0, 11.5 - (time.monotonic() - throttled_at)))
     assert not await redis.exists(keys.claim), "the lease lapsed while no worker ran"
     stop, seen = asyncio.Event(), []
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
         result = await asyncio.wait_for(handle.result(), 60)
         stop.set()
@@ -153,15 +157,20 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(dev_env, r
     assert (await stream_tasks(redis))[5:] == names
 
 
-async def test_redis_outage_is_waited_out_and_loses_nothing(dev_env, redis, redis_url, task_queue) -> None:
+async def test_redis_outage_is_waited_out_and_loses_nothing(temporal_env, redis, redis_url, task_queue) -> None:
     """An outage longer than the local activities' retries: the turn waits on a durable timer and
     starts over; nothing is published meanwhile, and the replay completes exactly once."""
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 60)
     await fill_backlog(redis, 5)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            dev_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=0.5
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            batch_size=5,
+            throttle_seconds=0.5,
         )
         await wait_for(handle, throttled)
         async with redis_outage(redis):
@@ -183,14 +192,14 @@ async def test_redis_outage_is_waited_out_and_loses_nothing(dev_env, redis, redi
     assert any(b"Redis unavailable" in s for s in summaries)
 
 
-async def test_cancel_ends_even_while_redis_is_away(dev_env, redis, redis_url, task_queue) -> None:
+async def test_cancel_ends_even_while_redis_is_away(temporal_env, redis, redis_url, task_queue) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     keys = ExperimentKeys(STREAM, e)
     await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            dev_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,
@@ -251,7 +260,7 @@ async def test_continue_as_new_when_temporal_suggests_it(redis, redis_url, task_
     assert sorted(seen) == sorted([f"other-{i}".encode() for i in range(5)] + names)
 
 
-async def test_cancel_while_a_call_hangs_ends_the_run_cancelled(dev_env, redis, task_queue) -> None:
+async def test_cancel_while_a_call_hangs_ends_the_run_cancelled(temporal_env, redis, task_queue) -> None:
     """A Redis that accepts connections and never answers: the cancel reaches the workflow while a
     local activity is still retrying, and must end the run, not be taken for a Redis fault."""
     e = f"E{uuid.uuid4().hex[:6]}"
@@ -261,8 +270,8 @@ async def test_cancel_while_a_call_hangs_ends_the_run_cancelled(dev_env, redis, 
         silent.listen(16)  # the kernel accepts; nobody ever answers
         silent.setblocking(False)
         url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0?socket_timeout=0.5&socket_connect_timeout=0.5"
-        async with resumption_worker(dev_env.client, task_queue, url):
-            handle = await start(dev_env.client, task_queue, experiment_id=e, throttle_seconds=1)
+        async with resumption_worker(temporal_env.client, task_queue, url):
+            handle = await start(temporal_env.client, task_queue, experiment_id=e, throttle_seconds=1)
             # a second connection: the acquire timed out once and is retrying. (The progress query
             # cannot tell: it is answered only once the workflow task holding the call heartbeats.)
             connections = [(await asyncio.wait_for(loop.sock_accept(silent), 20))[0] for _ in range(2)]
@@ -277,14 +286,16 @@ async def test_cancel_while_a_call_hangs_ends_the_run_cancelled(dev_env, redis, 
 
 
 async def test_a_long_outage_before_the_claim_continues_as_new_and_claims_once(
-    dev_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 10)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    async with resumption_worker(dev_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         async with redis_outage(redis):
-            handle = await start(dev_env.client, task_queue, experiment_id=e, throttle_seconds=0.2, turns_per_run=1)
+            handle = await start(
+                temporal_env.client, task_queue, experiment_id=e, throttle_seconds=0.2, turns_per_run=1
+            )
             progress = await wait_for(handle, lambda p: p.runs >= 2, timeout=40)
             assert progress.token == 0 and await redis.xlen(STREAM) == 0
         result = await asyncio.wait_for(handle.result(), 60)

@@ -34,7 +34,7 @@ REPLAYED = SearchAttributeKey.for_int("XmcReplayed")
 REMAINING = SearchAttributeKey.for_int("XmcRemaining")
 """Held tasks left at the last reading (Int, entries)."""
 
-ALL: tuple[SearchAttributeKey, ...] = (EXPERIMENT_ID, STREAM, PHASE, OUTCOME, REPLAYED, REMAINING)
+ALL: tuple[SearchAttributeKey[Any], ...] = (EXPERIMENT_ID, STREAM, PHASE, OUTCOME, REPLAYED, REMAINING)
 
 _CLI_TYPE = {
     SearchAttributeIndexedValueType.KEYWORD: "Keyword",
@@ -89,7 +89,7 @@ def register_commands(namespace: str = "default") -> list[str]:
     ]
 
 
-def missing(registered: dict[str, SearchAttributeIndexedValueType | int]) -> list[SearchAttributeKey]:
+def missing(registered: dict[str, SearchAttributeIndexedValueType | int]) -> list[SearchAttributeKey[Any]]:
     """The keys of ``ALL`` that ``registered`` (name -> type, as the operator service lists a
     namespace's custom search attributes) lacks, or holds with another type."""
     return [key for key in ALL if int(registered.get(key.name, -1)) != int(key.indexed_value_type)]

@@ -8,8 +8,11 @@ in visibility's ``XmcExperimentId``).
 
 ``Instruments`` creates the workflow's instruments. The workflow's meter skips replays, so a worker
 that replays a history after a restart does not count anything twice. The exporter adds
-``namespace``, ``task_queue`` and ``workflow_type`` to what the workflow emits; ``HELD_REMAINING``
-is the worker's (``activities/metrics.py``).
+``namespace``, ``task_queue`` and ``workflow_type`` to what the workflow emits. ``HELD_REMAINING``
+is the worker's, and the counts Redis decides (``REPLAYED``, and ``OUTCOMES`` of a release) are
+the activities' (``activities/metrics.py``), with the same labels: a workflow task whose completion
+is lost is run again live, not replayed, so what it emitted would be emitted twice
+(temporalio/temporal#5921); the scripts tell a fresh move or release from a repeated one.
 """
 
 from __future__ import annotations
@@ -22,16 +25,18 @@ from temporalio.common import MetricCounter, MetricGauge, MetricHistogramFloat
 
 from xmc_resumption.activities import metrics as activity_metrics
 
-REPLAYED = "xmc_resumption_replayed_tasks"
-"""Counter (scraped ``xmc_resumption_replayed_tasks_total``): tasks moved into the task stream, as
-the publish script counted them."""
+REPLAYED = activity_metrics.REPLAYED
+"""Counter (the publish activity's, ``activities/metrics.py``; scraped
+``xmc_resumption_replayed_tasks_total``): tasks moved into the task stream, by the script's count
+of each fresh move."""
 THROTTLES = "xmc_resumption_throttles"
 """Counter (scraped ``xmc_resumption_throttles_total``): throttle waits taken; label ``policy``."""
 THROTTLE_WAIT = "xmc_resumption_throttle_wait_seconds"
 """Histogram: the planned length of each throttle wait (seconds): a durable timer's length, or a
 short poll's bound."""
-OUTCOMES = "xmc_resumption_outcomes"
-"""Counter (scraped ``xmc_resumption_outcomes_total``): resumptions ended; label ``outcome``."""
+OUTCOMES = activity_metrics.OUTCOMES
+"""Counter (scraped ``xmc_resumption_outcomes_total``): resumptions ended; label ``outcome``: the
+release activity's when it releases the claim, else the workflow's (``activities/metrics.py``)."""
 BACKLOG = "xmc_resumption_backlog"
 """Gauge: the consumer group's backlog at the last reading (entries; capped readings give the
 lower bound the replay saw, at least the threshold)."""
@@ -52,7 +57,6 @@ class Instruments:
     """The workflow's instruments on ``workflow.metric_meter()`` (which skips replays), labelled
     with the run's stream and consumer group. Workflow code only."""
 
-    replayed: MetricCounter
     throttles: MetricCounter
     wait: MetricHistogramFloat
     outcomes: MetricCounter
@@ -63,7 +67,6 @@ class Instruments:
         """The instruments of a run replaying into ``stream`` for ``consumer_group``."""
         meter = workflow.metric_meter().with_additional_attributes({"stream": stream, "consumer_group": consumer_group})
         return cls(
-            replayed=meter.create_counter(REPLAYED, "tasks moved into the task stream", "tasks"),
             throttles=meter.create_counter(THROTTLES, "throttle waits taken"),
             wait=meter.create_histogram_float(THROTTLE_WAIT, "planned throttle wait", "s"),
             outcomes=meter.create_counter(OUTCOMES, "resumptions ended, by outcome"),

@@ -74,6 +74,9 @@ class Carry(BaseModel):
         owner: the claim's owner (the workflow ID).
         seq: the last publish sequence number used (the publish script's idempotency key).
         replayed: tasks replayed so far (entries).
+        remaining: held tasks left at the last reply from Redis (entries), so a run that ends
+            before its first call (a pause just after continue-as-new) still tells it; None in
+            carries written before it existed.
         throttles: throttle waits so far.
         turns: turns of the loop so far.
         runs: runs before this one (continue-as-new count).
@@ -97,6 +100,7 @@ class Carry(BaseModel):
     owner: str
     seq: int = Field(ge=0)
     replayed: int = Field(ge=0)
+    remaining: int | None = Field(default=None, ge=0)
     throttles: int = Field(ge=0)
     turns: int = Field(ge=0)
     runs: int = Field(ge=0)

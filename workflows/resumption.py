@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         MissingGroupPolicy,
         PublishResult,
         PublishStatus,
+        ReleaseRecord,
     )
     from xmc_resumption.workflows import fleet
     from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, RELEASE_RETRY, call, permanent
@@ -261,8 +262,8 @@ class ResumptionWorkflow:
             return await self._loop()
         except asyncio.CancelledError:
             self._state.progress.outcome = Outcome.CANCELLED
-            self._metrics.outcomes.add(1, {"outcome": Outcome.CANCELLED.value})
-            await self._release(back_to_paused=True)
+            await self._release(back_to_paused=True, outcome=Outcome.CANCELLED)
+            self._count_outcome(Outcome.CANCELLED)
             self._set_phase(Phase.DONE)
             raise
         except FAILED_CALL:
@@ -285,8 +286,8 @@ class ResumptionWorkflow:
         """The run is failing: hand the experiment back as paused, and show ``failed`` in the fleet
         view (``XmcPhase`` and ``XmcOutcome``) and the outcome counter."""
         self._state.failed = True
-        self._metrics.outcomes.add(1, {"outcome": fleet.FAILED})
-        await self._release(back_to_paused=True)
+        await self._release(back_to_paused=True, outcome=fleet.FAILED)
+        self._count_outcome(fleet.FAILED)
         self._set_phase(Phase.DONE)
 
     async def _loop(self) -> ResumptionResult:
@@ -310,9 +311,9 @@ class ResumptionWorkflow:
                 turns_this_run += 1
                 p.turns += 1
                 self._state.wake = False  # an Update accepted from here on ends this turn's durable wait
-                # adding 0 shows the counters from the first live turn on (a worker that took the
-                # run over after a restart, too: the meter skips replayed code), not first at a move
-                self._metrics.replayed.add(0)
+                # adding 0 shows the counter from the first live turn on (a worker that took the
+                # run over after a restart, too: the meter skips replayed code), not first at a
+                # wait; the check activity does so for the tasks moved (``Counts.show``)
                 self._metrics.throttles.add(0, {"policy": p.policy.value})
                 result = await self._turn()
             except FAILED_CALL as err:
@@ -327,7 +328,7 @@ class ResumptionWorkflow:
     async def _acquire(self) -> None:
         """Take the claim. The request ID makes a retry, or an attempt that reaches Redis late,
         return the same token instead of a second claim."""
-        inp, p = self._state.input, self._state.progress
+        inp = self._state.input
         self._set_phase(Phase.CLAIMING)
         grant = await call(
             ResumptionActivities.acquire_claim,
@@ -336,7 +337,7 @@ class ResumptionWorkflow:
             ),
             summary=f"take the claim on experiment {inp.experiment_id}",
         )
-        p.token, p.remaining = grant.token, grant.held
+        self._state.claimed(grant)
         workflow.logger.info(
             "resumption started",
             extra={"experiment_id": inp.experiment_id, "token": grant.token, "held": grant.held},
@@ -346,7 +347,7 @@ class ResumptionWorkflow:
 
     async def _stop(self) -> ResumptionResult:
         """The ``pause`` Update: release the claim, experiment back to paused, held tasks kept."""
-        await self._release(back_to_paused=True)
+        await self._release(back_to_paused=True, outcome=Outcome.PAUSED)
         return self._finish(Outcome.PAUSED, detail="stopped by the pause Update")
 
     async def _turn(self) -> ResumptionResult | None:
@@ -357,7 +358,7 @@ class ResumptionWorkflow:
             return await self._publish()
         if self._state.nothing_held:
             # neither paused nor holding tasks: most likely a mistyped experiment ID or stream
-            await self._release(back_to_paused=False)
+            await self._release(back_to_paused=False, outcome=Outcome.NOTHING_HELD)
             return self._finish(Outcome.NOTHING_HELD, detail="the experiment was not paused and holds no tasks")
         ended = await self._check()
         if ended is not None:
@@ -374,20 +375,22 @@ class ResumptionWorkflow:
     async def _check(self) -> ResumptionResult | None:
         """Step 1: pause state and fencing token (extends the lease). Returns the result when the
         run ends here (fenced, or paused: claim released), else None."""
-        inp, p = self._state.input, self._state.progress
+        inp = self._state.input
         self._set_phase(Phase.CHECKING)
         check = await call(
             ResumptionActivities.check_claim,
             CheckRequest(ref=self._ref, token=self._state.token, owner=self._state.owner, lease_ms=inp.lease_ms),
             summary=f"check pause state and fencing token {self._state.token}",
         )
-        p.remaining = check.held
+        self._state.checked(check)
         if check.fence_lost:
             return self._fence_lost(check.current_token)
+        if check.released is not None:
+            return self._ended_before(check.released)
         if check.fenced:
             return self._finish(Outcome.FENCED, detail=f"token {check.current_token} took over")
         if check.state is ExperimentState.PAUSED:
-            await self._release(back_to_paused=False)
+            await self._release(back_to_paused=False, outcome=Outcome.PAUSED)
             return self._finish(Outcome.PAUSED)
         return None
 
@@ -484,7 +487,7 @@ class ResumptionWorkflow:
         if p.stalled and phase is not Phase.WAITING_FOR_GROUP:
             await self._name_idle_consumers()
         if self._state.stall.over_limit(p.stalled_seconds):
-            await self._release(back_to_paused=True)
+            await self._release(back_to_paused=True, outcome=Outcome.STALLED)
             return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
         plan = self._state.pacer.plan(backlog, workflow.now()) if seconds is None else WaitPlan(WaitKind.TIMER, seconds)
         p.throttles += 1
@@ -582,9 +585,7 @@ class ResumptionWorkflow:
         if cap is not None:
             self._state.bucket.take(result.moved)
         p.stream_rate_limit = result.rate_limit or None
-        counted = self._state.count(result)  # the metric follows Redis's count, as the progress does
-        if counted > 0:
-            self._metrics.replayed.add(counted)
+        self._state.count(result)  # Redis's count (the metric is the activity's: activities/metrics.py)
         if result.status in (
             PublishStatus.PUBLISHED,
             PublishStatus.COMPLETED,
@@ -622,11 +623,14 @@ class ResumptionWorkflow:
         p = self._state.progress
         match result.status:
             case PublishStatus.COMPLETED:
-                await self._release(back_to_paused=False)
+                await self._release(back_to_paused=False, outcome=Outcome.COMPLETED)
                 return self._finish(Outcome.COMPLETED)
             case PublishStatus.PAUSED:
-                await self._release(back_to_paused=False)
+                await self._release(back_to_paused=False, outcome=Outcome.PAUSED)
                 return self._finish(Outcome.PAUSED)
+            case PublishStatus.RELEASED:
+                record = ReleaseRecord(outcome=result.outcome, replayed=result.replayed, remaining=result.remaining)
+                return self._ended_before(record)
             case PublishStatus.FENCED:
                 return self._finish(Outcome.FENCED, detail="a newer token took over before the publish")
             case PublishStatus.FENCE_LOST:
@@ -749,15 +753,20 @@ class ResumptionWorkflow:
         workflow.logger.info("continuing as new", extra={"experiment_id": p.experiment_id, "turns": p.turns})
         workflow.continue_as_new(self._state.next_input())
 
-    async def _release(self, *, back_to_paused: bool) -> None:
-        """Release the claim; token 0 (a run cancelled before its acquire's reply was recorded)
-        releases whatever claim this workflow owns. Bounded by ``RELEASE_RETRY``."""
+    async def _release(self, *, back_to_paused: bool, outcome: str) -> None:
+        """Release the claim, recording ``outcome`` with it; token 0 (a run cancelled before its
+        acquire's reply was recorded) releases whatever claim this workflow owns. Bounded by
+        ``RELEASE_RETRY``. The reply's counts (Redis's) go into the progress."""
         self._set_phase(Phase.RELEASING)
         try:
-            await call(
+            release = await call(
                 ResumptionActivities.release_claim,
                 ReleaseRequest(
-                    ref=self._ref, token=self._state.token, owner=self._state.owner, back_to_paused=back_to_paused
+                    ref=self._ref,
+                    token=self._state.token,
+                    owner=self._state.owner,
+                    back_to_paused=back_to_paused,
+                    outcome=outcome,
                 ),
                 summary=f"release the claim (token {self._state.token or 'of this workflow'})",
                 retry_policy=RELEASE_RETRY,
@@ -765,6 +774,21 @@ class ResumptionWorkflow:
         except FAILED_CALL as err:
             # the lease will lapse on its own; the run's own outcome or failure matters more
             workflow.logger.warning("claim not released", extra={"error": str(err)})
+            return
+        self._state.released(release)
+
+    def _ended_before(self, record: ReleaseRecord) -> ResumptionResult:
+        """This run released its claim in a workflow task whose completion was lost, and runs the
+        turn again (temporalio/temporal#5921): end as the release recorded it in Redis
+        (``RunState.recorded_release``), not as fenced by its own release."""
+        outcome = self._state.recorded_release(record)
+        return self._finish(outcome, detail="released before, in a workflow task run again: its recorded release")
+
+    def _count_outcome(self, outcome: str) -> None:
+        """Count the run's end in the outcomes metric, unless the release activity counted it."""
+        if not self._state.outcome_counted:
+            self._metrics.outcomes.add(1, {"outcome": outcome})
+            self._state.outcome_counted = True
 
     def _fence_lost(self, counter: int | None) -> ResumptionResult:
         """The fence counter went back below this run's token: Redis lost data (a restart without
@@ -780,7 +804,7 @@ class ResumptionWorkflow:
     def _finish(self, outcome: Outcome, detail: str = "") -> ResumptionResult:
         p = self._state.progress
         p.outcome = outcome
-        self._metrics.outcomes.add(1, {"outcome": outcome.value})
+        self._count_outcome(outcome.value)
         self._set_phase(Phase.DONE)
         workflow.logger.info(
             "resumption ended",

@@ -13,7 +13,16 @@ from datetime import datetime, timedelta
 
 from temporalio.exceptions import ApplicationError
 
-from xmc_resumption.redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy, PublishResult
+from xmc_resumption.redisclient.results import (
+    BacklogReading,
+    ClaimCheck,
+    ClaimGrant,
+    GroupStatus,
+    MissingGroupPolicy,
+    PublishResult,
+    Release,
+    ReleaseRecord,
+)
 from xmc_resumption.workflows.eta import NetRate, eta_seconds
 from xmc_resumption.workflows.models import (
     INVALID_CONTROL,
@@ -55,6 +64,8 @@ class RunState:
         bucket: the ``max_tasks_per_second`` bucket (``workflows/ratecap.py``).
         stall_base: the stall reason without the idle consumers (``observe``), None when not stalled.
         idle_read_at: when the idle consumers were last read during this stall (workflow time).
+        outcome_counted: the outcomes metric has this run's end already: counted by the release
+            activity (a release done now, or recorded before), so the workflow does not count it.
     """
 
     input: ResumptionInput
@@ -74,6 +85,7 @@ class RunState:
     bucket: TaskBucket = field(default_factory=TaskBucket)
     stall_base: str | None = None
     idle_read_at: datetime | None = None
+    outcome_counted: bool = False
 
     @classmethod
     def of(cls, inp: ResumptionInput) -> RunState:
@@ -91,6 +103,7 @@ class RunState:
                 throttles=carry.throttles if carry else 0,
                 turns=carry.turns if carry else 0,
                 runs=carry.runs + 1 if carry else 1,
+                remaining=carry.remaining if carry else None,
                 drain_rate=carry.drain_rate if carry else None,
                 max_tasks_per_second=inp.max_tasks_per_second,
             ),
@@ -210,15 +223,69 @@ class RunState:
             return text + " (missing_group zero: the stream's entries count as its backlog)"
         return text + f" (missing_group {inp.missing_group.value}: nothing moves until it exists)"
 
-    def count(self, result: PublishResult) -> int:
-        """Take a publish's counts into the progress; returns the tasks newly counted (entries).
-        Redis's count is the authority: publishes whose history was lost are in it too (a stale
-        reply after a lost history adds what this run never saw)."""
+    def claimed(self, grant: ClaimGrant) -> None:
+        """Take the claim's reply into the progress: the token, the held tasks and the resume's
+        count so far (kept when unknown)."""
         p = self.progress
-        counted = p.replayed
-        p.replayed = result.total_moved if result.total_moved is not None else p.replayed + result.moved
+        p.token, p.remaining = grant.token, grant.held
+        if grant.replayed is not None:
+            p.replayed = grant.replayed
+
+    def checked(self, check: ClaimCheck) -> None:
+        """Take a check's counts into the progress: the held tasks, and the resume's count (kept
+        when unknown): a reset run of a continued one starts from an older carry."""
+        p = self.progress
+        p.remaining = check.held
+        if check.replayed is not None:
+            p.replayed = check.replayed
+
+    def count(self, result: PublishResult) -> None:
+        """Take a publish's counts into the progress. Redis's count is the authority: the resume's
+        (``replayed``: every claim's moves, a reset workflow's too), else the claim's
+        (``total_moved``), else (results recorded before either existed) the run's own sum.
+        Publishes whose history was lost are in it too (a stale reply after a lost history adds
+        what this run never saw)."""
+        p = self.progress
+        if result.replayed is not None:
+            p.replayed = result.replayed
+        elif result.total_moved is not None:
+            p.replayed = result.total_moved
+        else:
+            p.replayed += result.moved
         p.remaining = result.remaining
-        return p.replayed - counted
+
+    def released(self, release: Release) -> None:
+        """Take a release's reply into the progress: the resume's count and the held tasks left,
+        as Redis recorded them (a bare token, from histories recorded before, changes nothing). A
+        release done now, or recorded before, had its outcome counted by the release activity."""
+        p = self.progress
+        if release.replayed is not None:
+            p.replayed = release.replayed
+        if release.remaining is not None:
+            p.remaining = release.remaining
+        self.outcome_counted = self.outcome_counted or (release.token > 0 and release.outcome != "")
+
+    def recorded_release(self, record: ReleaseRecord) -> Outcome:
+        """A turn run again after this run released its claim (a workflow task whose completion
+        was lost): take the release's record (outcome, the resume's count, held tasks left) into
+        the progress; returns its outcome.
+
+        Raises:
+            ApplicationError: non-retryable, type ``EndedBefore``: the recorded outcome is none of
+                ``Outcome`` (the run failed before).
+        """
+        p = self.progress
+        if record.replayed is not None:
+            p.replayed = record.replayed
+        p.remaining = record.remaining
+        self.outcome_counted = True
+        if record.outcome not in {o.value for o in Outcome}:
+            raise ApplicationError(
+                f"this run ended {record.outcome} before; its release is recorded in Redis",
+                type="EndedBefore",
+                non_retryable=True,
+            )
+        return Outcome(record.outcome)
 
     def refuse(self, change: ControlChange) -> None:
         """Refuse a control change once the run is ending, or one that breaks a bound or a rule of
@@ -277,6 +344,7 @@ class RunState:
             owner=self.owner,
             seq=self.seq,
             replayed=p.replayed,
+            remaining=p.remaining,
             throttles=p.throttles,
             turns=p.turns,
             runs=p.runs,

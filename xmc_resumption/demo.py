@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from redis.exceptions import ResponseError
 from temporalio.client import Client, WorkflowHandle
@@ -95,7 +96,7 @@ def _bar(done: int, total: int, width: int = 30) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-async def _history_events(client: Client, handle: WorkflowHandle) -> tuple[int, int]:
+async def _history_events(client: Client, handle: WorkflowHandle[Any, Any]) -> tuple[int, int]:
     """(events over all runs, runs), following the continue-as-new chain from the first run."""
     per_run = await history_events_per_run(client, handle)
     return sum(per_run), len(per_run)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 
-async def history_events_per_run(client: Client, handle: WorkflowHandle) -> list[int]:
+async def history_events_per_run(client: Client, handle: WorkflowHandle[Any, Any]) -> list[int]:
     """History events of each run of the chain (events, oldest run first), from the first run on."""
     run_id: str | None = handle.first_execution_run_id or handle.result_run_id
     per_run: list[int] = []

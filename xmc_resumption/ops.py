@@ -84,8 +84,12 @@ async def state_and_held(redis: RedisClient, keys: ExperimentKeys) -> tuple[Expe
 
 async def has_keys(redis: RedisClient, keys: ExperimentKeys) -> bool:
     """True when any key of the experiment exists (state, held, claim, fence, publish record,
-    acquire log, dead letters): False for an experiment never paused nor resumed on this stream."""
-    every = (keys.state, keys.held, keys.claim, keys.fence, keys.publish, keys.acquire_log, keys.dead)
+    acquire log, replay record, release log, dead letters): False for an experiment never paused
+    nor resumed on this stream."""
+    every = (
+        keys.state, keys.held, keys.claim, keys.fence, keys.publish, keys.acquire_log, keys.replay, keys.released,
+        keys.dead,
+    )  # fmt: skip
     return bool(await redis.exists(*every))
 
 

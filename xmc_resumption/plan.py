@@ -27,11 +27,10 @@ from xmc_resumption.redisclient import fencing
 from xmc_resumption.redisclient.acl import acl_user, allowed_commands, denial_message, is_denial
 from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.redisclient.ratecap import StreamRate, rate_key, stream_rate
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, RedisMemory
-from xmc_resumption.redisclient.weights import replayers_key, weights_key
 from xmc_resumption.workflows.eta import eta_seconds
 from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
 
@@ -190,6 +189,9 @@ def required_commands(keys: ExperimentKeys) -> list[list[str]]:
         ["hset", keys.publish, "seq", "1"],
         ["lpush", keys.acquire_log, "x"],
         ["ltrim", keys.acquire_log, "0", "15"],
+        ["hset", keys.replay, "moved", "0"],
+        ["lpush", keys.released, "x"],
+        ["lrange", keys.released, "0", "-1"],
         ["xadd", s, "*", "f", "v"],
         ["xrange", s, "-", "+", "COUNT", "1"],
         ["xinfo", "groups", s],

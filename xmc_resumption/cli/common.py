@@ -120,7 +120,7 @@ class InputOption:
     default_text: str | None = None
 
     @property
-    def type(self) -> click.ParamType:
+    def type(self) -> click.ParamType[Any]:
         """The option's click type: the field's type and bounds."""
         return field_type(ResumptionInput, self.field)
 

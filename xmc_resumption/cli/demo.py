@@ -75,7 +75,7 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
     help="seconds to keep the services up at the end (Ctrl-C ends it early)",
 )
 @click.pass_context
-def demo(ctx: click.Context, **opts: Any) -> None:
+def demo(ctx: click.Context, /, **opts: Any) -> None:
     """Replay held tasks end to end; starts redis-server and a Temporal dev server unless
     XMC_REDIS_URL / TEMPORAL_ADDRESS are set. Prints its own report (no --json)."""
     options = DemoOptions(**opts)

@@ -43,7 +43,7 @@ class FiniteFloat(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
-class NameType(click.ParamType):
+class NameType(click.ParamType[str]):
     """A name that becomes part of a key (an experiment ID, a stream, a group): ``validate_name``."""
 
     name = "name"
@@ -58,7 +58,7 @@ class NameType(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
-class NameListType(click.ParamType):
+class NameListType(click.ParamType[list[str]]):
     """Names separated by commas (``a,b``): each by ``validate_name``'s rule, none twice, at most
     ``MAX_LISTED_NAMES``; the value is the list."""
 
@@ -84,7 +84,7 @@ MAX_LISTED_NAMES = 64
 reading measures)."""
 
 
-class EntryIdType(click.ParamType):
+class EntryIdType(click.ParamType[str]):
     """A stream entry ID, ``<ms>-<seq>``, each part 0..2^64-1."""
 
     name = "entry-id"
@@ -101,7 +101,7 @@ MAX_TASK_QUEUE_LENGTH = 1000
 """The longest task queue name (characters): the Temporal server's default ``limit.maxIDLength``."""
 
 
-class TaskQueueType(click.ParamType):
+class TaskQueueType(click.ParamType[str]):
     """A Temporal task queue name: 1..``MAX_TASK_QUEUE_LENGTH`` printable characters, without
     leading or trailing blanks (a queue that differs from the workers' by a blank is never polled)."""
 
@@ -125,7 +125,7 @@ def _bound(metadata: list[Any], kind: str) -> float | None:
     )
 
 
-def field_type(model: type[BaseModel], name: str) -> click.ParamType:
+def field_type(model: type[BaseModel], name: str) -> click.ParamType[Any]:
     """The click type of an option that sets field ``name`` of ``model``: its type and bounds.
 
     Raises:

@@ -150,6 +150,7 @@ def list_cmd(
 @click.pass_context
 def resume(
     ctx: click.Context,
+    /,
     experiment_id: tuple[str, ...],
     stream: str,
     as_json: bool,

@@ -83,7 +83,7 @@ class Watcher:
             RunFailedError: the run ended without a result.
         """
         handle = self._client.get_workflow_handle(workflow_id, result_type=ResumptionResult)
-        result = asyncio.ensure_future(handle.result())
+        result: asyncio.Future[ResumptionResult] = asyncio.ensure_future(handle.result())
         redis = self._settings.redis()
         if not self._quiet and self._console.is_terminal:
             self._bar = ProgressBar(

@@ -18,7 +18,7 @@ import uuid
 
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_key
-from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant
+from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant, Release
 from xmc_resumption.redisclient.scripts import run_script
 
 MAX_LEASE_MS = 7 * 86_400 * 1_000
@@ -49,7 +49,9 @@ async def acquire_claim(
             last 16 IDs are kept). None draws a fresh one: every call is a new claim.
 
     Returns:
-        The token (1, 2, ...), the state after the claim and the held tasks (entries).
+        The token (1, 2, ...), the state after the claim, the held tasks (entries) and the tasks
+        the resume moved so far (``replayed``: 0 when this claim starts the resume, the count so
+        far when it takes over a resume in progress).
 
     Raises:
         ValueError: lease_ms < 1.
@@ -61,7 +63,7 @@ async def acquire_claim(
     raw = await run_script(
         client,
         "acquire",
-        [keys.fence, keys.claim, keys.state, keys.held, keys.publish, keys.acquire_log],
+        [keys.fence, keys.claim, keys.state, keys.held, keys.publish, keys.acquire_log, keys.replay],
         [owner, lease_ms, request_id or uuid.uuid4().hex],
     )
     return ClaimGrant.model_validate_json(raw)
@@ -71,25 +73,37 @@ async def check_claim(client: RedisClient, keys: ExperimentKeys, token: int, own
     """Check the pause state and the fencing token, and extend the claim's lease to ``lease_ms``.
 
     Returns:
-        ``fenced=True`` when a newer token was issued (nothing is extended then); else the state,
-        the held tasks (entries) and whether a lapsed lease was re-established.
+        ``fenced=True`` when a newer token was issued (nothing is extended then), with
+        ``released`` set when that token was this one's own release (its record); else the
+        state, the held tasks (entries) and whether a lapsed lease was re-established.
 
     Raises:
         ValueError: lease_ms < 1.
         redis.exceptions.RedisError: on any Redis fault.
     """
     validate_lease(lease_ms)
-    raw = await run_script(client, "check", [keys.fence, keys.claim, keys.state, keys.held], [token, owner, lease_ms])
+    script_keys = [keys.fence, keys.claim, keys.state, keys.held, keys.released, keys.replay]
+    raw = await run_script(client, "check", script_keys, [token, owner, lease_ms])
     return ClaimCheck.model_validate_json(raw)
 
 
 async def release_claim(
-    client: RedisClient, keys: ExperimentKeys, token: int, *, owner: str = "", back_to_paused: bool
-) -> int:
-    """Release the claim and revoke its token, if the token is still current.
+    client: RedisClient,
+    keys: ExperimentKeys,
+    token: int,
+    *,
+    owner: str = "",
+    back_to_paused: bool,
+    outcome: str = "",
+) -> Release:
+    """Release the claim and revoke its token, if the token is still current, and record the
+    release (``lua/release.lua``).
 
     The fence counter is bumped, so the released token is fenced from then on: a zombie attempt of
-    the released run can publish nothing.
+    the released run can publish nothing. The release log keeps the last 16 releases with their
+    outcome, the resume's count and the held tasks left, so a re-executed turn of the released run
+    reports its own release, and a second release of the same token returns the first's record
+    (``repeated``). Once the experiment is no longer ``resuming``, the resume's count is dropped.
 
     Args:
         token: the claim's token; 0 when the caller never learnt it (a run cancelled before the
@@ -97,20 +111,30 @@ async def release_claim(
         owner: the claim's owner, used when ``token`` is 0.
         back_to_paused: also move a ``resuming`` experiment back to ``paused`` (a cancelled
             replay: producers keep holding tasks, and the next start resumes them in order).
+        outcome: the outcome the caller ends with, recorded with the release (0..32 of a-z and
+            ``_``; '' records ``released``).
 
     Returns:
-        The released token; 0 when nothing was released (a newer claim owns the experiment).
+        The released token (0 when nothing was released: a newer claim owns the experiment), the
+        outcome, the resume's count and the held tasks left.
 
     Raises:
+        ValueError: an outcome that breaks its rule.
         redis.exceptions.RedisError: on any Redis fault.
     """
-    released = await run_script(
+    if not _OUTCOME.fullmatch(outcome):
+        raise ValueError(f"outcome must be 0..32 of a-z and _, got {outcome[:40]!r}")
+    raw = await run_script(
         client,
         "release",
-        [keys.fence, keys.claim, keys.state, keys.publish, replayers_key(keys.stream)],
-        [token, owner, "1" if back_to_paused else "0", keys.experiment_id],
-    )
-    return int(released)
+        [keys.fence, keys.claim, keys.state, keys.publish, replayers_key(keys.stream), keys.replay, keys.released,
+         keys.held],
+        [token, owner, "1" if back_to_paused else "0", keys.experiment_id, outcome],
+    )  # fmt: skip
+    return Release.model_validate_json(raw)
+
+
+_OUTCOME = re.compile(r"[a-z_]{0,32}")
 
 
 MAX_TOKEN = 2**63 - 1

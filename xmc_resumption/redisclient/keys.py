@@ -90,6 +90,21 @@ class ExperimentKeys:
         return f"{self._prefix}:acquired"
 
     @property
+    def replay(self) -> str:
+        """Hash key: ``moved``, the tasks the resume in progress moved, whatever claim moved them
+        (the authority for a resumption's ``replayed``): set to 0 by the claim that starts a resume
+        (the experiment was not ``resuming``), counted by the publish script, dropped by the release
+        that ends the resume (``lua/acquire.lua``, ``lua/publish.lua``, ``lua/release.lua``)."""
+        return f"{self._prefix}:replay"
+
+    @property
+    def released(self) -> str:
+        """List key: the last 16 releases, newest first, each ``<token> <outcome> <replayed>
+        <remaining>`` (``-`` for an unknown count): what a re-executed turn of a run that already
+        released its claim reads to report its own release instead of a takeover (``lua/tokens.lua``)."""
+        return f"{self._prefix}:released"
+
+    @property
     def dead(self) -> str:
         """Stream key: the experiment's dead-letter stream: held tasks the publish script cannot
         move (more fields than a script can pass to XADD), set aside in order with their field
@@ -141,6 +156,8 @@ _TYPES = {
     "fence": "string",
     "publish": "hash",
     "acquired": "list",
+    "replay": "hash",
+    "released": "list",
     "dead": "stream",
     "idempotency": "hash",
     "idempotency-previous": "hash",

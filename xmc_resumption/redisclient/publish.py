@@ -100,7 +100,7 @@ async def publish_batch(
         client,
         "publish",
         [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish,
-         weights_key(keys.stream), replayers_key(keys.stream), rate_key(keys.stream)],
+         weights_key(keys.stream), replayers_key(keys.stream), rate_key(keys.stream), keys.replay, keys.released],
         [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
          fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id, spec],
     )  # fmt: skip

@@ -122,13 +122,54 @@ class BacklogReading(BaseModel):
 class ClaimGrant(BaseModel):
     """A claim just taken: the fencing token, the state after the claim and before it (None in a
     repeated grant and in results recorded before it existed), held tasks (entries); ``repeated``
-    when the request ID had been granted before (nothing changed then)."""
+    when the request ID had been granted before (nothing changed then); ``replayed``: the tasks
+    the resume has moved so far (0 for a claim that starts a resume; None when unknown: a resume
+    begun before the replay record existed, and results recorded before it existed)."""
 
     token: int
     state: ExperimentState
     previous_state: ExperimentState | None = None
     held: int
     repeated: bool = False
+    replayed: int | None = None
+
+
+class ReleaseRecord(BaseModel):
+    """What a release recorded in the release log (``{S}:experiment:E:released``): the outcome the
+    run ended with, the resume's tasks moved (None when unknown) and the held tasks left then
+    (entries)."""
+
+    outcome: str
+    replayed: int | None = None
+    remaining: int
+
+
+class Release(BaseModel):
+    """The reply of ``fencing.release_claim``.
+
+    Attributes:
+        token: the released token; 0 when nothing was released (a newer claim owns the
+            experiment, or the owner holds no claim).
+        outcome: the outcome recorded with the release (``released`` when the caller gave none).
+        replayed: the resume's tasks moved when it was released (None when unknown, or nothing
+            was released).
+        remaining: held tasks left (entries; 0 in results recorded before it existed).
+        repeated: the token had been released before (a retry, a re-executed turn): nothing
+            changed, and the fields are that release's.
+
+    Recorded workflow histories hold the older reply, the bare token: it reads as ``token`` alone.
+    """
+
+    token: int
+    outcome: str = ""
+    replayed: int | None = None
+    remaining: int | None = None
+    repeated: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_token(cls, data: Any) -> Any:
+        return {"token": data} if isinstance(data, int) and not isinstance(data, bool) else data
 
 
 class ClaimCheck(BaseModel):
@@ -142,6 +183,10 @@ class ClaimCheck(BaseModel):
         state: the experiment's state.
         held: held tasks left (entries).
         reestablished: True when the lease had lapsed and was taken again for the current token.
+        released: when fenced by this very token's own release (a re-executed turn of a run that
+            already released its claim): that release's record; else None.
+        replayed: the tasks the resume has moved (None when unknown, and in results recorded
+            before it existed): a reset run of a continued one, whose carry is older, reads it.
     """
 
     fenced: bool
@@ -150,6 +195,8 @@ class ClaimCheck(BaseModel):
     state: ExperimentState
     held: int
     reestablished: bool
+    released: ReleaseRecord | None = None
+    replayed: int | None = None
 
 
 class PublishStatus(StrEnum):
@@ -167,6 +214,9 @@ class PublishStatus(StrEnum):
     """The stream or a required group is missing under ``missing_group: wait``: nothing moved or written."""
     MEMORY = "memory"
     """Redis's used memory reached the call's fraction of ``maxmemory``: nothing moved (a wait)."""
+    RELEASED = "released"
+    """The token was fenced by its own release (a re-executed turn of a run that already released
+    its claim): nothing moved; ``outcome``, ``replayed`` and ``remaining`` are the release's."""
     RATE_LIMITED = "rate_limited"
     """The stream-wide rate cap's bucket (``{S}:rate``, ``lua/rate.lua``) held no whole task while
     there was headroom: nothing moved (a wait of ``rate_wait_ms``)."""
@@ -182,8 +232,12 @@ class PublishResult(BaseModel):
         poison_id: the held entry that stopped the move, '' when none: it has more fields than a
             script can pass to XADD, and the caller sets it aside (``held.set_aside``).
         total_moved: tasks this token has moved in all, counted by the script in the publish
-            record: the authority for a resumption's ``replayed`` (None in results recorded
-            before it existed).
+            record (None in results recorded before it existed).
+        replayed: tasks the resume has moved in all, whatever claim moved them, counted by the
+            script in the replay record: the authority for a resumption's ``replayed`` (None when
+            unknown, and in results recorded before it existed).
+        outcome: with ``released``, the outcome the release recorded ('' otherwise).
+        repeated: the script returned the result recorded for this seq: it moved nothing now.
         remaining: held tasks left after the move (entries).
         reading: the backlog the script measured before the move; its ``headroom`` is
             ``threshold - backlog`` then (with the fair share on, this caller's share of it), so
@@ -214,6 +268,9 @@ class PublishResult(BaseModel):
     moved_bytes: int = 0
     poison_id: str = ""
     total_moved: int | None = None
+    replayed: int | None = None
+    outcome: str = ""
+    repeated: bool = False
     remaining: int
     reading: BacklogReading
     last_seq: int = 0

@@ -137,7 +137,7 @@ def run_script_sync(client: SyncRedisClient, name: str, keys: list[str], args: l
     except ResponseError as err:
         reply = _SCRIPT_SUFFIX.sub("", str(err))
         if reply.startswith("WRONGTYPE"):
-            reply = _wrong_type_reply(reply, keys, [as_text(client.type(key)) for key in keys])  # type: ignore[arg-type]
+            reply = _wrong_type_reply(reply, keys, [as_text(client.type(key)) for key in keys])
         if reply == str(err):
             raise
         raise type(err)(reply) from err

@@ -3,7 +3,11 @@
 -- KEYS[6] publish record (the idempotency record: token, seq, result, and `moved`, the tasks this
 --         token moved in all, the authority for the run's count; it does not lapse with the lease),
 -- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua),
--- KEYS[9] the stream's rate cap `{S}:rate` (rate.lua): a token bucket shared by every replay of S
+-- KEYS[9] the stream's rate cap `{S}:rate` (rate.lua): a token bucket shared by every replay of S,
+-- KEYS[10] replay record (hash: `moved`, the tasks the resume in progress moved, whatever claim moved
+--          them: the authority for a resumption's `replayed`; acquire.lua starts it, release.lua ends it),
+-- KEYS[11] release log (tokens.lua's xmc_released); KEYS[10] and KEYS[11] may be left out (then the
+--          claim's own count is the reply's `replayed`)
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group (it must exist),
 -- ARGV[6] missing-group policy ('wait' | 'zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
@@ -17,7 +21,10 @@
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
 --   fencing: a token other than the fence counter's moves nothing ('fenced'; 'fence_lost' when the
 --            counter is below the token: Redis lost data, e.g. restarted without persistence);
---   idempotency: a repeated seq returns the recorded result, an older seq moves nothing ('stale');
+--   idempotency: a repeated seq returns the recorded result (with `repeated` true), an older seq
+--                moves nothing ('stale');
+--   released: a token fenced by its own release (a re-executed turn of a run that already released
+--             its claim) moves nothing ('released', with that release's outcome, replayed and remaining);
 --   pause: a paused experiment moves nothing ('paused');
 --   group: a missing stream or required group moves nothing under 'wait' ('waiting_for_group', nothing
 --          written, unless nothing is held: then it completes) and 'error' ('no_group'); under 'zero'
@@ -37,7 +44,9 @@
 --   done: when the held stream is empty the experiment is running again ('completed').
 -- Tokens are decimal strings compared exactly (tokens.lua).
 -- Returns JSON {status, moved, moved_bytes, poison_id ('' or the entry that stopped the move),
--- total_moved (this token's tasks moved in all), backlog, remaining, pending, lag, capped, bytes_capped,
+-- total_moved (this token's tasks moved in all), replayed (the resume's tasks moved in all, whatever claim
+-- moved them; absent when unknown), outcome (with 'released': the release's), repeated (only in a recorded
+-- result returned again), backlog, remaining, pending, lag, capped, bytes_capped,
 -- headroom, last_delivered_id, group_status, limiting_group, missing_group, last_seq, used_memory, maxmemory,
 -- rate_limit, rate_limited, rate_wait_ms}: backlog (of the limiting group) and headroom as measured before the
 -- move; last_seq is the recorded seq, with 'stale';
@@ -75,11 +84,17 @@ local recorded = own and redis.call('HGET', KEYS[6], 'moved')
 local counting = (not own) or (recorded ~= false)
 local total = tonumber(recorded or '0')
 local lease_token = redis.call('HGET', KEYS[5], 'token')  -- read before any write
+-- the resume's count (the replay record); without one (a resume begun before the record existed),
+-- the claim's own count, if any
+local resume = tonumber((KEYS[10] and redis.call('HGET', KEYS[10], 'moved')) or (counting and total) or nil)
+local released = nil
 
 local function reply(status, moved, b, remaining, last_seq, moved_bytes)
   return cjson.encode({status = status, moved = moved, moved_bytes = moved_bytes or 0,
                        poison_id = poison_id or '',
-                       total_moved = counting and (total + moved) or nil, backlog = b.pending + b.lag, remaining = remaining,
+                       total_moved = counting and (total + moved) or nil,
+                       replayed = released and released.replayed or (resume and (resume + moved)) or nil,
+                       outcome = released and released.outcome or '', backlog = b.pending + b.lag, remaining = remaining,
                        pending = b.pending, lag = b.lag, capped = b.capped, bytes_capped = b.bytes_capped or false,
                        headroom = b.headroom, last_delivered_id = b.last_delivered_id or '',
                        group_status = b.status, limiting_group = b.limiting_group or '',
@@ -93,13 +108,18 @@ local fence = xmc_token_cmp(xmc_fence(KEYS[4]), token)
 if fence ~= 0 then
   -- a newer token took over, or the counter went back below ours: Redis lost data (the record,
   -- if any, is another token's: no count to report)
-  counting = false
+  counting, resume = false, nil
+  released = fence > 0 and KEYS[11] and xmc_released(KEYS[11], token) or nil
+  if released then
+    return reply('released', 0, none, released.remaining)
+  end
   return reply(fence > 0 and 'fenced' or 'fence_lost', 0, none, redis.call('XLEN', KEYS[2]))
 end
 if own then
   local last_seq = tonumber(redis.call('HGET', KEYS[6], 'seq') or '0')
   if seq == last_seq then
-    return redis.call('HGET', KEYS[6], 'result')
+    -- the recorded result, marked: it moved nothing now (a metric counts only fresh moves)
+    return '{"repeated":true,' .. string.sub(redis.call('HGET', KEYS[6], 'result'), 2)
   elseif seq < last_seq then
     return reply('stale', 0, none, redis.call('XLEN', KEYS[2]), last_seq)
   end
@@ -188,6 +208,9 @@ local result = reply(status, moved, b, remaining, 0, moved_bytes)
 redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
 if counting then
   redis.call('HSET', KEYS[6], 'moved', total + moved)
+end
+if KEYS[10] and resume and moved > 0 then
+  redis.call('HSET', KEYS[10], 'moved', resume + moved)
 end
 if lease_token ~= token then
   redis.call('HSET', KEYS[5], 'token', token, 'owner', ARGV[8])  -- a lapsed lease, taken again

@@ -34,3 +34,18 @@ local function xmc_known_state(v)
   if v == 'paused' or v == 'resuming' then return v end
   return 'unknown'
 end
+
+-- The release log (`{S}:experiment:E:released`, a list of the last 16 releases, newest first, each
+-- '<token> <outcome> <replayed> <remaining>', replayed '-' when unknown; release.lua writes it): the
+-- record of `token`'s release as {outcome, replayed (nil when unknown), remaining}, or nil when the
+-- token was not released (or not among the last 16). A re-executed turn of a run that released its
+-- own claim finds here what it released, instead of taking its own revoked token for a takeover.
+local function xmc_released(key, token)
+  for _, entry in ipairs(redis.call('LRANGE', key, 0, -1)) do
+    local t, outcome, replayed, remaining = string.match(entry, '^(%d+) (%S+) (%S+) (%d+)$')
+    if t == token then
+      return {outcome = outcome, replayed = tonumber(replayed), remaining = tonumber(remaining)}
+    end
+  end
+  return nil
+end

@@ -294,7 +294,7 @@ async def throttled_replay(
         yield Throttled(e, ExperimentKeys(STREAM, e), names, handle)
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_module(

@@ -1,6 +1,6 @@
 """A taskiq application on the project's task stream, for tests/test_taskiq.py: taskiq-redis's
 ``RedisStreamBroker`` as it ships, with its defaults (its consumer group ``taskiq``, created at ``$``
-when the worker starts). Run by ``taskiq worker tests.taskiq_app:broker``; Redis from
+when the worker starts). Run by ``taskiq worker tests.support.taskiq_app:broker``; Redis from
 ``XMC_TASKIQ_REDIS_URL``, the consumer's name from ``XMC_TASKIQ_CONSUMER`` (default: a random one)."""
 
 from __future__ import annotations

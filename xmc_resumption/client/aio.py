@@ -1,40 +1,26 @@
-"""A typed client for producers and operators: ``XmcClient`` (asyncio) and ``XmcSyncClient`` (blocking).
-
-Producers pause an experiment and enqueue its tasks: ``pause``, ``enqueue``, ``enqueue_many`` (one
-script call for up to ``MAX_ENQUEUE_TASKS`` tasks), each task optionally with an idempotency key so
-that a retry after a lost reply adds it once. The contract behind them, for producers in any
-language: docs/producers.md. Operators start, watch and stop resumptions: ``resume`` (one or many
-experiments, with the checks ``xmc resume`` makes), ``stop``, ``configure``, ``status``, ``held``,
-``list_resumptions``. The ``xmc`` command is a user of this module.
-
-Retries: a client made by ``from_settings`` turns redis-py's own retries off, because redis-py
-sends a command again after a connection error, and a command whose reply was lost has run: an
-enqueue without a key would be added twice. This module retries, ``retries`` times with a short
-backoff, only what is safe to send twice: reads, the pause (a ``SET``), and an enqueue whose every
-task has an idempotency key. A client built from a Redis client of your own keeps that client's
-retry policy for everything.
-
-``XmcSyncClient`` runs the producer calls on a blocking redis-py client (no event loop). The
-operator calls need Temporal, whose SDK is asyncio only: they run an ``XmcClient`` on one event
-loop in a thread of the sync client's own, started at the first such call.
-"""
+"""``XmcClient``: the asyncio client of producers and operators (see ``xmc_resumption.client``)."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from xmc_resumption.errors import OperatorError, one_line, operator_message
+from xmc_resumption.client.views import (
+    ExperimentStatus,
+    FleetRow,
+    HeldRow,
+    NothingToResumeError,
+    ResumeError,
+    ResumptionHandle,
+    Stopping,
+)
+from xmc_resumption.errors import one_line, operator_message
 from xmc_resumption.ops import (
     DEFAULT_IDLE_SECONDS,
     MAX_LISTED,
@@ -52,9 +38,8 @@ from xmc_resumption.ops import (
 )
 from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, Plan, plan
 from xmc_resumption.redisclient import held as held_tasks
-from xmc_resumption.redisclient.connection import RedisClient, SyncRedisClient
+from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.held import (
-    MAX_ENQUEUE_TASKS,
     Enqueued,
     IdempotencyKey,
     Task,
@@ -62,8 +47,8 @@ from xmc_resumption.redisclient.held import (
     parse_enqueue_reply,
 )
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
-from xmc_resumption.redisclient.results import ExperimentState, GroupBacklog, IdleConsumer, RedisMemory
-from xmc_resumption.redisclient.scripts import run_script, run_script_sync
+from xmc_resumption.redisclient.results import ExperimentState
+from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.settings import Settings, connect_temporal
 from xmc_resumption.workflows.models import (
     TASK_QUEUE,
@@ -71,22 +56,7 @@ from xmc_resumption.workflows.models import (
     ControlChange,
     EffectiveSettings,
     ResumptionInput,
-    ResumptionResult,
 )
-from xmc_resumption.workflows.resumption import ResumptionWorkflow
-
-__all__ = [
-    "MAX_ENQUEUE_TASKS",
-    "Enqueued",
-    "ExperimentStatus",
-    "FleetRow",
-    "HeldRow",
-    "NothingToResumeError",
-    "ResumeError",
-    "Stopping",
-    "XmcClient",
-    "XmcSyncClient",
-]
 
 T = TypeVar("T")
 
@@ -105,123 +75,13 @@ QUERY_TIMEOUT_SECONDS = 2.5
 RETRYABLE = (RedisConnectionError, RedisTimeoutError)
 """Redis faults after which a call may or may not have run."""
 
-ResumptionHandle = WorkflowHandle[ResumptionWorkflow, ResumptionResult]
 
-
-class BacklogSummary(BaseModel):
-    """The consumer groups' backlog as ``status`` counts it (entries, up to ``threshold``): the
-    largest, of ``limiting_group``; ``group`` is the one that must exist; ``missing_group`` the first
-    required group not found (None when none); ``groups`` each group's part (docs/memory.md)."""
-
-    group: str
-    limiting_group: str = ""
-    pending: int
-    lag: int
-    capped: bool
-    status: str
-    missing_group: str | None = None
-    threshold: int
-    groups: list[GroupBacklog] = []
-
-
-class ExperimentStatus(BaseModel):
-    """One experiment in Redis (and its resumption in Temporal): ``XmcClient.status``.
-
-    Attributes:
-        exists: False when no key of the experiment exists on this stream (``state`` is then
-            ``unknown``: never paused nor resumed here).
-        state: ``running``, ``paused``, ``resuming`` or ``unknown``.
-        orphaned: resuming with no live claim: the replayer is gone; resuming again goes on.
-        held: held tasks (entries); set_aside: tasks in the dead-letter stream.
-        claim: ``token``, ``owner``, ``lease_ms`` left; {} when none. fence: the last fencing token.
-        backlog: the consumer groups' backlog (``BacklogSummary``); idle_consumers: the consumers
-            of those groups holding pending entries while idle for ``idle_seconds``, the most
-            pending first (``redisclient.consumers``).
-        redis_memory: Redis's eviction policy and memory; ``problem`` says why a resumption refuses it.
-        run: the resumption ``resumption-<E>`` in Temporal (``ops.live_run``: IDs, status, search
-            attributes, ``progress`` while it runs), ``{"error": <one line>}`` when Temporal could not
-            be asked, None when there never was one or it was not asked.
-        unknown: the parts that could not be read (a key of the wrong type, a command the ACL user
-            may not run) -> why; each such part is None above (``ops.experiment_status``).
-    """
-
-    experiment_id: str
-    stream: str
-    exists: bool | None
-    state: str
-    orphaned: bool | None
-    held: int | None
-    claim: dict[str, str] | None
-    fence: int | None
-    set_aside: int | None
-    backlog: BacklogSummary | None
-    idle_consumers: list[IdleConsumer] | None = []
-    redis_memory: RedisMemory | None
-    run: dict[str, Any] | None = None
-    unknown: dict[str, str] | None = None
-
-
-class HeldRow(BaseModel):
-    """One experiment Redis holds something for (``XmcClient.held``; see ``ops.held_experiments``)."""
-
-    experiment_id: str
-    state: str | None
-    held: int | None
-    claim: dict[str, str]
-    condition: str
-    error: str | None = None
-
-
-class FleetRow(BaseModel):
-    """One resumption as Temporal visibility lists it (``XmcClient.list_resumptions``)."""
-
-    workflow_id: str
-    run_id: str | None
-    status: str | None
-    experiment_id: str | None
-    stream: str | None
-    phase: str | None
-    replayed: int | None
-    remaining: int | None
-    outcome: str | None
-    start_time: str | None
-    close_time: str | None
-
-
-@dataclass(frozen=True)
-class Stopping:
-    """A resumption asked to stop (``XmcClient.stop``): its handle (``await handle.result()`` waits
-    for its end, outcome ``paused``) and the settings it runs with until then."""
-
-    handle: ResumptionHandle
-    settings: EffectiveSettings
-
-
-class NothingToResumeError(OperatorError):
-    """An experiment is running and holds no tasks: a resumption would have nothing to replay
-    (``resume(..., force=True)`` starts it anyway)."""
-
-
-class ResumeError(OperatorError):
-    """Some resumptions of a ``resume_many`` did not start (one already ran, or Temporal failed
-    midway); the others did.
-
-    Attributes:
-        started: the handles of the runs that started, in the order given.
-        failures: experiment ID -> the error its start raised.
-    """
-
-    def __init__(self, started: list[ResumptionHandle], failures: dict[str, BaseException], message: str) -> None:
-        super().__init__(message)
-        self.started = started
-        self.failures = failures
-
-
-def _backoff(attempt: int) -> float:
+def retry_backoff(attempt: int) -> float:
+    """The wait before retry ``attempt`` (0-based; seconds): ``RETRY_SECONDS`` doubled each time."""
     return float(RETRY_SECONDS * 2**attempt)
 
 
-def _safe_to_repeat(keys: Sequence[IdempotencyKey] | None, tasks: int) -> bool:
+def safe_to_repeat(keys: Sequence[IdempotencyKey] | None, tasks: int) -> bool:
     """An enqueue may be sent again when every task carries an idempotency key."""
     return keys is not None and len(keys) == tasks and all(k for k in keys)
 
@@ -318,7 +178,7 @@ class XmcClient:
             except RETRYABLE:
                 if not safe or attempt == self._retries:
                     raise
-                await asyncio.sleep(_backoff(attempt))
+                await asyncio.sleep(retry_backoff(attempt))
         raise AssertionError("unreachable")
 
     # --- producers -------------------------------------------------------------------------------
@@ -370,7 +230,7 @@ class XmcClient:
         """
         keys = self.keys(experiment_id)
         args = enqueue_args(tasks, idempotency_keys)
-        safe = _safe_to_repeat(idempotency_keys, len(tasks))
+        safe = safe_to_repeat(idempotency_keys, len(tasks))
         reply = await self._repeat(run_script, self.redis, "enqueue", keys.enqueue_keys, args, safe=safe)
         return parse_enqueue_reply(reply)
 
@@ -605,187 +465,4 @@ class XmcClient:
             temporal_error=error,
             sample_seconds=sample_seconds,
             query_timeout=query_timeout,
-        )
-
-
-class XmcSyncClient:
-    """The blocking client (see the module docstring): the producer calls on a blocking Redis
-    client, the operator calls on an ``XmcClient`` in a thread of its own.
-
-    Args:
-        redis: a blocking Redis client (``Settings.sync_redis``), bytes in and out.
-        stream: the task stream of every call.
-        operator: makes the ``XmcClient`` of the operator calls (called on the client's own event
-            loop, at the first such call); None: this client makes producer calls only.
-        retries: as ``XmcClient``'s. owns_redis: ``close`` closes ``redis`` too.
-    """
-
-    def __init__(
-        self,
-        redis: SyncRedisClient,
-        *,
-        stream: str = DEFAULT_STREAM,
-        operator: Callable[[], XmcClient] | None = None,
-        retries: int = RETRIES,
-        owns_redis: bool = False,
-    ) -> None:
-        ExperimentKeys(stream, "x")
-        self.redis, self.stream = redis, stream
-        self._make_operator, self._retries, self._owns_redis = operator, retries, owns_redis
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._operator: XmcClient | None = None
-        self._lock = threading.Lock()
-
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None, *, stream: str = DEFAULT_STREAM) -> XmcSyncClient:
-        """A client on the Redis (and, for operator calls, the Temporal and task queue) of
-        ``settings``, read from the environment when None; redis-py's own retries off."""
-        settings = settings or Settings()
-        return cls(
-            settings.sync_redis(retries=0),
-            stream=stream,
-            operator=lambda: XmcClient.from_settings(settings, stream=stream),
-            owns_redis=True,
-        )
-
-    def close(self) -> None:
-        """Close the operator client and its thread, and the Redis client if this client made it."""
-        if self._loop is not None and self._thread is not None:
-            if self._operator is not None:
-                asyncio.run_coroutine_threadsafe(self._operator.aclose(), self._loop).result()
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
-            self._loop = self._thread = self._operator = None
-        if self._owns_redis:
-            self.redis.close()
-
-    def __enter__(self) -> XmcSyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def keys(self, experiment_id: str) -> ExperimentKeys:
-        """The experiment's keys on this client's stream (``ValueError`` for a bad ID)."""
-        return ExperimentKeys(self.stream, experiment_id)
-
-    def _repeat(self, call: Callable[..., T], *args: Any, safe: bool = True) -> T:
-        """``XmcClient._repeat``, blocking."""
-        for attempt in range(self._retries + 1):
-            try:
-                return call(*args)
-            except RETRYABLE:
-                if not safe or attempt == self._retries:
-                    raise
-                time.sleep(_backoff(attempt))
-        raise AssertionError("unreachable")
-
-    # --- producers (blocking Redis, no event loop) -----------------------------------------------
-
-    def pause(self, experiment_id: str) -> None:
-        """``XmcClient.pause``."""
-        keys = self.keys(experiment_id)
-        self._repeat(self.redis.set, keys.state, ExperimentState.PAUSED.value)
-
-    def enqueue(self, experiment_id: str, task: Task, *, idempotency_key: IdempotencyKey = None) -> Enqueued:
-        """``XmcClient.enqueue``."""
-        keys = None if idempotency_key is None else [idempotency_key]
-        [done] = self.enqueue_many(experiment_id, [task], idempotency_keys=keys)
-        return done
-
-    def enqueue_many(
-        self, experiment_id: str, tasks: Sequence[Task], *, idempotency_keys: Sequence[IdempotencyKey] | None = None
-    ) -> list[Enqueued]:
-        """``XmcClient.enqueue_many``."""
-        keys = self.keys(experiment_id)
-        args = enqueue_args(tasks, idempotency_keys)
-        safe = _safe_to_repeat(idempotency_keys, len(tasks))
-        reply = self._repeat(run_script_sync, self.redis, "enqueue", keys.enqueue_keys, args, safe=safe)
-        return parse_enqueue_reply(reply)
-
-    # --- operators (an XmcClient on the client's own event loop) ---------------------------------
-
-    def _call(self, use: Callable[[XmcClient], Coroutine[Any, Any, T]]) -> T:
-        """Run ``use(operator client)`` on the client's event loop (started at the first call)."""
-        with self._lock:
-            if self._make_operator is None:
-                raise RuntimeError("this XmcSyncClient was made without operator access: use from_settings")
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=self._loop.run_forever, name="xmc-client", daemon=True)
-                self._thread.start()
-            loop, make = self._loop, self._make_operator
-
-        async def run() -> T:
-            if self._operator is None:
-                self._operator = make()
-            return await use(self._operator)
-
-        return asyncio.run_coroutine_threadsafe(run(), loop).result()
-
-    def resume(
-        self, experiment: str | ResumptionInput, *, force: bool = False, task_queue: str | None = None, **fields: Any
-    ) -> ResumptionHandle:
-        """``XmcClient.resume``; wait for the run's end with ``result``."""
-        return self._call(lambda c: c.resume(experiment, force=force, task_queue=task_queue, **fields))
-
-    def resume_many(
-        self,
-        experiments: Sequence[str | ResumptionInput],
-        *,
-        force: bool = False,
-        task_queue: str | None = None,
-        **fields: Any,
-    ) -> list[ResumptionHandle]:
-        """``XmcClient.resume_many``."""
-        return self._call(lambda c: c.resume_many(experiments, force=force, task_queue=task_queue, **fields))
-
-    def result(self, handle: ResumptionHandle) -> ResumptionResult:
-        """Wait for a run started by this client to end; returns its result.
-
-        Raises:
-            temporalio.client.WorkflowFailureError: the run ended without a result.
-        """
-
-        async def wait(_: XmcClient) -> ResumptionResult:
-            return await handle.result()
-
-        return self._call(wait)
-
-    def stop(self, experiment_id: str, *, update_timeout: float = 30.0) -> Stopping:
-        """``XmcClient.stop``."""
-        return self._call(lambda c: c.stop(experiment_id, update_timeout=update_timeout))
-
-    def configure(
-        self, experiment_id: str, change: ControlChange, *, update_timeout: float = 30.0
-    ) -> EffectiveSettings:
-        """``XmcClient.configure``."""
-        return self._call(lambda c: c.configure(experiment_id, change, update_timeout=update_timeout))
-
-    def status(
-        self, experiment_id: str, *, group: str = DEFAULT_GROUP, threshold: int = DEFAULT_THRESHOLD, run: bool = True
-    ) -> ExperimentStatus:
-        """``XmcClient.status``."""
-        return self._call(lambda c: c.status(experiment_id, group=group, threshold=threshold, run=run))
-
-    def held(self, *, limit: int = 1_000) -> tuple[list[HeldRow], bool]:
-        """``XmcClient.held``."""
-        return self._call(lambda c: c.held(limit=limit))
-
-    def list_resumptions(
-        self,
-        *,
-        running: bool = False,
-        phase: str | None = None,
-        experiment_id: str | None = None,
-        stream: str | None = None,
-        limit: int = 200,
-    ) -> list[FleetRow]:
-        """``XmcClient.list_resumptions``."""
-        return self._call(
-            lambda c: c.list_resumptions(
-                running=running, phase=phase, experiment_id=experiment_id, stream=stream, limit=limit
-            )
         )

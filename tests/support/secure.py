@@ -19,7 +19,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from xmc_resumption.services import free_port, installed_binary, stop_process, wait_for_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ACL_FILE = ROOT / "deploy" / "redis-acl.conf"
 ACL_USER = "xmc-resumption"
 PRODUCER_ACL_FILE = ROOT / "deploy" / "redis-acl-producer.conf"
