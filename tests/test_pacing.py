@@ -133,7 +133,7 @@ async def test_the_default_is_adaptive_and_polls_through_a_short_stop(
     temporal_env, redis, redis_url, task_queue
 ) -> None:
     """An input without ``throttle_policy`` replays adaptively (patch ``pacing-probe`` recorded). The
-    consumers stop for 2.5 s mid-run: the replay polls through it (no durable timer: the waits stay
+    consumers stop for 3.5 s mid-run: the replay polls through it (no durable timer: the waits stay
     polls, its drain estimate kept), re-checks pause and fencing after every wait, learns the
     consumers' burst, and never passes the threshold."""
     e = f"E{uuid.uuid4().hex[:6]}"
@@ -142,12 +142,12 @@ async def test_the_default_is_adaptive_and_polls_through_a_short_stop(
     seen: list[bytes] = []
 
     async def consumers() -> None:
-        """Read 10 at a time at 1,000/s, acknowledging at once; stop for 2.5 s after 120."""
+        """Read 10 at a time at 1,000/s, acknowledging at once; stop for 3.5 s after 120."""
         stopped = False
         while len(seen) < len(names):
             if len(seen) >= 120 and not stopped:
                 stopped = True
-                await asyncio.sleep(2.5)
+                await asyncio.sleep(3.5)
             entries = entries_of(await redis.xreadgroup(GROUP, "c1", {STREAM: ">"}, count=10, block=50))
             if entries:
                 seen.extend(fields[b"task"] for _, fields in entries)
@@ -177,7 +177,7 @@ async def test_the_default_is_adaptive_and_polls_through_a_short_stop(
     assert "timer" not in kinds
     polls = [r for k, r in calls if k == "wait_for_drain"]
     assert len(polls) == result.throttles >= 5
-    assert any(not r["reached"] and r["largest_drop"] == 0 for r in polls)  # a poll through the stop
+    assert any(not r["reached"] and r["seconds"] >= 1.9 for r in polls)  # a whole poll through the stop
     assert max(r["largest_drop"] for r in polls) >= 10  # a read of 10, acknowledged at once
     assert progress.low_watermark is not None and progress.low_watermark >= 10
     assert_checked_after_every_wait(calls)
