@@ -121,6 +121,28 @@ async def rate_limited(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await completed(redis, handle, e)
 
 
+async def release_failed(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """Redis refuses the worker; the pause Update ends the Redis wait, and the release fails in
+    rounds (a durable wait between them) until the claim's lease lapses: ``release_error``."""
+    await wait_for(handle, throttled)
+    async with redis_outage(redis):
+        await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE, timeout=30)
+        await handle.execute_update(ResumptionWorkflow.pause)
+        await handle.result()
+
+
+async def stalled_on_memory(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """The backlog drains during the throttle wait, but Redis's used memory is over the input's
+    fraction: memory waits, counted against ``max_stall_seconds``, end the run ``stalled``."""
+    await wait_for(handle, throttled)
+    await redis.config_set("maxmemory", str(100 * 1024 * 1024))
+    try:
+        await redis.xgroup_setid(STREAM, GROUP, "$")
+        await handle.result()
+    finally:
+        await redis.config_set("maxmemory", "0")
+
+
 async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await wait_for(handle, throttled)
     await handle.cancel()
@@ -181,6 +203,32 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
     "rate_limited": (
         rate_limited,
         {"max_backlog_threshold": 5, "throttle_seconds": 0.5, "throttle_policy": "fixed", "max_tasks_per_second": 2},
+    ),
+    # polls that do not fit the workflow task's budget run as regular activities (yielding-calls)
+    "adaptive_polled_by_activity": (
+        completed,
+        {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 3},
+    ),
+    "release_failed_in_outage": (
+        release_failed,
+        {
+            "max_backlog_threshold": 5,
+            "throttle_seconds": 2,
+            "throttle_policy": "fixed",
+            "claim_lease_seconds": 30,
+            "redis_retry_seconds": 600,
+        },
+    ),
+    "stalled_on_memory": (
+        stalled_on_memory,
+        {
+            "max_backlog_threshold": 5,
+            "throttle_seconds": 1,
+            "throttle_policy": "fixed",
+            "max_memory_fraction": 0.01,
+            "stall_window_seconds": 2,
+            "max_stall_seconds": 5,
+        },
     ),
 }
 

@@ -20,11 +20,9 @@ import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from tests.support.helpers import (
-    STREAM,
     bare_namespace,
     fill_backlog,
     hold_tasks,
-    redis_outage,
     resumption_worker,
     run_module,
     start,
@@ -33,9 +31,6 @@ from tests.support.helpers import (
     wait_for,
 )
 from xmc_resumption import search_attributes
-from xmc_resumption.redisclient import held
-from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.services import installed_binary
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, Phase
@@ -208,34 +203,6 @@ async def test_a_failed_run_shows_failed_in_the_fleet_view(temporal_env, redis, 
     assert xmc.returncode == 0, xmc.stderr
     found = json.loads(xmc.stdout)["resumptions"]
     assert [(r["workflow_id"], r["phase"], r["status"]) for r in found] == [(f"resumption-{e}", "failed", "failed")]
-
-
-async def test_the_pause_update_ends_a_wait_for_redis_at_once(temporal_env, redis, redis_url, task_queue) -> None:
-    """Redis refuses the worker until the run waits on its 10-minute Redis timer; the pause Update
-    ends that wait at once. The release cannot reach Redis either and gives up after its bounded
-    tries (RELEASE_RETRY), so the run ends ``paused`` within seconds, every task still held, and the
-    claim is left to its lease."""
-    e = f"E{uuid.uuid4().hex[:6]}"
-    keys = ExperimentKeys(STREAM, e)
-    await hold_tasks(redis, e, 10)
-    await fill_backlog(redis, 5)
-    async with resumption_worker(temporal_env.client, task_queue, redis_url):
-        handle = await start(
-            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, redis_retry_seconds=600
-        )
-        await wait_for(handle, throttled)
-        async with redis_outage(redis):
-            await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE, timeout=30)
-            t0 = time.monotonic()
-            effective = await handle.execute_update(ResumptionWorkflow.pause)
-            result = await asyncio.wait_for(handle.result(), 60)
-            elapsed = time.monotonic() - t0
-    assert effective.stopping is True
-    assert elapsed < 40  # the release's bounded tries (about 10 s of backoff), not the 600 s wait
-    assert (result.outcome, result.replayed, result.remaining) == (Outcome.PAUSED, 0, 10)
-    assert await held.get_state(redis, keys) is ExperimentState.RESUMING  # the release never reached Redis
-    assert 0 < await redis.pttl(keys.claim) <= 120_000  # the claim lapses with its lease
-    assert await redis.xlen(keys.held) == 10
 
 
 def test_xmc_list_takes_every_phase_the_workflow_sets() -> None:

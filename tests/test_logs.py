@@ -1,5 +1,6 @@
 """The worker's structured logs: a real ``python -m worker`` process on the dev server replays a few
-held tasks through a throttle wait, and its stderr is read back line by line as JSON."""
+held tasks through a throttle wait, and its stderr is read back line by line as JSON; the SDK
+core's own warnings (a Temporal gone away) are JSON lines too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from tests.support.helpers import (
     wait_for,
     worker_polling,
 )
+from xmc_resumption.services import free_port, local_temporal
 from xmc_resumption.workflows.models import Outcome
 
 pytestmark = pytest.mark.real_server
@@ -122,3 +124,40 @@ async def test_text_format_keeps_one_plain_line_a_record(temporal_env, redis_url
     lines = log.read_text().splitlines()
     assert any(line.endswith(f"INFO xmc.worker worker polling task queue {task_queue}") for line in lines), lines
     assert not any(line.startswith("{") for line in lines), lines
+
+
+async def test_the_sdk_cores_warnings_are_json_lines_too(redis_url, tmp_path) -> None:
+    """The SDK core (Rust) warns when its polls fail: a worker whose Temporal goes away logs those
+    warnings through Python logging (``settings.sdk_runtime``), so every line it prints is still one
+    JSON object, none ANSI-coloured (they were printed by the core itself, coloured)."""
+    log, task_queue = tmp_path / "worker.log", f"xmc-test-{uuid.uuid4().hex[:8]}"
+    with local_temporal(port=free_port(), ui_port=None) as address, open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "worker"],
+            env=_worker_env(address, redis_url, task_queue, "json"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        await _until(lambda: f"worker polling task queue {task_queue}" in log.read_text(), 30)
+    # the server is gone (the block stopped it): the core's polls fail, are retried, and it warns
+    try:
+        await _until(lambda: "temporalio.core" in log.read_text(), 60)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(worker.wait, 60)
+    text = log.read_text()
+    assert "\x1b[" not in text  # no ANSI escape
+    records = _records(log)  # every line parses as one JSON object
+    core = [r for r in records if r["logger"].startswith("temporalio.core")]
+    assert core and all(r["level"] == "WARNING" for r in core), core[:3]
+    assert any("poll_" in r["message"] and "retried" in r["message"] for r in core), core[:3]
+    assert all("temporal_log" not in r for r in core)
+
+
+async def _until(ok: Callable[[], bool], timeout: float) -> None:
+    """Wait until ``ok()``; raises TimeoutError after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not ok():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"not within {timeout:g}s")
+        await asyncio.sleep(0.2)

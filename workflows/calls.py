@@ -1,6 +1,14 @@
 """How ``ResumptionWorkflow`` calls Redis: each call a local activity of ``ResumptionActivities``,
 called by name, with bounded retries, its result validated in workflow code (docs/contract.md,
-"Faults"). Workflow code only."""
+"Faults"). Workflow code only.
+
+A workflow task stays open while its local activities run back to back, and the server answers a
+query only once the open workflow task completes: chained publishes and polls held it up to the
+workflow-task heartbeat (about 8 s), and the ``progress`` query waited as long (issue 16). So a
+call that would keep the task open past ``TASK_BUDGET_SECONDS`` runs as a regular activity instead,
+which completes the workflow task (a waiting query is answered at once); a local activity's retry
+backoff past the budget is a durable timer (``local_retry_threshold``) for the same reason.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,8 @@ import dataclasses
 import functools
 import typing
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from pydantic import TypeAdapter
@@ -54,6 +63,42 @@ local activity that failed without retrying, the activity's ``ApplicationError``
 with temporalio 1.35)."""
 
 
+YIELDING_CALLS = "yielding-calls"
+"""``workflow.patched`` ID of the task budget (``TaskBudget``): runs recorded before it replay with
+every call a local activity."""
+
+TASK_BUDGET_SECONDS = 0.5
+"""How long one workflow task may run local activities (seconds): past it, or when a call could
+pass it (a poll's bound), the call is a regular activity, so a query waits about this long at most
+(plus one Redis call)."""
+
+
+@dataclass
+class TaskBudget:
+    """How long the current workflow task has been open, from workflow time and history length
+    (both replay the same: the length changes only when a workflow task completes).
+
+    A workflow whose instance has a ``task_budget`` attribute of this type has its calls kept
+    within ``TASK_BUDGET_SECONDS`` (``call``).
+    """
+
+    history_length: int = -1
+    opened_at: datetime | None = None
+
+    def open_for(self, history_length: int, now: datetime) -> float:
+        """Seconds the workflow task has been open at workflow time ``now`` (from the first call
+        that saw ``history_length``)."""
+        if history_length != self.history_length or self.opened_at is None:
+            self.history_length, self.opened_at = history_length, now
+        return (now - self.opened_at).total_seconds()
+
+    def passed_by(self, longest: float) -> bool:
+        """True when a call that may last ``longest`` seconds would keep the current workflow task
+        open past ``TASK_BUDGET_SECONDS``."""
+        opened = self.open_for(workflow.info().get_current_history_length(), workflow.now())
+        return opened + longest > TASK_BUDGET_SECONDS
+
+
 @functools.cache
 def _result_adapter(activity: Callable[..., Any]) -> TypeAdapter[Any]:
     """A pydantic adapter for the return type of activity method ``activity``."""
@@ -89,15 +134,31 @@ async def call(
         ActivityError, ApplicationError: the call failed (see ``permanent``).
         pydantic.ValidationError: the result does not match the method's return type.
     """
+    budget = getattr(workflow.instance(), "task_budget", None)
+    if not isinstance(budget, TaskBudget) or not workflow.patched(YIELDING_CALLS):
+        budget = None
+    # a poll says how long it may last (DrainWaitRequest.max_seconds); any other call is short
+    longest = float(getattr(arg, "max_seconds", 0.0))
     try:
-        raw = await workflow.execute_local_activity(
-            activity.__name__,  # the activity's registered name (activity.defn's default)
-            arg,
-            result_type=None,
-            start_to_close_timeout=start_to_close,
-            retry_policy=retry_policy,
-            summary=summary,
-        )
+        if budget is not None and budget.passed_by(longest):
+            raw = await workflow.execute_activity(
+                activity.__name__,
+                arg,
+                result_type=None,
+                start_to_close_timeout=start_to_close,
+                retry_policy=retry_policy,
+                summary=summary,
+            )
+        else:
+            raw = await workflow.execute_local_activity(
+                activity.__name__,  # the activity's registered name (activity.defn's default)
+                arg,
+                result_type=None,
+                start_to_close_timeout=start_to_close,
+                retry_policy=retry_policy,
+                summary=summary,
+                local_retry_threshold=timedelta(seconds=TASK_BUDGET_SECONDS) if budget else None,
+            )
     except FAILED_CALL as err:
         if is_cancelled_exception(err):
             raise asyncio.CancelledError() from err

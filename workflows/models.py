@@ -333,6 +333,9 @@ class ResumptionResult(BaseModel):
         runs: runs of the workflow (1 + continue-as-new count).
         token: the fencing token this resumption held.
         set_aside: tasks in the experiment's dead-letter stream (too many fields to move).
+        release_error: None when the claim was released at the end (or none was held); else, on
+            one line, why the release failed after its bounded tries and what happens next (the
+            lease lapses, the experiment shows as orphaned): ``workflows/release.py``.
     """
 
     experiment_id: str
@@ -344,6 +347,7 @@ class ResumptionResult(BaseModel):
     runs: int
     token: int
     set_aside: int = 0
+    release_error: str | None = None
 
 
 class Phase(StrEnum):
@@ -412,6 +416,7 @@ class Progress(BaseModel):
             stream_rate_limit: the stream-wide cap (``{S}:rate``) the last publish saw (tasks/s),
             None without one.
         rate_waits: waits for a rate cap's bucket so far; rate_reason: why the last one was taken.
+        release_error: the release at the end failed: why, and what happens next (as in the result).
     """
 
     experiment_id: str
@@ -453,6 +458,7 @@ class Progress(BaseModel):
     stream_rate_limit: float | None = None
     rate_waits: int = 0
     rate_reason: str | None = None
+    release_error: str | None = None
 
     def details_markdown(self) -> str:
         """The UI's current details (markdown; ``workflow.set_current_details``): phase, counters,
@@ -490,6 +496,8 @@ class Progress(BaseModel):
             )
         if self.stopping:
             lines.append("- **stopping**: paused by the pause Update at the next turn")
+        if self.release_error:
+            lines.append(f"- **{self.release_error}**")
         lines.append(f"- turns: {self.turns}, run {self.runs}, fencing token {self.token}")
         if (
             self.phase in (Phase.THROTTLED, Phase.STALLED, Phase.RATE_LIMITED, Phase.WAITING_FOR_GROUP)

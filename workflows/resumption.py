@@ -43,7 +43,6 @@ with workflow.unsafe.imports_passed_through():
         ExperimentRef,
         IdleConsumersRequest,
         PublishRequest,
-        ReleaseRequest,
         SetAsideRequest,
     )
     from xmc_resumption.activities.resumption import ResumptionActivities
@@ -58,7 +57,7 @@ with workflow.unsafe.imports_passed_through():
         ReleaseRecord,
     )
     from xmc_resumption.workflows import fleet
-    from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, RELEASE_RETRY, call, permanent
+    from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, TaskBudget, call, permanent
     from xmc_resumption.workflows.metrics import Instruments
     from xmc_resumption.workflows.models import (
         INVALID_CONTROL,
@@ -73,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         ResumptionInput,
         ResumptionResult,
     )
+    from xmc_resumption.workflows.release import release_claim
     from xmc_resumption.workflows.state import RunState
     from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan, wait_reason
 
@@ -106,6 +106,12 @@ leaves ``throttle_policy`` out (``RunState.start_pacing``): the adaptive estimat
 and probes upwards, and ``adaptive`` as the default. Runs recorded before it keep the old estimator,
 and an input without the field keeps ``fixed``."""
 
+STALL_COUNTS_EVERY_WAIT = "stall-counts-every-wait"
+"""``workflow.patched`` ID of the stall rule that every wait the operator did not ask for (backlog,
+missing group, Redis memory) counts against ``max_stall_seconds``: a memory wait no longer starts
+the stall window again (runs recorded before it replay with the restart). A rate cap's wait is the
+operator's own request (``max_tasks_per_second``, ``{S}:rate``) and still starts it again."""
+
 IDLE_CONSUMERS_SHOWN = 5
 """The most idle consumers a stall reason names."""
 
@@ -129,6 +135,8 @@ class ResumptionWorkflow:
         """All of the run's state; ``Carry`` of it is what continue-as-new hands the next run."""
         self._fleet = fleet.FleetView(inp.stream)
         """The fleet view's upserts (not carried: each run shows itself afresh)."""
+        self.task_budget = TaskBudget()
+        """How long the current workflow task has been open: ``call`` keeps it short, for queries."""
 
     # -- control: validated Updates (workflows/models.py Control, RunState.refuse); a rejected one leaves no event
 
@@ -338,6 +346,7 @@ class ResumptionWorkflow:
             summary=f"take the claim on experiment {inp.experiment_id}",
         )
         self._state.claimed(grant)
+        self._state.leased(workflow.now())
         workflow.logger.info(
             "resumption started",
             extra={"experiment_id": inp.experiment_id, "token": grant.token, "held": grant.held},
@@ -383,6 +392,7 @@ class ResumptionWorkflow:
             summary=f"check pause state and fencing token {self._state.token}",
         )
         self._state.checked(check)
+        self._state.leased(workflow.now())
         if check.fence_lost:
             return self._fence_lost(check.current_token)
         if check.released is not None:
@@ -489,7 +499,7 @@ class ResumptionWorkflow:
         if self._state.stall.over_limit(p.stalled_seconds):
             await self._release(back_to_paused=True, outcome=Outcome.STALLED)
             return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
-        plan = self._state.pacer.plan(backlog, workflow.now()) if seconds is None else WaitPlan(WaitKind.TIMER, seconds)
+        plan = self._state.pacer.plan(backlog, workflow.now()) if seconds is None else WaitPlan.timer(seconds)
         p.throttles += 1
         p.throttles_in_a_row += 1
         described = self._state.pacer.describe(plan) if seconds is None else f"fixed {seconds:g}s wait"
@@ -582,6 +592,7 @@ class ResumptionWorkflow:
             summary=f"publish up to {min(batch, p.remaining or batch)} tasks",
         )
         self._state.seq = seq
+        self._state.leased(workflow.now())
         if cap is not None:
             self._state.bucket.take(result.moved)
         p.stream_rate_limit = result.rate_limit or None
@@ -648,9 +659,10 @@ class ResumptionWorkflow:
                 reason = memory_reason(
                     result.used_memory, result.maxmemory, self._state.input.max_memory_fraction or 1.0
                 )
+                self._state.hold = reason
                 ended = await self._wait(result.reading.backlog, reason, self._state.input.throttle_seconds)
-                # Redis's memory, not the consumers, held the replay: not a stall of theirs
-                self._state.stall.restart(workflow.now())
+                if not workflow.patched(STALL_COUNTS_EVERY_WAIT):
+                    self._state.stall.restart(workflow.now())  # before it: memory waits never stalled
                 return ended
             case PublishStatus.RATE_LIMITED:
                 # the stream-wide cap's bucket holds no whole task: nothing moved
@@ -720,6 +732,7 @@ class ResumptionWorkflow:
                     timeout_summary=f"rate limited {seconds:.3g}s: {reason}",
                 )
         p.throttled_until = None
+        # the operator's rate cap holds the replay, not the consumers: no stall of theirs
         self._state.stall.restart(workflow.now())
 
     async def _wait_for_redis(self, err: BaseException) -> None:
@@ -735,7 +748,7 @@ class ResumptionWorkflow:
             extra={"experiment_id": inp.experiment_id, "error": p.last_error},
         )
         # a durable timer the pause Update ends early: the run stops at once (the release then
-        # tries Redis, bounded by RELEASE_RETRY)
+        # tries Redis, bounded: workflows/release.py)
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(
                 lambda: self._state.stopping,
@@ -755,27 +768,13 @@ class ResumptionWorkflow:
 
     async def _release(self, *, back_to_paused: bool, outcome: str) -> None:
         """Release the claim, recording ``outcome`` with it; token 0 (a run cancelled before its
-        acquire's reply was recorded) releases whatever claim this workflow owns. Bounded by
-        ``RELEASE_RETRY``. The reply's counts (Redis's) go into the progress."""
+        acquire's reply was recorded) releases whatever claim this workflow owns. Bounded
+        (``workflows/release.py``); the reply's counts (Redis's) go into the progress, and a release
+        that could not be done is in the progress and the result (``release_error``)."""
         self._set_phase(Phase.RELEASING)
-        try:
-            release = await call(
-                ResumptionActivities.release_claim,
-                ReleaseRequest(
-                    ref=self._ref,
-                    token=self._state.token,
-                    owner=self._state.owner,
-                    back_to_paused=back_to_paused,
-                    outcome=outcome,
-                ),
-                summary=f"release the claim (token {self._state.token or 'of this workflow'})",
-                retry_policy=RELEASE_RETRY,
-            )
-        except FAILED_CALL as err:
-            # the lease will lapse on its own; the run's own outcome or failure matters more
-            workflow.logger.warning("claim not released", extra={"error": str(err)})
-            return
-        self._state.released(release)
+        self._state.progress.release_error = await release_claim(
+            self._ref, self._state, back_to_paused=back_to_paused, outcome=outcome
+        )
 
     def _ended_before(self, record: ReleaseRecord) -> ResumptionResult:
         """This run released its claim in a workflow task whose completion was lost, and runs the

@@ -62,10 +62,14 @@ class RunState:
         wake: an accepted Update ends the durable throttle wait in progress, if any.
         net: the net drain rate behind the ETA (``workflows/eta.py``).
         bucket: the ``max_tasks_per_second`` bucket (``workflows/ratecap.py``).
+        hold: what holds the replay back besides the consumers (Redis's memory), for the stall
+            reason; cleared when a task moves.
         stall_base: the stall reason without the idle consumers (``observe``), None when not stalled.
         idle_read_at: when the idle consumers were last read during this stall (workflow time).
         outcome_counted: the outcomes metric has this run's end already: counted by the release
             activity (a release done now, or recorded before), so the workflow does not count it.
+        lease_until: when the claim's lease lapses at the latest, as of the last call that
+            extended it (``leased``; workflow time, UTC); None before one in this run.
     """
 
     input: ResumptionInput
@@ -83,9 +87,11 @@ class RunState:
     wake: bool = False
     net: NetRate = field(default_factory=NetRate)
     bucket: TaskBucket = field(default_factory=TaskBucket)
+    hold: str | None = None
     stall_base: str | None = None
     idle_read_at: datetime | None = None
     outcome_counted: bool = False
+    lease_until: datetime | None = None
 
     @classmethod
     def of(cls, inp: ResumptionInput) -> RunState:
@@ -166,6 +172,11 @@ class RunState:
             self.pacer.adaptive, self.pacer.max_wait = False, self.input.longest_wait_seconds
             self.progress.policy = ThrottlePolicy.FIXED
 
+    def leased(self, now: datetime) -> None:
+        """A call that extends the claim's lease (the acquire, the check, a publish) answered at
+        workflow time ``now``: the lease lapses by ``now + claim_lease_seconds``."""
+        self.lease_until = now + timedelta(seconds=self.input.claim_lease_seconds)
+
     @property
     def token(self) -> int:
         """The fencing token this resumption holds; 0 until the claim is taken."""
@@ -190,9 +201,11 @@ class RunState:
         started = stalled and not p.stalled
         p.stalled = stalled
         group = f" of group {reading.limiting_group}" if reading.limiting_group else ""
+        if moved:
+            self.hold = None
         self.stall_base = (
             (self.missing_text(reading) or f"backlog {backlog}{group} (pending {pending}) not going down, "
-             f"last-delivered-id {last_delivered_id or 'none'}")
+             f"last-delivered-id {last_delivered_id or 'none'}") + (f"; {self.hold}" if self.hold else "")
             if stalled
             else None
         )  # fmt: skip
@@ -332,6 +345,7 @@ class RunState:
             runs=p.runs,
             token=p.token,
             set_aside=p.set_aside,
+            release_error=p.release_error,
         )
 
     def carry(self) -> Carry:

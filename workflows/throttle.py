@@ -45,6 +45,20 @@ TIMER_GRANULARITY_SECONDS = 1.0
 POLL_INTERVAL_BOUNDS = (0.002, 0.05)
 """Seconds between two readings of a poll: about a tenth of the expected wait, within these bounds."""
 
+WAIT_FLOOR_SECONDS = 0.5
+"""The least any throttle wait is bounded by (seconds), whatever ``throttle_seconds`` or
+``max_wait_seconds`` say: a durable timer lasts at least this long, and so does a poll whose
+backlog does not fall to its low watermark (a draining backlog ends it as soon as it does, so
+consumers that drain lose nothing). With stopped consumers each turn (check, measure, wait) then
+lasts at least this long: at most ``1 / WAIT_FLOOR_SECONDS`` turns a second, each of at most
+``POLL_READINGS + 3`` scripts (a poll's interval is at least a tenth of its expected wait, itself
+at least the floor when nothing drains). Without it, ``max_wait_seconds`` 0.001 and stopped
+consumers ran 52 turns and 231 scripts a second (issue 16)."""
+
+POLL_READINGS = 11
+"""The most backlog readings one poll takes when its backlog does not drain: its bound over its
+interval (a tenth of the expected wait, which is the bound when nothing drains), plus the first."""
+
 DEFAULT_REACTION_SECONDS = 0.02
 """Assumed time from the end of a wait to the next publish landing, before one was measured (seconds:
 about three local-activity round trips here)."""
@@ -102,6 +116,11 @@ class WaitPlan:
     min_seconds: float = 0.0
     low_watermark: int = 0
     poll_seconds: float = POLL_INTERVAL_BOUNDS[1]
+
+    @classmethod
+    def timer(cls, seconds: float) -> WaitPlan:
+        """A durable timer of ``seconds``, at least ``WAIT_FLOOR_SECONDS``."""
+        return cls(WaitKind.TIMER, max(seconds, WAIT_FLOOR_SECONDS))
 
 
 def wait_reason(reading: BacklogReading, threshold: int, moved: int = 0) -> str:
@@ -266,28 +285,31 @@ class Pacer:
         return int(_clamp(self.burst + math.ceil(WATERMARK_SAFETY * self.rate * react), 0, ceiling))
 
     def plan(self, backlog: int, at: datetime) -> WaitPlan:
-        """The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``.
-        The next reading is taken as the end of this wait (``observe``)."""
+        """The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``;
+        bounded by at least ``WAIT_FLOOR_SECONDS`` (a shorter ``max_wait_seconds`` or
+        ``throttle_seconds`` counts as it). The next reading is taken as the end of this wait
+        (``observe``)."""
         if not self.adaptive:
-            return WaitPlan(WaitKind.TIMER, self.throttle_seconds)
+            return WaitPlan.timer(self.throttle_seconds)
         self._in_wait = True
+        longest = max(self.max_wait, WAIT_FLOOR_SECONDS)
         low = self.low_watermark or 0
         since = self._stopped_since if self.probing else None
         if since is not None and (at - since).total_seconds() >= STOPPED_POLL_SECONDS:
-            expected = self.max_wait
+            expected = longest
         elif self.rate is None or since is not None:
             # nothing measured yet, or the consumers stopped: a poll measures (unless min_wait is longer)
-            expected = min(self.max_wait, max(self.min_wait, POLL_LIMIT_SECONDS))
+            expected = min(longest, max(self.min_wait, POLL_LIMIT_SECONDS))
         elif self.rate <= 0:
-            expected = self.max_wait
+            expected = longest
         else:
-            expected = _clamp((backlog - low) / self.rate, self.min_wait, self.max_wait)
+            expected = _clamp((backlog - low) / self.rate, self.min_wait, longest)
         if expected <= POLL_LIMIT_SECONDS:
-            bound = min(self.max_wait, POLL_LIMIT_SECONDS)
+            bound = min(longest, POLL_LIMIT_SECONDS)
             poll = _clamp(expected / 10, *POLL_INTERVAL_BOUNDS)
             return WaitPlan(WaitKind.POLL, bound, min(self.min_wait, bound), low, poll)
-        timer = max(self.min_wait, expected - TIMER_GRANULARITY_SECONDS) if expected < self.max_wait else expected
-        return WaitPlan(WaitKind.TIMER, timer)
+        timer = max(self.min_wait, expected - TIMER_GRANULARITY_SECONDS) if expected < longest else expected
+        return WaitPlan.timer(timer)
 
     def describe(self, plan: WaitPlan) -> str:
         """How the wait of ``plan`` was chosen, for the UI (e.g. ``drain ~2,000/s: poll up to 2 s

@@ -380,7 +380,8 @@ async def list_resumptions(client: Client, query: str, limit: int) -> list[dict[
 async def live_run(client: Client, experiment_id: str, query_timeout: float) -> dict[str, object] | None:
     """The resumption ``resumption-<E>`` as Temporal knows it, None when there never was one: its
     ``fleet_row`` and, while it runs, ``progress`` (the ``progress`` query, or None when no worker
-    answered within ``query_timeout`` seconds, with ``progress_error`` saying so).
+    answered within ``query_timeout`` seconds, with ``progress_error`` saying so); once it
+    completed, its result's ``release_error`` when the claim could not be released at its end.
 
     Raises:
         temporalio.service.RPCError: Temporal fails otherwise.
@@ -404,6 +405,20 @@ async def live_run(client: Client, experiment_id: str, query_timeout: float) -> 
                 if isinstance(err, TimeoutError)
                 else one_line(err.message)
             )
+    elif desc.status is WorkflowExecutionStatus.COMPLETED:
+        # the result is in the closed run's history: no worker needed
+        closed = client.get_workflow_handle(desc.id, run_id=desc.run_id, result_type=ResumptionResult)
+        try:
+            result = await asyncio.wait_for(closed.result(), query_timeout)
+        except (TimeoutError, RPCError) as err:
+            row["result_error"] = (
+                f"the result was not read within {query_timeout:g}s"
+                if isinstance(err, TimeoutError)
+                else one_line(err.message)
+            )
+        else:
+            if result.release_error:
+                row["release_error"] = result.release_error
     return row
 
 

@@ -8,6 +8,7 @@ worker and the CLI connect exactly like the ``temporal`` CLI does.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +27,14 @@ from redis.retry import Retry as SyncRetry
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig, ClientConnectConfig
-from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    PrometheusConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 
 from xmc_resumption.redisclient.connection import ClusterClient, RedisClient, SyncRedisClient
 from xmc_resumption.workflows import metrics
@@ -280,6 +288,11 @@ def temporal_connect_config() -> ClientConnectConfig:
     return config
 
 
+CORE_LOGGER = "temporalio.core"
+"""The Python logger the SDK core's (Rust) log lines are forwarded to (``sdk_runtime``), the target
+appended to its name (e.g. ``temporalio.core.temporalio_client::retry``)."""
+
+
 def prometheus_runtime(bind_address: str) -> Runtime:
     """A Temporal SDK runtime serving Prometheus ``/metrics`` on ``bind_address`` (``host:port``) by
     the metric conventions of ``workflows/metrics.py`` (docs/embedding.md): counters end in
@@ -292,30 +305,56 @@ def prometheus_runtime(bind_address: str) -> Runtime:
     Raises:
         ValueError: ``bind_address`` is not ``host:port``; the SDK's error when the port is taken.
     """
-    return Runtime(
-        telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(
-                bind_address=bind_address,
-                counters_total_suffix=True,
-                durations_as_seconds=True,
-                histogram_bucket_overrides=metrics.BUCKET_OVERRIDES,
-            )
+    return sdk_runtime(bind_address, forward_core_logs=False)
+
+
+def sdk_runtime(metrics_bind: str | None, *, forward_core_logs: bool) -> Runtime:
+    """A Temporal SDK runtime: Prometheus metrics on ``metrics_bind`` as ``prometheus_runtime``
+    serves them (None: none), and with ``forward_core_logs`` the SDK core's log lines (its warnings
+    and errors) forwarded to the Python logger ``CORE_LOGGER``, so the process's log handler
+    formats them (one JSON object a line, ``xmc_resumption.worker.setup_logging``) instead of the
+    core printing ANSI-coloured text to stderr; else the SDK's default (the core prints them).
+
+    Raises:
+        ValueError: as ``prometheus_runtime``.
+    """
+    logging_config = (
+        LoggingConfig(
+            filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+            forwarding=LogForwardingConfig(logger=logging.getLogger(CORE_LOGGER)),
         )
+        if forward_core_logs
+        else LoggingConfig.default
     )
+    prometheus = (
+        PrometheusConfig(
+            bind_address=metrics_bind,
+            counters_total_suffix=True,
+            durations_as_seconds=True,
+            histogram_bucket_overrides=metrics.BUCKET_OVERRIDES,
+        )
+        if metrics_bind
+        else None
+    )
+    return Runtime(telemetry=TelemetryConfig(logging=logging_config, metrics=prometheus))
 
 
-async def connect_temporal(*, metrics_bind: str | None = None) -> Client:
+async def connect_temporal(*, metrics_bind: str | None = None, forward_core_logs: bool = False) -> Client:
     """Connect to Temporal as configured by envconfig, with the pydantic data converter.
 
     Args:
         metrics_bind: ``host:port`` to serve Prometheus metrics on (the SDK's and the workflow's
             ``xmc_*`` counters); None for no metrics.
+        forward_core_logs: forward the SDK core's log lines to Python logging (``sdk_runtime``):
+            the worker's, whose every log line is JSON.
 
     Raises:
         TemporalUnreachableError: the server cannot be reached, or the address is malformed.
     """
     config = temporal_connect_config()
-    runtime = prometheus_runtime(metrics_bind) if metrics_bind else None
+    runtime = sdk_runtime(metrics_bind, forward_core_logs=True) if forward_core_logs else None
+    if runtime is None and metrics_bind:
+        runtime = prometheus_runtime(metrics_bind)
     try:
         return await Client.connect(**config, data_converter=pydantic_data_converter, runtime=runtime)
     except (RuntimeError, ValueError) as err:  # the SDK's connect errors: unreachable, or a bad target URL

@@ -26,6 +26,7 @@ import signal
 import sys
 from datetime import timedelta
 
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
 from temporalio import activity, workflow
@@ -63,6 +64,10 @@ every ``extra`` field of the call follows them, under its own name."""
 
 JSON_RENAMES = {"levelname": "level", "name": "logger"}
 
+JSON_LEFT_OUT = (*RESERVED_ATTRS, "temporal_log")
+"""Record attributes that are not ``extra`` fields: the logging module's own, and the SDK core's
+forwarded entry (``temporal_log``: its message and fields are already in ``message``)."""
+
 EXPECTED_FAULTS = (RedisError, ApplicationError)
 """Exceptions whose message says all: a Redis fault (connection, timeout, error reply) and the
 errors the activities raise on purpose (``activities/resumption.py`` ``_classified``)."""
@@ -98,12 +103,16 @@ def setup_logging(log_format: str = "json", level: int = logging.INFO) -> None:
             field of the call, e.g. a throttle wait's ``experiment_id``, ``reason`` and ``seconds``,
             and the SDK's ``temporal_workflow`` / ``temporal_activity`` context (workflow ID, run
             ID, attempt) as objects. The SDK loggers then stop appending that context to the
-            message as text. ``text``: ``LOG_FORMAT``, without the ``extra`` fields.
+            message as text. The SDK core's own warnings arrive on the logger
+            ``temporalio.core-...`` (``settings.sdk_runtime``), in the same format. ``text``:
+            ``LOG_FORMAT``, without the ``extra`` fields.
         level: the root logger's level.
     """
     handler = logging.StreamHandler()
     if log_format == "json":
-        handler.setFormatter(JsonFormatter(JSON_FIELDS, rename_fields=JSON_RENAMES, timestamp="time"))
+        handler.setFormatter(
+            JsonFormatter(JSON_FIELDS, rename_fields=JSON_RENAMES, timestamp="time", reserved_attrs=JSON_LEFT_OUT)
+        )
         workflow.logger.workflow_info_on_message = False
         activity.logger.activity_info_on_message = False
     else:
@@ -167,7 +176,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         SearchAttributesMissingError: the namespace lacks the fleet view's search attributes.
         Exception: whatever else stops the worker (``Worker.run``).
     """
-    client = await connect_temporal(metrics_bind=settings.metrics_bind)
+    client = await connect_temporal(metrics_bind=settings.metrics_bind, forward_core_logs=True)
     worker = Worker(
         client,
         task_queue=settings.task_queue,

@@ -156,10 +156,26 @@ or ("timer", seconds)."""
 
 
 def history_calls(history: WorkflowHistory) -> list[Call]:
-    """Every local activity and durable timer of one run's history, in order."""
+    """Every local activity, regular activity (a call past the workflow task's budget,
+    ``workflows/calls.py``) and durable timer of one run's history, in order (a regular activity
+    where it completed; one that failed for good shows with result None)."""
     calls: list[Call] = []
+    scheduled: dict[int, str] = {}
     for e in history.events:
-        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = e.activity_task_completed_event_attributes
+            payloads = done.result.payloads
+            calls.append((scheduled[done.scheduled_event_id], json.loads(payloads[0].data) if payloads else None))
+        elif e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
+            attributes = (
+                e.activity_task_failed_event_attributes
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+                else e.activity_task_timed_out_event_attributes
+            )
+            calls.append((scheduled[attributes.scheduled_event_id], None))
+        elif e.event_type == EventType.EVENT_TYPE_TIMER_STARTED:
             calls.append(
                 ("timer", e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds())
             )

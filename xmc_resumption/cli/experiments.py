@@ -261,7 +261,9 @@ def _run_text(run: Mapping[str, Any] | None) -> str:
         text += f"remaining {or_missing(run['remaining'])}"
         text += f", outcome {run['outcome']}" if run.get("outcome") else ""
         text += f" ({run['progress_error']})" if run.get("progress_error") else ""
-    return text
+    text += f"; its result could not be read ({run['result_error']})" if run.get("result_error") else ""
+    release_error = run.get("release_error") or (progress or {}).get("release_error")
+    return text + (f"\n  CLAIM NOT RELEASED: {release_error}" if release_error else "")
 
 
 @experiment_command(cli, "dead", "list the tasks set aside (too many fields to move by script), or retry or drop one")

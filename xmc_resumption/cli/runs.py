@@ -260,7 +260,9 @@ def _result_text(result: Mapping[str, Any]) -> str:
     return (
         f"outcome: {result['outcome']}; {result['replayed']} replayed, {result['remaining']} remaining, "
         f"{result['throttles']} throttle waits, {result['turns']} turns, {result['runs']} run(s), "
-        f"fencing token {result['token']}" + (f", {result['set_aside']} set aside" if result.get("set_aside") else "")
+        f"fencing token {result['token']}"
+        + (f", {result['set_aside']} set aside" if result.get("set_aside") else "")
+        + (f"\nCLAIM NOT RELEASED: {result['release_error']}" if result.get("release_error") else "")
     )
 
 
