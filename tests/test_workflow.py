@@ -65,7 +65,14 @@ async def test_throttle_waits_then_replays_everything(temporal_env, redis, redis
     names = await hold_tasks(redis, e, 40)
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
-        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=3)
+        handle = await start(
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            batch_size=3,
+            throttle_policy="fixed",
+        )
         progress = await wait_for(handle, throttled)
         assert (progress.backlog, progress.pending, progress.lag) == (5, 0, 5)
         assert progress.throttle_reason == "backlog 5 >= 5 (pending 0 + lag 5) in group xmc-workers"
@@ -486,7 +493,12 @@ async def test_the_group_deleted_mid_run_under_the_error_policy_fails_and_hands_
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, missing_group="error"
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            missing_group="error",
+            throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
         await redis.xgroup_destroy(STREAM, GROUP)
