@@ -36,7 +36,8 @@ from xmc_resumption.redisclient import fencing, held, ratecap
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.services import installed_binary, local_redis
 from xmc_resumption.workflows import fleet
-from xmc_resumption.workflows.models import ControlChange, Phase, ResumptionInput
+from xmc_resumption.workflows.control import ControlChange
+from xmc_resumption.workflows.models import Phase, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 OUT = Path(__file__).parent / "histories"

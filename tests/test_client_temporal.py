@@ -23,7 +23,8 @@ from tests.support.helpers import GROUP, STREAM, fill_backlog, hold_tasks, resum
 from xmc_resumption.client import FleetRow, NothingToResumeError, ResumeError, XmcClient, XmcSyncClient
 from xmc_resumption.errors import OperatorError
 from xmc_resumption.settings import Settings
-from xmc_resumption.workflows.models import ControlChange, Phase, ResumptionInput
+from xmc_resumption.workflows.control import ControlChange
+from xmc_resumption.workflows.models import Phase, ResumptionInput
 
 pytestmark = pytest.mark.real_server
 

@@ -27,7 +27,8 @@ from tests.support.helpers import (
 )
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.results import ExperimentState
-from xmc_resumption.workflows.models import Control, ControlChange, EffectiveSettings, Outcome, ThrottlePolicy
+from xmc_resumption.workflows.control import Control, ControlChange, EffectiveSettings
+from xmc_resumption.workflows.models import Outcome, ThrottlePolicy
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 

@@ -25,6 +25,17 @@ from redis.exceptions import MovedError, ReadOnlyError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from tests.support.helpers import (
+    GROUP,
+    STREAM,
+    consume,
+    hold_tasks,
+    resumption_worker,
+    start,
+    stream_tasks,
+    throttled,
+    wait_for,
+)
 from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, ExperimentRef, PublishRequest
 from xmc_resumption.activities.resumption import ResumptionActivities, _classified
 from xmc_resumption.redisclient import held
@@ -33,8 +44,6 @@ from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPoli
 from xmc_resumption.services import local_redis
 from xmc_resumption.workflows.models import Outcome
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
-
-from .helpers import GROUP, STREAM, consume, hold_tasks, resumption_worker, start, stream_tasks, throttled, wait_for
 
 NO_CLIENT_RETRY = Retry(NoBackoff(), 0)
 """redis-py's own reconnect-and-resend on a connection error is off, so a reset shows as the

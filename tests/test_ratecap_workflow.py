@@ -16,14 +16,8 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from tests.support.helpers import GROUP, STREAM, consume, hold_tasks, redis_calls, resumption_worker, start, wait_for
 from xmc_resumption.redisclient import ratecap
-from xmc_resumption.workflows.models import (
-    ControlChange,
-    EffectiveSettings,
-    Outcome,
-    Phase,
-    ResumptionInput,
-    ThrottlePolicy,
-)
+from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
+from xmc_resumption.workflows.models import Outcome, Phase, ResumptionInput, ThrottlePolicy
 from xmc_resumption.workflows.resumption import RATE_CAP, ResumptionWorkflow
 
 

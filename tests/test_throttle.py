@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from xmc_resumption.workflows.models import ControlChange, InvalidControlError, ResumptionInput
+from xmc_resumption.workflows.control import ControlChange, InvalidControlError
+from xmc_resumption.workflows.models import ResumptionInput
 from xmc_resumption.workflows.throttle import (
     POLL_INTERVAL_BOUNDS,
     POLL_LIMIT_SECONDS,

@@ -17,16 +17,8 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from tests.support.helpers import throttled_replay
-from xmc_resumption.workflows.models import (
-    SET_FIELDS,
-    Control,
-    ControlChange,
-    EffectiveSettings,
-    InvalidControlError,
-    Outcome,
-    ResumptionInput,
-    ThrottlePolicy,
-)
+from xmc_resumption.workflows.control import SET_FIELDS, Control, ControlChange, EffectiveSettings, InvalidControlError
+from xmc_resumption.workflows.models import Outcome, ResumptionInput, ThrottlePolicy
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 

@@ -58,14 +58,16 @@ with workflow.unsafe.imports_passed_through():
     )
     from xmc_resumption.workflows import fleet
     from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, TaskBudget, call, permanent
-    from xmc_resumption.workflows.metrics import Instruments
-    from xmc_resumption.workflows.models import (
+    from xmc_resumption.workflows.control import (
         INVALID_CONTROL,
-        WORKFLOW_TYPE,
         Control,
         ControlChange,
         EffectiveSettings,
         InvalidControlError,
+    )
+    from xmc_resumption.workflows.metrics import Instruments
+    from xmc_resumption.workflows.models import (
+        WORKFLOW_TYPE,
         Outcome,
         Phase,
         Progress,
@@ -138,7 +140,7 @@ class ResumptionWorkflow:
         self.task_budget = TaskBudget()
         """How long the current workflow task has been open: ``call`` keeps it short, for queries."""
 
-    # -- control: validated Updates (workflows/models.py Control, RunState.refuse); a rejected one leaves no event
+    # -- control: validated Updates (workflows/control.py Control, RunState.refuse); a rejected one leaves no event
 
     # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in
     # its validator (``ControlChange.of_update``): a typed parameter would have the data converter

@@ -23,19 +23,9 @@ from xmc_resumption.redisclient.results import (
     Release,
     ReleaseRecord,
 )
+from xmc_resumption.workflows.control import INVALID_CONTROL, RESUMPTION_ENDING, ControlChange, InvalidControlError
 from xmc_resumption.workflows.eta import NetRate, eta_seconds
-from xmc_resumption.workflows.models import (
-    INVALID_CONTROL,
-    RESUMPTION_ENDING,
-    Carry,
-    ControlChange,
-    InvalidControlError,
-    Outcome,
-    Progress,
-    ResumptionInput,
-    ResumptionResult,
-    ThrottlePolicy,
-)
+from xmc_resumption.workflows.models import Carry, Outcome, Progress, ResumptionInput, ResumptionResult, ThrottlePolicy
 from xmc_resumption.workflows.ratecap import TaskBucket
 from xmc_resumption.workflows.throttle import Pacer, StallWatch
 

@@ -31,15 +31,8 @@ from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, validate_na
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.redisclient.results import ExperimentState, GroupStatus
 from xmc_resumption.workflows import fleet
-from xmc_resumption.workflows.models import (
-    WORKFLOW_TYPE,
-    Control,
-    EffectiveSettings,
-    Progress,
-    ResumptionInput,
-    ResumptionResult,
-    workflow_id_for,
-)
+from xmc_resumption.workflows.control import Control, EffectiveSettings
+from xmc_resumption.workflows.models import WORKFLOW_TYPE, Progress, ResumptionInput, ResumptionResult, workflow_id_for
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 T = TypeVar("T")

@@ -52,13 +52,8 @@ from xmc_resumption.ops import (
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND
 from xmc_resumption.workflows import fleet
-from xmc_resumption.workflows.models import (
-    TASK_QUEUE,
-    ControlChange,
-    EffectiveSettings,
-    ResumptionInput,
-    workflow_id_for,
-)
+from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
+from xmc_resumption.workflows.models import TASK_QUEUE, ResumptionInput, workflow_id_for
 
 ETA_QUERIES = 50
 """``xmc list``: the most running resumptions whose progress query is asked for the ETA (the

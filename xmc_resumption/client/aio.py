@@ -50,13 +50,8 @@ from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, Exper
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.settings import Settings, connect_temporal
-from xmc_resumption.workflows.models import (
-    TASK_QUEUE,
-    Control,
-    ControlChange,
-    EffectiveSettings,
-    ResumptionInput,
-)
+from xmc_resumption.workflows.control import Control, ControlChange, EffectiveSettings
+from xmc_resumption.workflows.models import TASK_QUEUE, ResumptionInput
 
 T = TypeVar("T")
 

@@ -28,12 +28,8 @@ from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, Exper
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.scripts import run_script_sync
 from xmc_resumption.settings import Settings
-from xmc_resumption.workflows.models import (
-    ControlChange,
-    EffectiveSettings,
-    ResumptionInput,
-    ResumptionResult,
-)
+from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
+from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult
 
 T = TypeVar("T")
 

@@ -1,0 +1,188 @@
+"""The Updates' contract (docs/contract.md, "Updates").
+
+Their names (``Control``), the change each makes to a running replay's settings
+(``ControlChange``), how a change is checked, and the settings an accepted Update returns
+(``EffectiveSettings``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
+
+
+class ControlChange(BaseModel):
+    """The argument of the ``configure`` Update: settings of a running replay to change; a field
+    left out (None) keeps its value. The change is checked by the whole of ``ResumptionInput``'s
+    validation (bounds, and ``claim_lease_seconds`` longer than every wait), so a running replay
+    accepts exactly what a start would. Unknown fields are errors; numbers are strict (``true``
+    is no integer, ``"5"`` no number).
+
+    Attributes:
+        max_backlog_threshold: the backlog bound (entries, 1..100,000).
+        batch_size: the most tasks one publish moves (entries, 1..10,000).
+        throttle_seconds: the fixed policy's wait and the adaptive one's default longest (seconds).
+        throttle_policy: ``fixed`` or ``adaptive``.
+        max_tasks_per_second: the replay's rate cap (tasks/s, 0.001..1,000,000); 0 removes it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_backlog_threshold: int | None = Field(default=None, strict=True)
+    batch_size: int | None = Field(default=None, strict=True)
+    throttle_seconds: float | None = Field(default=None, allow_inf_nan=False, strict=True)
+    throttle_policy: ThrottlePolicy | None = None
+    max_tasks_per_second: float | None = Field(default=None, allow_inf_nan=False, strict=True)
+
+    def applied_to(self, inp: ResumptionInput) -> ResumptionInput:
+        """``inp`` with this change, validated as a start's input would be.
+
+        Raises:
+            pydantic.ValidationError: naming the field, when the result breaks a bound or a rule.
+        """
+        changes = self.model_dump(exclude_none=True)
+        if changes.get("max_tasks_per_second") == 0:
+            changes["max_tasks_per_second"] = None  # 0 removes the cap
+        return ResumptionInput.model_validate({**inp.model_dump(), **changes})
+
+    def checked_against(self, inp: ResumptionInput) -> ResumptionInput:
+        """``applied_to``, its refusal on one line.
+
+        Raises:
+            InvalidControlError: ``<field>: <message>`` when the result breaks a bound or a rule
+                (a rule over several fields names them in its message).
+        """
+        try:
+            return self.applied_to(inp)
+        except ValidationError as err:
+            raise InvalidControlError(_first_error(None, err, self.model_dump(exclude_none=True))) from None
+
+    @classmethod
+    def of_update(cls, update: Control, args: Sequence[object]) -> ControlChange:
+        """The change an Update asks for, from its arguments as JSON decoded them (any type).
+
+        ``configure`` takes one JSON object (the fields of this model); each ``set_*`` one value of
+        its field (``SET_FIELDS``); ``pause`` none (an empty change).
+
+        Raises:
+            InvalidControlError: one line naming the Update and the field: the wrong number of
+                arguments, a value of the wrong type (a bool or a string for a number), out of
+                bounds, nan or inf, an unknown field or policy.
+        """
+        wanted = 0 if update is Control.PAUSE else 1
+        if len(args) != wanted:
+            raise InvalidControlError(f"{update.value}: takes {wanted} argument(s), got {len(args)}")
+        if update is Control.PAUSE:
+            return cls()
+        value = args[0]
+        if update is Control.CONFIGURE:
+            if not isinstance(value, dict | ControlChange):
+                raise InvalidControlError(
+                    f"configure: the change must be a JSON object of {', '.join(cls.model_fields)}, "
+                    f"got {_json_kind(value)}"
+                )
+            data = value.model_dump(exclude_none=True) if isinstance(value, ControlChange) else value
+        else:
+            field = SET_FIELDS[update]
+            if value is None:
+                raise InvalidControlError(f"{update.value}: {field}: a value is required, got null")
+            data = {field: value}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise InvalidControlError(_first_error(update, err, data)) from None
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON-decoded value is, for a message: ``a bool``, ``a str``, ``null``, ..."""
+    if value is None:
+        return "null"
+    return f"a {type(value).__name__}"
+
+
+def _first_error(update: Control | None, err: ValidationError, data: object) -> str:
+    """One line for a rejected Update: ``[<update>: ]<field>: <pydantic's message> (got <kind>)``,
+    never the value itself (it may be long)."""
+    first = err.errors(include_url=False)[0]
+    field = ".".join(str(x) for x in first["loc"]) or "change"
+    msg = first["msg"].removeprefix("Value error, ")
+    given = first.get("input", data)
+    got = f" (got {_json_kind(given)})" if first["type"].endswith("_type") else ""
+    prefix = f"{update.value}: " if update is not None else ""
+    return " ".join(f"{prefix}{field}: {msg}{got}".split())
+
+
+INVALID_CONTROL = "InvalidControl"
+"""``ApplicationError.type`` of an Update refused for its argument (non-retryable)."""
+
+RESUMPTION_ENDING = "ResumptionEnding"
+"""``ApplicationError.type`` of an Update refused because the run is ending (non-retryable)."""
+
+
+class InvalidControlError(ValueError):
+    """An Update's arguments break the contract (``ControlChange.of_update``); ``str()`` is one line
+    naming the Update and the field."""
+
+
+class EffectiveSettings(BaseModel):
+    """What every control Update returns: the settings the replay runs with from now on.
+
+    Attributes:
+        max_backlog_threshold, batch_size, throttle_seconds, throttle_policy, max_tasks_per_second:
+            as in ``ResumptionInput``.
+        stopping: True once ``pause`` was accepted: the run ends ``paused`` at its next turn.
+    """
+
+    max_backlog_threshold: int
+    batch_size: int
+    throttle_seconds: float
+    throttle_policy: ThrottlePolicy
+    stopping: bool = False
+    max_tasks_per_second: float | None = None
+
+    @classmethod
+    def of(cls, inp: ResumptionInput, *, stopping: bool) -> EffectiveSettings:
+        """The effective settings of input ``inp``."""
+        return cls(
+            max_backlog_threshold=inp.max_backlog_threshold,
+            batch_size=inp.batch_size,
+            throttle_seconds=inp.throttle_seconds,
+            throttle_policy=inp.throttle_policy,
+            stopping=stopping,
+            max_tasks_per_second=inp.max_tasks_per_second,
+        )
+
+
+class Control(StrEnum):
+    """Names of the workflow's Updates (``temporal workflow update execute --name <name>``).
+
+    ``configure`` takes a ``ControlChange`` (a JSON object); ``set_threshold`` (integer, entries),
+    ``set_batch_size`` (integer, entries), ``set_throttle_seconds`` (number, seconds),
+    ``set_throttle_policy`` (``fixed``/``adaptive``) and ``set_max_tasks_per_second`` (number,
+    tasks/s; 0 removes the cap) take one value; ``pause`` takes none and ends the run ``paused`` at
+    the next turn (claim released, experiment paused, held tasks kept).
+    Each returns ``EffectiveSettings``. Arguments are strict (``ControlChange.of_update``): a bad
+    one is rejected by the Update's validator with a non-retryable ``ApplicationError`` of type
+    ``InvalidControl``, one line naming the field, which leaves nothing in the history.
+    """
+
+    CONFIGURE = "configure"
+    SET_THRESHOLD = "set_threshold"
+    SET_BATCH_SIZE = "set_batch_size"
+    SET_THROTTLE_SECONDS = "set_throttle_seconds"
+    SET_THROTTLE_POLICY = "set_throttle_policy"
+    SET_MAX_TASKS_PER_SECOND = "set_max_tasks_per_second"
+    PAUSE = "pause"
+
+
+SET_FIELDS: dict[Control, str] = {
+    Control.SET_THRESHOLD: "max_backlog_threshold",
+    Control.SET_BATCH_SIZE: "batch_size",
+    Control.SET_THROTTLE_SECONDS: "throttle_seconds",
+    Control.SET_THROTTLE_POLICY: "throttle_policy",
+    Control.SET_MAX_TASKS_PER_SECOND: "max_tasks_per_second",
+}
+"""The ``ControlChange`` field each one-value Update sets."""
