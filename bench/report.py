@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import blocking, eta
+from bench import blocking, eta, scenarios
 
 HISTORY_BUDGET = 10_240
 """The largest single run of any continue-as-new chain must stay under this many events."""
@@ -145,6 +145,7 @@ def table(results: dict[str, Any]) -> str:
         "f": blocking.lines,
         "g": _lines_g,
         "h": eta.lines,
+        "p": scenarios.lines,
     }
     blocks = [printers[key](results[key]) for key in printers if key in results]
     checks = results["checks"]

@@ -10,6 +10,8 @@ Figures (every one a ratio measured side by side in the same run; absolute times
   g  many replayers on one threshold under two workers: wall / (tasks / R), max backlog, exactly
      once, the spread of completion times, without and with the fair share (``bench.scale``)
   h  the ETA against a steady consumer: its error at 10, 25, 50 and 75 % moved (``bench.eta``)
+  p  the pacing cases of issue 17: bursty, stopped and faster consumers, the defaults, batch sizes,
+     10 vs 100 replays, history events per 1,000 tasks (``bench.scenarios``)
 Prints a table and writes ``bench/results/bench-<timestamp>.json`` and ``bench/results/latest.json``.
 Exits 0 when every replay was exactly once and in order, no sampled backlog passed the threshold and
 every run's history stayed under its budget and (full runs) the ETA stayed within 20 % once 10 %
@@ -29,11 +31,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench import backlog_cost, blocking, eta, memory, pacing, scale, throughput
+from bench import backlog_cost, blocking, eta, memory, pacing, scale, scenarios, throughput
 from bench.env import BenchEnv, bench_services, worker_process
 from bench.report import HISTORY_BUDGET, table, write_results
 
-FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h")
+FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h", "p")
 RESULTS_DIR = Path(__file__).parent / "results"
 A_BATCHES = (100, 1_000, 5_000)
 A_TASKS_FULL, A_TASKS_SMOKE = 50_000, 2_000
@@ -130,6 +132,8 @@ async def _workflow_figures(env: BenchEnv, args: argparse.Namespace, results: di
             eta_cases = eta.SMOKE_CASES if args.smoke else eta.FULL_CASES
             print(f"h: ETA accuracy, {[(c.policy, c.rate, c.tasks) for c in eta_cases]}", flush=True)
             results["h"] = await eta.eta(env, eta_cases)
+        if "p" in args.only:
+            results["p"] = await scenarios.scenarios(env)
 
 
 def _checks(results: dict[str, Any]) -> dict[str, bool]:
@@ -140,8 +144,10 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
     once += [r["exactly_once"] for r in results.get("f", {}).get("rows", [])]
     once += [r["exactly_once"] for r in results.get("g", [])]
     once += [r["exactly_once"] for r in results.get("h", [])]
+    p = results.get("p", {})
+    once += [r["exactly_once"] for r in p.get("rows", []) + p.get("batches", []) + p.get("replays", [])]
     checks = {"exactly_once": all(once)}
-    bounded = [r for r in results.get("b", []) if "skipped" not in r] + results.get("g", [])
+    bounded = [r for r in results.get("b", []) if "skipped" not in r] + results.get("g", []) + p.get("replays", [])
     if bounded:
         checks["max_backlog_within_threshold"] = all(r["max_backlog"] <= r["threshold"] for r in bounded)
     if "e" in results:
@@ -158,7 +164,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Start the services, run the chosen figures, return the results (JSON-ready)."""
     async with bench_services() as env:
         results: dict[str, Any] = {"meta": await _meta(env, args)}
-        if {"a", "b", "h"} & args.only:
+        if {"a", "b", "h", "p"} & args.only:
             await _workflow_figures(env, args, results)
         if "c" in args.only:
             print("c: backlog measurement cost", flush=True)
@@ -174,6 +180,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             size = scale.SMOKE_SIZE if args.smoke else scale.FULL_SIZE
             print(f"g: {size.experiments} experiments x {size.tasks} tasks, two workers, R {size.rate:g}/s", flush=True)
             results["g"] = await scale.scale(env, size, args.policies)
+        if "p" in args.only:
+            results["p"]["replays"] = await scenarios.replays(env)
     if "e" in args.only:
         elsewhere = [r["largest_run_events"] for row in results.get("a", []) for r in row["workflow_runs"]]
         elsewhere += [r["largest_run_events"] for r in results.get("d", {}).get("rows", [])]

@@ -152,27 +152,59 @@ async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
 
 
 SCENARIOS: dict[str, tuple[Scenario, dict]] = {
-    "completed_after_throttles": (completed, {"max_backlog_threshold": 5, "batch_size": 3, "throttle_seconds": 0.5}),
-    "paused_during_wait": (paused, {"max_backlog_threshold": 5, "throttle_seconds": 1}),
-    "fenced_during_wait": (fenced, {"max_backlog_threshold": 5, "throttle_seconds": 1}),
-    "cancelled_during_wait": (cancelled, {"max_backlog_threshold": 5, "throttle_seconds": 5}),
-    "waited_for_redis": (waited_for_redis, {"max_backlog_threshold": 5, "batch_size": 4, "throttle_seconds": 0.5}),
+    "completed_after_throttles": (
+        completed,
+        {"max_backlog_threshold": 5, "batch_size": 3, "throttle_seconds": 0.5, "throttle_policy": "fixed"},
+    ),
+    "paused_during_wait": (paused, {"max_backlog_threshold": 5, "throttle_seconds": 1, "throttle_policy": "fixed"}),
+    "fenced_during_wait": (fenced, {"max_backlog_threshold": 5, "throttle_seconds": 1, "throttle_policy": "fixed"}),
+    "cancelled_during_wait": (
+        cancelled,
+        {"max_backlog_threshold": 5, "throttle_seconds": 5, "throttle_policy": "fixed"},
+    ),
+    "waited_for_redis": (
+        waited_for_redis,
+        {"max_backlog_threshold": 5, "batch_size": 4, "throttle_seconds": 0.5, "throttle_policy": "fixed"},
+    ),
     "continued_as_new": (
         completed,
-        {"max_backlog_threshold": 5, "batch_size": 2, "throttle_seconds": 0.3, "turns_per_run": 3},
+        {
+            "max_backlog_threshold": 5,
+            "batch_size": 2,
+            "throttle_seconds": 0.3,
+            "throttle_policy": "fixed",
+            "turns_per_run": 3,
+        },
     ),
-    "controlled_by_update": (controlled, {"max_backlog_threshold": 5, "throttle_seconds": 5}),
-    "stopped_by_update": (stopped, {"max_backlog_threshold": 5, "throttle_seconds": 5}),
+    "controlled_by_update": (
+        controlled,
+        {"max_backlog_threshold": 5, "throttle_seconds": 5, "throttle_policy": "fixed"},
+    ),
+    "stopped_by_update": (stopped, {"max_backlog_threshold": 5, "throttle_seconds": 5, "throttle_policy": "fixed"}),
     "adaptive_completed": (
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 3},
     ),
-    "waited_for_group": (waited_for_group, {"max_backlog_threshold": 5, "batch_size": 4, "throttle_seconds": 1}),
+    # the default policy (adaptive since patch pacing-probe) with its estimator
+    "probe_completed": (completed, {"max_backlog_threshold": 5, "batch_size": 2, "max_wait_seconds": 3}),
+    "waited_for_group": (
+        waited_for_group,
+        {"max_backlog_threshold": 5, "batch_size": 4, "throttle_seconds": 1, "throttle_policy": "fixed"},
+    ),
     "stalled_naming_consumers": (
         stalled_naming_consumers,
-        {"max_backlog_threshold": 5, "throttle_seconds": 1, "stall_window_seconds": 2, "max_stall_seconds": 6},
+        {
+            "max_backlog_threshold": 5,
+            "throttle_seconds": 1,
+            "throttle_policy": "fixed",
+            "stall_window_seconds": 2,
+            "max_stall_seconds": 6,
+        },
     ),
-    "rate_limited": (rate_limited, {"max_backlog_threshold": 5, "throttle_seconds": 0.5, "max_tasks_per_second": 2}),
+    "rate_limited": (
+        rate_limited,
+        {"max_backlog_threshold": 5, "throttle_seconds": 0.5, "throttle_policy": "fixed", "max_tasks_per_second": 2},
+    ),
     # polls that do not fit the workflow task's budget run as regular activities (yielding-calls)
     "adaptive_polled_by_activity": (
         completed,
@@ -180,13 +212,20 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
     ),
     "release_failed_in_outage": (
         release_failed,
-        {"max_backlog_threshold": 5, "throttle_seconds": 2, "claim_lease_seconds": 30, "redis_retry_seconds": 600},
+        {
+            "max_backlog_threshold": 5,
+            "throttle_seconds": 2,
+            "throttle_policy": "fixed",
+            "claim_lease_seconds": 30,
+            "redis_retry_seconds": 600,
+        },
     ),
     "stalled_on_memory": (
         stalled_on_memory,
         {
             "max_backlog_threshold": 5,
             "throttle_seconds": 1,
+            "throttle_policy": "fixed",
             "max_memory_fraction": 0.01,
             "stall_window_seconds": 2,
             "max_stall_seconds": 5,

@@ -57,7 +57,14 @@ async def test_raising_the_threshold_wakes_the_wait_and_the_replay_goes_on_under
     names = await hold_tasks(redis, e, 20)
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
-        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=50)
+        handle = await start(
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            batch_size=50,
+            throttle_policy="fixed",
+        )
         await wait_for(handle, throttled)
         assert await redis.xlen(STREAM) == 5
         effective = await handle.execute_update(ResumptionWorkflow.set_threshold, 25)

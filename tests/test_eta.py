@@ -152,7 +152,13 @@ async def test_the_eta_mid_run_is_the_formulas_and_zero_at_the_end(temporal_env,
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=5, throttle_seconds=1
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            batch_size=5,
+            throttle_seconds=1,
+            throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
         for waits in (2, 3, 4):

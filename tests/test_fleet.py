@@ -77,7 +77,12 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=60
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_seconds=60,
+            throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
         rows = await listed(temporal_env, f'XmcPhase="throttled" AND XmcExperimentId="{e}"')
@@ -126,7 +131,12 @@ async def test_a_rejected_update_leaves_nothing_in_the_history(temporal_env, red
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=60
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_seconds=60,
+            throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
         before = (await handle.fetch_history()).events

@@ -22,10 +22,11 @@ from tests.support.helpers import (
     stream_tasks,
     wait_for,
 )
+from xmc_resumption.consumer import entries_of
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
-from xmc_resumption.workflows.models import Outcome, Phase
+from xmc_resumption.workflows.models import Outcome, Phase, ThrottlePolicy
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 
@@ -126,3 +127,59 @@ async def test_a_pause_during_an_adaptive_wait_publishes_nothing_more(
     assert await redis.xlen(keys.held) == 20 and await redis.xlen(STREAM) == 10
     assert_checked_after_every_wait(calls)
     assert [k for k, _ in calls][-2:] == ["check_claim", "release_claim"]
+
+
+async def test_the_default_is_adaptive_and_polls_through_a_short_stop(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
+    """An input without ``throttle_policy`` replays adaptively (patch ``pacing-probe`` recorded). The
+    consumers stop for 3.5 s mid-run: the replay polls through it (no durable timer: the waits stay
+    polls, its drain estimate kept), re-checks pause and fencing after every wait, learns the
+    consumers' burst, and never passes the threshold."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 300)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    seen: list[bytes] = []
+
+    async def consumers() -> None:
+        """Read 10 at a time at 1,000/s, acknowledging at once; stop for 3.5 s after 120."""
+        stopped = False
+        while len(seen) < len(names):
+            if len(seen) >= 120 and not stopped:
+                stopped = True
+                await asyncio.sleep(3.5)
+            entries = entries_of(await redis.xreadgroup(GROUP, "c1", {STREAM: ">"}, count=10, block=50))
+            if entries:
+                seen.extend(fields[b"task"] for _, fields in entries)
+                await redis.xack(STREAM, GROUP, *[entry_id for entry_id, _ in entries])
+                await asyncio.sleep(len(entries) / 1_000)
+
+    consumer = asyncio.create_task(consumers())
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=50, batch_size=20)
+        result = await asyncio.wait_for(handle.result(), 60)
+        progress = await handle.query(ResumptionWorkflow.progress)
+        history = await handle.fetch_history()
+    await asyncio.wait_for(consumer, 30)
+    calls = await redis_calls(handle)
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 300, 0)
+    assert await stream_tasks(redis) == names and seen == names
+    assert progress.policy is ThrottlePolicy.ADAPTIVE
+    patches = [
+        payload.data
+        for m in history.events
+        if m.marker_recorded_event_attributes.marker_name == "core_patch"
+        for details in m.marker_recorded_event_attributes.details.values()
+        for payload in details.payloads
+    ]
+    assert any(b"pacing-probe" in data for data in patches), patches
+    kinds = [k for k, _ in calls]
+    assert "timer" not in kinds
+    polls = [r for k, r in calls if k == "wait_for_drain"]
+    assert len(polls) == result.throttles >= 5
+    assert any(not r["reached"] and r["seconds"] >= 1.9 for r in polls)  # a whole poll through the stop
+    assert max(r["largest_drop"] for r in polls) >= 10  # a read of 10, acknowledged at once
+    assert progress.low_watermark is not None and progress.low_watermark >= 10
+    assert_checked_after_every_wait(calls)
+    assert_waited_at_the_threshold(calls)
+    assert_never_over(calls, 50)

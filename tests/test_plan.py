@@ -158,7 +158,9 @@ async def test_the_estimate_is_the_sampled_drain(redis: Redis) -> None:
         adaptive = await plan(
             redis, ResumptionInput(experiment_id=e, throttle_policy="adaptive"), temporal=None, sample_seconds=1
         )
-        fixed = await plan(redis, ResumptionInput(experiment_id=e), temporal=None, sample_seconds=1)
+        fixed = await plan(
+            redis, ResumptionInput(experiment_id=e, throttle_policy="fixed"), temporal=None, sample_seconds=1
+        )
         capped = await plan(
             redis, ResumptionInput(experiment_id=e, max_tasks_per_second=20), temporal=None, sample_seconds=1
         )

@@ -83,7 +83,9 @@ async def test_an_update_changes_the_cap_live(temporal_env, redis, redis_url, ta
     await hold_tasks(redis, e, 40)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
-        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_tasks_per_second=0.1)
+        handle = await start(
+            temporal_env.client, task_queue, experiment_id=e, max_tasks_per_second=0.1, throttle_policy="fixed"
+        )
         waiting = await wait_for(handle, lambda p: p.phase is Phase.RATE_LIMITED)
         assert (waiting.replayed, waiting.rate_waits, waiting.throttled_until is not None) == (1, 1, True)
         # the bucket refilled a little while the publish ran: a hair under 10 s

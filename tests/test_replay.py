@@ -26,6 +26,7 @@ ENDINGS: dict[str, tuple[EventType.ValueType, str | None, list[str]]] = {
     # scenario: (the first run's last event, the result's outcome, the Redis calls after the last timer)
     "completed_after_throttles": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "adaptive_completed": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
+    "probe_completed": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "waited_for_redis": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "paused_during_wait": (
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
@@ -77,7 +78,8 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and e.user_metadata.HasField("summary")
     ]
-    if name == "adaptive_polled_by_activity":  # its first wait was a poll, not a timer
+    polled = ("adaptive_polled_by_activity", "probe_completed")
+    if name in polled:  # its first wait was a poll, not a timer
         kinds = [k for k, _ in history_calls(history)]
         assert "wait_for_drain" in kinds and kinds.index("wait_for_drain") < kinds.index("publish_batch")
     else:
@@ -93,7 +95,7 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
     assert bool(memory) == (name == "stalled_on_memory")
     # a poll past the workflow task's budget ran as a regular activity
     scheduled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
-    assert bool(scheduled) == (name == "adaptive_polled_by_activity")
+    assert bool(scheduled) == (name in polled)
     calls = history_calls(history)
     kinds = [k for k, _ in calls]
     assert kinds[0] == "acquire_claim"
@@ -122,8 +124,7 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
     assert ("waiting_for_group" in phases) == (name == "waited_for_group")
     if not re.match(r"v[0-2]_", path.stem):  # recorded since the fleet view existed
         # (a poll is no durable wait: the fleet view does not show it as throttled)
-        polled = name == "adaptive_polled_by_activity"
-        assert phases[:3] == ["claiming", "replaying", "completed" if polled else "throttled"]
+        assert phases[:3] == ["claiming", "replaying", "completed" if name in polled else "throttled"]
         assert phases[-1] == (outcome or ("cancelled" if name == "cancelled_during_wait" else "replaying"))
         assert len(phases) <= 3 + 2 * kinds.count("timer"), phases
     else:

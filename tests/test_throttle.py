@@ -39,13 +39,13 @@ def drain(pacer: Pacer, rate: float, cycles: int = 20, step: float = 0.1) -> Non
 
 def test_fixed_waits_throttle_seconds_on_a_timer() -> None:
     pacer = Pacer(adaptive=False, threshold=500, throttle_seconds=7, min_wait=0, max_wait=7)
-    plan = pacer.plan(600)
+    plan = pacer.plan(600, T0)
     assert (plan.kind, plan.seconds) == (WaitKind.TIMER, 7)
     assert pacer.low_watermark is None
 
 
 def test_before_any_measurement_adaptive_polls_to_half_the_threshold() -> None:
-    plan = adaptive().plan(500)
+    plan = adaptive().plan(500, T0)
     assert (plan.kind, plan.seconds, plan.low_watermark) == (WaitKind.POLL, POLL_LIMIT_SECONDS, 250)
 
 
@@ -61,7 +61,7 @@ def test_the_wait_shrinks_when_consumers_are_fast_and_grows_when_slow() -> None:
     drain(fast, 20_000, step=0.01)
     drain(slow, 100, step=1.0, cycles=10)
     drain(stopped, 0, step=1.0, cycles=10)
-    f, s, z = fast.plan(500), slow.plan(500), stopped.plan(500)
+    f, s, z = fast.plan(500, T0), slow.plan(500, T0), stopped.plan(500, T0)
     assert f.kind is WaitKind.POLL and f.poll_seconds == POLL_INTERVAL_BOUNDS[0]
     # fast: keep a watermark the consumers cannot drain while the replay reacts (~20 ms at 20,000/s)
     assert fast.low_watermark == 375  # 2 x 20,000/s x 22 ms = 880, capped at 3/4 of the threshold
@@ -76,10 +76,10 @@ def test_the_wait_shrinks_when_consumers_are_fast_and_grows_when_slow() -> None:
 def test_waits_stay_within_min_and_max() -> None:
     pacer = Pacer(adaptive=True, threshold=500, throttle_seconds=10, min_wait=0.5, max_wait=3.0)
     drain(pacer, 1.0, step=1.0, cycles=5)
-    assert pacer.plan(500).seconds == 3.0
+    assert pacer.plan(500, T0).seconds == 3.0
     quick = Pacer(adaptive=True, threshold=500, throttle_seconds=10, min_wait=0.5, max_wait=3.0)
     drain(quick, 50_000, step=0.005)
-    plan = quick.plan(500)
+    plan = quick.plan(500, T0)
     assert plan.kind is WaitKind.POLL and plan.min_seconds == 0.5
 
 
@@ -117,7 +117,7 @@ def test_stall_is_no_progress_across_the_window() -> None:
 
 def test_a_min_wait_longer_than_a_poll_is_a_timer_even_before_a_measurement() -> None:
     pacer = Pacer(adaptive=True, threshold=500, throttle_seconds=30, min_wait=10.0, max_wait=30.0)
-    plan = pacer.plan(500)
+    plan = pacer.plan(500, T0)
     assert (plan.kind, plan.seconds) == (WaitKind.TIMER, 10.0)
 
 

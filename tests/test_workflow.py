@@ -65,7 +65,14 @@ async def test_throttle_waits_then_replays_everything(temporal_env, redis, redis
     names = await hold_tasks(redis, e, 40)
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
-        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=3)
+        handle = await start(
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            batch_size=3,
+            throttle_policy="fixed",
+        )
         progress = await wait_for(handle, throttled)
         assert (progress.backlog, progress.pending, progress.lag) == (5, 0, 5)
         assert progress.throttle_reason == "backlog 5 >= 5 (pending 0 + lag 5) in group xmc-workers"
@@ -318,6 +325,7 @@ async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshol
             max_backlog_threshold=5,
             batch_size=3,
             throttle_seconds=10,
+            throttle_policy="fixed",
             stall_window_seconds=20,
             max_stall_seconds=40,
         )
@@ -485,7 +493,12 @@ async def test_the_group_deleted_mid_run_under_the_error_policy_fails_and_hands_
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, missing_group="error"
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            missing_group="error",
+            throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
         await redis.xgroup_destroy(STREAM, GROUP)

@@ -199,7 +199,12 @@ async def test_cancel_ends_even_while_redis_is_away(temporal_env, redis, redis_u
     await fill_backlog(redis, 5)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_seconds=30
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=5,
+            throttle_seconds=30,
+            throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
         async with redis_outage(redis):

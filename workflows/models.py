@@ -82,6 +82,7 @@ class Carry(BaseModel):
         started_at: when the first run started (workflow time, UTC).
         drain_rate: the adaptive policy's drain-rate estimate (entries per second) or None.
         reaction_seconds: the measured time from the end of a wait to the next publish (seconds).
+        burst: the adaptive policy's learned burst of the consumers (entries), None when none.
         progress_at: when the backlog last went down or tasks last moved (workflow time, UTC):
             the anchor of the stall window; stall_reading: the last (backlog, pending,
             last-delivered-id) it compared.
@@ -105,6 +106,7 @@ class Carry(BaseModel):
     started_at: datetime
     drain_rate: float | None = Field(default=None, ge=0, le=MAX_RATE, allow_inf_nan=False)
     reaction_seconds: float | None = Field(default=None, gt=0, le=60, allow_inf_nan=False)
+    burst: int | None = Field(default=None, ge=1, le=100_000)
     progress_at: datetime | None = None
     stall_reading: tuple[int, int, str] | None = None
     net_rate: NetRate | None = None
@@ -133,7 +135,8 @@ class ResumptionInput(BaseModel):
             which blocks Redis while it runs.
         throttle_seconds: how long one throttle wait of the ``fixed`` policy lasts (seconds, a
             durable timer), and the default longest wait of the ``adaptive`` one.
-        throttle_policy: ``fixed`` (the default) or ``adaptive``: see ``ThrottlePolicy``.
+        throttle_policy: ``adaptive`` (the default since patch ``pacing-probe``; runs started before
+            it without the field keep ``fixed``) or ``fixed``: see ``ThrottlePolicy`` and docs/pacing.md.
         min_wait_seconds, max_wait_seconds: bounds of one adaptive wait (seconds); the maximum
             defaults to ``throttle_seconds``.
         claim_lease_seconds: the claim's lease (seconds), extended every turn; it must outlast
@@ -187,7 +190,7 @@ class ResumptionInput(BaseModel):
     batch_size: int = Field(default=100, ge=1, le=10_000, strict=True)
     max_backlog_threshold: int = Field(default=500, ge=1, le=100_000, strict=True)
     throttle_seconds: float = Field(default=10.0, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, strict=True)
-    throttle_policy: ThrottlePolicy = ThrottlePolicy.FIXED
+    throttle_policy: ThrottlePolicy = ThrottlePolicy.ADAPTIVE
     min_wait_seconds: float = Field(default=0.0, ge=0, le=60, allow_inf_nan=False, strict=True)
     max_wait_seconds: float | None = Field(default=None, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, strict=True)
     claim_lease_seconds: float = Field(default=120.0, gt=0, le=MAX_LEASE_SECONDS, allow_inf_nan=False, strict=True)

@@ -102,6 +102,12 @@ NAME_IDLE_CONSUMERS = "name-idle-consumers"
 """``workflow.patched`` ID of the read of idle consumers (``XINFO CONSUMERS``, one local activity)
 when a replay is stalled: runs recorded before it replay without."""
 
+PACING_PROBE = "pacing-probe"
+"""``workflow.patched`` ID of issue 17's pacing, asked once at the start of a run that is adaptive or
+leaves ``throttle_policy`` out (``RunState.start_pacing``): the adaptive estimator that learns bursts
+and probes upwards, and ``adaptive`` as the default. Runs recorded before it keep the old estimator,
+and an input without the field keeps ``fixed``."""
+
 STALL_COUNTS_EVERY_WAIT = "stall-counts-every-wait"
 """``workflow.patched`` ID of the stall rule that every wait the operator did not ask for (backlog,
 missing group, Redis memory) counts against ``max_stall_seconds``: a memory wait no longer starts
@@ -260,6 +266,8 @@ class ResumptionWorkflow:
         self._metrics = Instruments.create(inp.stream, inp.consumer_group)
         info = workflow.info()
         self._state.begin(info.workflow_id, info.continued_run_id, workflow.now(), lambda: str(workflow.uuid4()))
+        if self._state.asks_pacing_patch():
+            self._state.start_pacing(workflow.patched(PACING_PROBE))
         try:
             return await self._loop()
         except asyncio.CancelledError:
@@ -493,7 +501,7 @@ class ResumptionWorkflow:
         if self._state.stall.over_limit(p.stalled_seconds):
             await self._release(back_to_paused=True, outcome=Outcome.STALLED)
             return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
-        plan = self._state.pacer.plan(backlog) if seconds is None else WaitPlan.timer(seconds)
+        plan = self._state.pacer.plan(backlog, workflow.now()) if seconds is None else WaitPlan.timer(seconds)
         p.throttles += 1
         p.throttles_in_a_row += 1
         described = self._state.pacer.describe(plan) if seconds is None else f"fixed {seconds:g}s wait"
@@ -549,6 +557,7 @@ class ResumptionWorkflow:
             summary=f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}",
             start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),
         )
+        self._state.pacer.burst_seen(drain.largest_drop)
         self._observe(drain.reading)
 
     async def _publish(self) -> ResumptionResult | None:

@@ -111,6 +111,7 @@ class RunState:
                 max_wait=inp.longest_wait_seconds,
                 rate=carry.drain_rate if carry else None,
                 reaction=carry.reaction_seconds if carry else None,
+                burst=carry.burst if carry and carry.burst else 0,
             ),
             stall=StallWatch(
                 inp.stall_window_seconds,
@@ -144,6 +145,22 @@ class RunState:
         self.owner = carry.owner if carry else workflow_id
         self.started_at = carry.started_at if carry else now
         self.request_id = carry.request_id if carry else draw_request_id()
+
+    def asks_pacing_patch(self) -> bool:
+        """True when the run's pacing depends on patch ``pacing-probe``: the policy is adaptive, or
+        the input left ``throttle_policy`` out (its default changed with the patch)."""
+        inp = self.input
+        return inp.throttle_policy is ThrottlePolicy.ADAPTIVE or "throttle_policy" not in inp.model_fields_set
+
+    def start_pacing(self, patched: bool) -> None:
+        """Issue 17's pacing when ``patched`` (the probing estimator); else the estimator of the runs
+        recorded before it, and ``fixed`` for an input that left ``throttle_policy`` out (the
+        default then)."""
+        self.pacer.probing = patched
+        if not patched and "throttle_policy" not in self.input.model_fields_set:
+            self.input = self.input.model_copy(update={"throttle_policy": ThrottlePolicy.FIXED})
+            self.pacer.adaptive, self.pacer.max_wait = False, self.input.longest_wait_seconds
+            self.progress.policy = ThrottlePolicy.FIXED
 
     def leased(self, now: datetime) -> None:
         """A call that extends the claim's lease (the acquire, the check, a publish) answered at
@@ -338,6 +355,7 @@ class RunState:
             started_at=self.started_at,
             drain_rate=self.pacer.rate,
             reaction_seconds=self.pacer.reaction,
+            burst=self.pacer.burst or None,
             progress_at=self.stall.progress_at,
             stall_reading=self.stall.last,
             net_rate=self.net,

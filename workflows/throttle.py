@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -74,6 +74,22 @@ FIRST_ESTIMATE_SECONDS = 0.05
 
 MAX_RATE = 10_000_000.0
 """The highest drain rate believed (entries per second); also the bound of the carried estimate."""
+
+PROBE_GAIN = 2.0
+"""How much a wait that ended with the stream empty raises the drain-rate estimate (a factor, like
+a congestion window's slow start): the drain seen then is only a lower bound of the rate."""
+
+WAIT_SAMPLE_WEIGHT = 0.5
+"""The least weight of a drain sample that spans a whole wait, so the estimate follows a change of
+the consumers within a few waits (an error halves with each)."""
+
+BURST_DECAY = 0.5
+"""A smaller burst than the one learned moves the learned one this fraction of the way down; a
+larger one replaces it at once."""
+
+STOPPED_POLL_SECONDS = 60.0
+"""While the consumers have taken nothing for less than this (seconds), the replay waits in polls
+(it notices their restart within a poll interval); after it, in durable timers of the longest wait."""
 
 
 class WaitKind(StrEnum):
@@ -140,6 +156,10 @@ class Pacer:
         min_wait, max_wait: bounds of one adaptive wait (seconds, 0 <= min_wait <= max_wait).
         rate: the drain-rate estimate carried from an earlier run (entries/s), or None.
         reaction: the measured reaction time carried from an earlier run (seconds), or None.
+        burst: the consumers' learned burst carried from an earlier run (entries, 0: none yet).
+        probing: the estimator of patch ``pacing-probe`` (``_fold_probing``): learns bursts,
+            probes upwards after a wait that ended with the stream empty, and polls through a stop.
+            False: the estimator runs that started before it recorded (``_fold``), kept for them.
     """
 
     adaptive: bool
@@ -149,7 +169,11 @@ class Pacer:
     max_wait: float
     rate: float | None = None
     reaction: float | None = None
+    burst: int = 0
+    probing: bool = False
     _last: tuple[int, datetime] | None = field(default=None, init=False, repr=False)
+    _in_wait: bool = field(default=False, init=False, repr=False)
+    _stopped_since: datetime | None = field(default=None, init=False, repr=False)
     _first: tuple[int, float] = field(default=(0, 0.0), init=False, repr=False)
     _woke_at: datetime | None = field(default=None, init=False, repr=False)
 
@@ -159,11 +183,63 @@ class Pacer:
         measurement). The drain-rate sample is ``(last after - before) / elapsed``. A capped
         reading is only a lower bound of the backlog and gives no sample; nor does an interval
         that started with an empty stream (nothing to drain)."""
-        last = self._last
-        self._last = None if capped else (after, at)
+        last, waited = self._last, self._in_wait
+        self._last, self._in_wait = None if capped else (after, at), False
         if last is None or capped or last[0] == 0:
             return
-        self._fold(max(0, last[0] - before), (at - last[1]).total_seconds())
+        if self.probing:
+            self._fold_probing(max(0, last[0] - before), (at - last[1]).total_seconds(), before == 0, waited, at)
+        else:
+            self._fold(max(0, last[0] - before), (at - last[1]).total_seconds())
+
+    def _fold_probing(self, drained: int, seconds: float, empty: bool, waited: bool, at: datetime) -> None:
+        """The ``pacing-probe`` estimator: ``drained`` entries over ``seconds`` ending at ``at``;
+        ``empty``: the stream was empty at the end (the drain is then a lower bound of the rate);
+        ``waited``: the interval spans a throttle wait.
+
+        - A wait in which the consumers took nothing starts (or continues) a stop: the estimate is
+          kept, since it is what they take when they run (``plan`` then polls for their return).
+          Before anyone drained, such a wait sets the estimate to 0 (``plan``: the longest waits).
+        - A wait that ended with the stream empty, or the first interval after a stop (or after
+          an estimate of 0), raises the estimate to at least the drain seen, and an empty end
+          multiplies it by ``PROBE_GAIN``.
+        - Any other interval folds in as a moving average whose weight grows with its length (a
+          time constant of ``RATE_TIME_CONSTANT_SECONDS``), at least ``WAIT_SAMPLE_WEIGHT`` for a wait.
+        """
+        if seconds <= 0:
+            return
+        if waited and drained == 0:
+            if not self.rate:  # nobody has drained yet: the rate is 0 until someone does
+                self.rate = 0.0
+            elif self._stopped_since is None:
+                self._stopped_since = at - timedelta(seconds=seconds)
+            return
+        if drained == 0 and self._stopped_since is not None:
+            return  # between two publishes of a stop: still stopped
+        stopped, self._stopped_since = self._stopped_since is not None or self.rate == 0, None
+        sample = drained / seconds
+        if self.rate is None:
+            self._first = (self._first[0] + drained, self._first[1] + seconds)
+            if not (waited or self._first[1] >= FIRST_ESTIMATE_SECONDS):
+                return
+            sample, self.rate = self._first[0] / self._first[1], 0.0
+        if empty or stopped:
+            grown = max(self.rate, sample)
+            self.rate = min(MAX_RATE, grown * PROBE_GAIN if empty and waited else grown)
+            return
+        weight = 1 - math.exp(-seconds / RATE_TIME_CONSTANT_SECONDS)
+        if waited:
+            weight = max(weight, WAIT_SAMPLE_WEIGHT)
+        self.rate = min(MAX_RATE, self.rate + weight * (sample - self.rate))
+
+    def burst_seen(self, drop: int) -> None:
+        """Fold in the largest fall of the backlog between two readings of a poll (entries; 0: the
+        poll saw none): what the consumers take at once, or in one poll interval. A larger one is
+        learned at once, a smaller one ``BURST_DECAY`` of the way (a stop teaches nothing)."""
+        if not self.probing or drop <= 0:
+            return
+        drop = min(drop, self.threshold)
+        self.burst = drop if drop > self.burst else round(self.burst + BURST_DECAY * (drop - self.burst))
 
     def _fold(self, drained: int, seconds: float) -> None:
         """A time-weighted moving average: a sample of ``seconds`` weighs ``1 - exp(-seconds /
@@ -195,24 +271,34 @@ class Pacer:
     @property
     def low_watermark(self) -> int | None:
         """The backlog an adaptive wait waits for (entries): what the consumers drain while the
-        replay reacts, twice over, within ``[0, 3/4 of the threshold]``; half the threshold before
-        a rate is known; None under ``fixed``."""
+        replay reacts, twice over, plus one learned burst (``probing``), within ``[0, 3/4 of the
+        threshold]`` (or up to one burst, below the threshold); half the threshold before a rate is
+        known; None under ``fixed``."""
         if not self.adaptive:
             return None
         ceiling = self.threshold * 3 // 4
+        if self.probing:  # at least one burst, even above 3/4 of the threshold
+            ceiling = max(ceiling, min(self.burst, self.threshold - 1))
         if self.rate is None:
-            return self.threshold // 2
+            return max(self.threshold // 2, min(self.burst, ceiling))
         react = (self.reaction or DEFAULT_REACTION_SECONDS) + POLL_INTERVAL_BOUNDS[0]
-        return int(_clamp(math.ceil(WATERMARK_SAFETY * self.rate * react), 0, ceiling))
+        return int(_clamp(self.burst + math.ceil(WATERMARK_SAFETY * self.rate * react), 0, ceiling))
 
-    def plan(self, backlog: int) -> WaitPlan:
-        """The wait to take at ``backlog`` entries (at or over the threshold); bounded by at least
-        ``WAIT_FLOOR_SECONDS`` (a shorter ``max_wait_seconds`` or ``throttle_seconds`` counts as it)."""
+    def plan(self, backlog: int, at: datetime) -> WaitPlan:
+        """The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``;
+        bounded by at least ``WAIT_FLOOR_SECONDS`` (a shorter ``max_wait_seconds`` or
+        ``throttle_seconds`` counts as it). The next reading is taken as the end of this wait
+        (``observe``)."""
         if not self.adaptive:
             return WaitPlan.timer(self.throttle_seconds)
+        self._in_wait = True
         longest = max(self.max_wait, WAIT_FLOOR_SECONDS)
         low = self.low_watermark or 0
-        if self.rate is None:  # nothing measured yet: a poll measures the rate (unless min_wait is longer)
+        since = self._stopped_since if self.probing else None
+        if since is not None and (at - since).total_seconds() >= STOPPED_POLL_SECONDS:
+            expected = longest
+        elif self.rate is None or since is not None:
+            # nothing measured yet, or the consumers stopped: a poll measures (unless min_wait is longer)
             expected = min(longest, max(self.min_wait, POLL_LIMIT_SECONDS))
         elif self.rate <= 0:
             expected = longest
@@ -231,6 +317,10 @@ class Pacer:
         if not self.adaptive:
             return f"fixed {plan.seconds:g}s wait"
         rate = "drain rate not measured yet" if self.rate is None else f"drain ~{self.rate:,.0f}/s"
+        if self.burst:
+            rate += f", bursts ~{self.burst:,}"
+        if self.probing and self._stopped_since is not None:
+            rate += ", consumers stopped"
         if plan.kind is WaitKind.POLL:
             return f"{rate}: poll up to {plan.seconds:g}s for the backlog to fall to {plan.low_watermark}"
         return f"{rate}: sleep {plan.seconds:.3g}s"

@@ -300,12 +300,12 @@ async def throttled_replay(
     env: WorkflowEnvironment, task_queue: str, redis: Redis, redis_url: str
 ) -> AsyncIterator[Throttled]:
     """10 held tasks behind a backlog of 5 at threshold 5: the run is in its first throttle wait
-    (10 s), its worker running, when the block starts."""
+    (``fixed``: 10 s), its worker running, when the block starts."""
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
     async with resumption_worker(env.client, task_queue, redis_url):
-        handle = await start(env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
+        handle = await start(env.client, task_queue, experiment_id=e, max_backlog_threshold=5, throttle_policy="fixed")
         await wait_for(handle, throttled)
         yield Throttled(e, ExperimentKeys(STREAM, e), names, handle)
 

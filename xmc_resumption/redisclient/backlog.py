@@ -198,15 +198,19 @@ async def wait_for_drain(
     if not 0 < poll_seconds <= 1:
         raise ValueError(f"poll_seconds must be in (0, 1], got {poll_seconds}")
     start = time.monotonic()
-    polls = 0
+    polls = largest_drop = 0
+    previous: BacklogReading | None = None
     while True:
         reading = await measure_backlog(client, stream, group, threshold, missing_group, max_bytes, groups)
         now = time.monotonic()
         polls += 1
+        if previous is not None and not reading.capped:  # a capped reading is only a lower bound
+            largest_drop = max(largest_drop, previous.backlog - reading.backlog)
+        previous = reading
         elapsed = now - start
         reached = reading.headroom > 0 and reading.backlog <= low_watermark
         if (reached and elapsed >= min_seconds) or elapsed >= max_seconds:
             break
         until = min_seconds if reached else max_seconds
         await asyncio.sleep(max(0.0, min(poll_seconds, until - elapsed)))
-    return DrainWait(reading=reading, reached=reached, seconds=elapsed, polls=polls)
+    return DrainWait(reading=reading, reached=reached, seconds=elapsed, polls=polls, largest_drop=largest_drop)

@@ -325,12 +325,16 @@ class DrainWait(BaseModel):
         reached: True when the backlog fell to the low watermark before the poll's bound.
         seconds: how long the poll lasted (seconds, measured in the activity).
         polls: readings taken.
+        largest_drop: the largest fall of the backlog between two successive readings (entries;
+            0 with one reading, or none that fell): what the consumers take at once. Absent from
+            results recorded before it (0).
     """
 
     reading: BacklogReading
     reached: bool
     seconds: float
     polls: int
+    largest_drop: int = 0
 
 
 class SetAsideStatus(StrEnum):
