@@ -18,7 +18,8 @@ from tests.support.helpers import GROUP, STREAM, consume, hold_tasks, redis_call
 from xmc_resumption.redisclient import ratecap
 from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
 from xmc_resumption.workflows.models import Outcome, Phase, ResumptionInput, ThrottlePolicy
-from xmc_resumption.workflows.resumption import RATE_CAP, ResumptionWorkflow
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
+from xmc_resumption.workflows.waits import RATE_CAP
 
 
 def experiment() -> str:

@@ -17,21 +17,18 @@ the drain itself; under the fixed one the next turn measures again, as the seed'
 
 The Redis calls are local activities (``workflows/calls.py``). The run's state is one ``RunState``
 (``workflows/state.py``), handed on as its ``Carry`` when the run continues as new after
-``turns_per_run`` turns or when Temporal suggests it. Beside the loop: the fleet view's upserts
-(``workflows/fleet.py``) and the metrics (``workflows/metrics.py``).
+``turns_per_run`` turns or when Temporal suggests it. Beside the loop: the Updates, signal and
+query (``workflows/handlers.py``), the waits (``workflows/waits.py``), the hand-back
+(``workflows/release.py``), the fleet view's upserts (``workflows/fleet.py``) and the metrics
+(``workflows/metrics.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Sequence
-from datetime import timedelta
-from typing import Any
 
 from pydantic import ValidationError
 from temporalio import workflow
-from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -39,9 +36,7 @@ with workflow.unsafe.imports_passed_through():
         AcquireRequest,
         BacklogRequest,
         CheckRequest,
-        DrainWaitRequest,
         ExperimentRef,
-        IdleConsumersRequest,
         PublishRequest,
         SetAsideRequest,
     )
@@ -57,26 +52,20 @@ with workflow.unsafe.imports_passed_through():
         ReleaseRecord,
     )
     from xmc_resumption.workflows import fleet
-    from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, TaskBudget, call, permanent
-    from xmc_resumption.workflows.control import (
-        INVALID_CONTROL,
-        Control,
-        ControlChange,
-        EffectiveSettings,
-        InvalidControlError,
-    )
+    from xmc_resumption.workflows.calls import FAILED_CALL, TaskBudget, call, permanent
+    from xmc_resumption.workflows.handlers import ControlHandlers
     from xmc_resumption.workflows.metrics import Instruments
     from xmc_resumption.workflows.models import (
         WORKFLOW_TYPE,
         Outcome,
         Phase,
-        Progress,
         ResumptionInput,
         ResumptionResult,
     )
     from xmc_resumption.workflows.release import release_claim
     from xmc_resumption.workflows.state import RunState
-    from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan, wait_reason
+    from xmc_resumption.workflows.throttle import wait_reason
+    from xmc_resumption.workflows.waits import Waits
 
 
 CHAINED_PUBLISH = "chained-publish"
@@ -84,23 +73,12 @@ CHAINED_PUBLISH = "chained-publish"
 publish without a check and a measurement in between (and, adaptive, one that filled it goes
 straight to the wait). Runs recorded before it (tests/histories/v0_*, v1_*) replay on the old path."""
 
-RATE_CAP = "rate-cap"
-"""``workflow.patched`` ID of the rate cap's waits (``_rate_wait``): a run that waited for a rate
-cap's bucket records it once. Runs recorded before the caps existed never reach a rate wait (their
-input has no ``max_tasks_per_second`` and their publish results no ``rate_limited``)."""
-
-MIN_RATE_WAIT_SECONDS = 0.01
-"""The shortest rate wait (seconds); the longest is half the claim's lease, so the lease, extended
-once per turn, outlasts it (a longer wait for a bucket is taken in several)."""
 
 WAIT_FOR_GROUP = "wait-for-group"
 """``workflow.patched`` ID of the ``waiting_for_group`` wait: under ``missing_group: wait`` a missing
 stream or required group is waited for on a durable timer of ``throttle_seconds`` in its own phase
 (runs recorded before it never met a missing group under that policy, which did not exist)."""
 
-NAME_IDLE_CONSUMERS = "name-idle-consumers"
-"""``workflow.patched`` ID of the read of idle consumers (``XINFO CONSUMERS``, one local activity)
-when a replay is stalled: runs recorded before it replay without."""
 
 PACING_PROBE = "pacing-probe"
 """``workflow.patched`` ID of issue 17's pacing, asked once at the start of a run that is adaptive or
@@ -114,12 +92,9 @@ missing group, Redis memory) counts against ``max_stall_seconds``: a memory wait
 the stall window again (runs recorded before it replay with the restart). A rate cap's wait is the
 operator's own request (``max_tasks_per_second``, ``{S}:rate``) and still starts it again."""
 
-IDLE_CONSUMERS_SHOWN = 5
-"""The most idle consumers a stall reason names."""
-
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError, TypeError])
-class ResumptionWorkflow:
+class ResumptionWorkflow(ControlHandlers, Waits):
     """Replays held tasks of one experiment; see the module docstring.
 
     Input ``ResumptionInput``, result ``ResumptionResult``; query ``progress`` -> ``Progress``.
@@ -139,120 +114,6 @@ class ResumptionWorkflow:
         """The fleet view's upserts (not carried: each run shows itself afresh)."""
         self.task_budget = TaskBudget()
         """How long the current workflow task has been open: ``call`` keeps it short, for queries."""
-
-    # -- control: validated Updates (workflows/control.py Control, RunState.refuse); a rejected one leaves no event
-
-    # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in
-    # its validator (``ControlChange.of_update``): a typed parameter would have the data converter
-    # coerce ``true`` to 1 and turn a wrong type into a multi-line, retryable ValidationError
-    # before the validator could say which field is wrong.
-
-    @workflow.update(name=Control.CONFIGURE)
-    def configure(self, *args: Any) -> EffectiveSettings:
-        """Change settings of the running replay (a ``ControlChange``, as a JSON object); returns
-        the effective settings. An accepted change wakes a durable throttle wait, so the next
-        turn (check, measure, publish) runs under it at once; it is carried across
-        continue-as-new (it is part of the input)."""
-        return self._apply(self._change(Control.CONFIGURE, args))
-
-    @configure.validator
-    def _check_configure(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.CONFIGURE, args))
-
-    @workflow.update(name=Control.SET_THRESHOLD)
-    def set_threshold(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``max_backlog_threshold`` only (an integer, entries)."""
-        return self._apply(self._change(Control.SET_THRESHOLD, args))
-
-    @set_threshold.validator
-    def _check_threshold(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_THRESHOLD, args))
-
-    @workflow.update(name=Control.SET_BATCH_SIZE)
-    def set_batch_size(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``batch_size`` only (an integer, entries)."""
-        return self._apply(self._change(Control.SET_BATCH_SIZE, args))
-
-    @set_batch_size.validator
-    def _check_batch_size(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_BATCH_SIZE, args))
-
-    @workflow.update(name=Control.SET_THROTTLE_SECONDS)
-    def set_throttle_seconds(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``throttle_seconds`` only (a number, seconds)."""
-        return self._apply(self._change(Control.SET_THROTTLE_SECONDS, args))
-
-    @set_throttle_seconds.validator
-    def _check_throttle_seconds(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_THROTTLE_SECONDS, args))
-
-    @workflow.update(name=Control.SET_THROTTLE_POLICY)
-    def set_throttle_policy(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``throttle_policy`` only (``fixed`` or ``adaptive``)."""
-        return self._apply(self._change(Control.SET_THROTTLE_POLICY, args))
-
-    @set_throttle_policy.validator
-    def _check_throttle_policy(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_THROTTLE_POLICY, args))
-
-    @workflow.update(name=Control.SET_MAX_TASKS_PER_SECOND)
-    def set_max_tasks_per_second(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``max_tasks_per_second`` only (a number, tasks per second; 0 removes the cap)."""
-        return self._apply(self._change(Control.SET_MAX_TASKS_PER_SECOND, args))
-
-    @set_max_tasks_per_second.validator
-    def _check_max_tasks_per_second(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_MAX_TASKS_PER_SECOND, args))
-
-    @workflow.update(name=Control.PAUSE)
-    def pause(self, *args: Any) -> EffectiveSettings:
-        """Graceful stop: the run ends ``paused`` at its next turn (a durable throttle wait ends at
-        once): claim released, experiment back to paused, held tasks kept for a later resume."""
-        self._state.stopping = self._state.wake = self._state.progress.stopping = True
-        workflow.logger.info("pause requested", extra={"experiment_id": self._state.input.experiment_id})
-        self._set_phase(self._state.progress.phase)
-        return EffectiveSettings.of(self._state.input, stopping=True)
-
-    @pause.validator
-    def _check_pause(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.PAUSE, args))
-
-    @workflow.signal(dynamic=True)
-    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        """Any signal: this workflow takes none. Logged, so a misdirected one is not silently lost."""
-        workflow.logger.warning(
-            "signal %r ignored: this workflow is controlled by Updates (%s)",
-            name,
-            ", ".join(c.value for c in Control),
-            extra={"experiment_id": self._state.input.experiment_id},
-        )
-
-    @staticmethod
-    def _change(update: Control, args: Sequence[Any]) -> ControlChange:
-        """The change Update ``update`` asks for, from its arguments (``ControlChange.of_update``).
-
-        Raises:
-            ApplicationError: non-retryable, type ``InvalidControl``: one line naming the field.
-        """
-        try:
-            return ControlChange.of_update(update, args)
-        except InvalidControlError as err:
-            raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
-
-    def _apply(self, change: ControlChange) -> EffectiveSettings:
-        """Apply a validated change (``RunState.apply``), which wakes a durable throttle wait."""
-        inp = self._state.apply(change)
-        workflow.logger.info(
-            "settings changed",
-            extra={"experiment_id": inp.experiment_id, **change.model_dump(mode="json", exclude_none=True)},
-        )
-        self._set_phase(self._state.progress.phase)
-        return EffectiveSettings.of(inp, stopping=self._state.stopping)
-
-    @workflow.query
-    def progress(self) -> Progress:
-        """Where the replay stands: counters, last backlog reading, pacing, stall, outcome."""
-        return self._state.progress
 
     @workflow.run
     async def run(self, inp: ResumptionInput) -> ResumptionResult:
@@ -450,116 +311,6 @@ class ResumptionWorkflow:
             )
         self._metrics.backlog.set(reading.backlog + moved)
 
-    async def _name_idle_consumers(self) -> None:
-        """A stall: read which consumers of the limiting group hold pending entries while idle for
-        the stall window (one ``XINFO CONSUMERS``), for the stall reason. At the stall's start, then
-        at most once per stall window; never while a group is missing. Best effort: a failed read
-        (e.g. an ACL rule without ``xinfo|consumers``) is logged and the reason goes without."""
-        state, now = self._state, workflow.now()
-        inp, p = state.input, state.progress
-        window = timedelta(seconds=inp.stall_window_seconds)
-        if state.idle_read_at is not None and now - state.idle_read_at < window:
-            return
-        if not workflow.patched(NAME_IDLE_CONSUMERS):
-            return
-        state.idle_read_at = now
-        group = p.limiting_group or inp.consumer_group
-        try:
-            p.idle_consumers = await call(
-                ResumptionActivities.idle_consumers,
-                IdleConsumersRequest(
-                    ref=self._ref,
-                    groups=[group],
-                    min_idle_ms=round(inp.stall_window_seconds * 1000),
-                    limit=IDLE_CONSUMERS_SHOWN,
-                ),
-                summary=f"stalled: which consumers of {group} hold pending entries while idle",
-            )
-        except FAILED_CALL as err:
-            workflow.logger.warning(
-                "idle consumers not read", extra={"experiment_id": inp.experiment_id, "error": str(err)}
-            )
-            return
-        state.show_stall()
-        if p.idle_consumers:
-            workflow.logger.warning(
-                "stalled: pending entries held by idle consumers",
-                extra={"experiment_id": inp.experiment_id, "reason": p.stall_reason},
-            )
-
-    async def _wait(
-        self, backlog: int, reason: str, seconds: float | None = None, phase: Phase | None = None
-    ) -> ResumptionResult | None:
-        """Step 3: wait while the backlog is at or over the threshold, as the pacer plans it (or a
-        durable timer of ``seconds`` when given), in ``phase`` (default: throttled, or stalled),
-        then back to the top of the loop. A stalled replay first names the idle consumers holding
-        pending entries. Returns the result when a stall outlasted ``max_stall_seconds`` (the run
-        ends ``stalled``), else None."""
-        inp, p = self._state.input, self._state.progress
-        if p.stalled and phase is not Phase.WAITING_FOR_GROUP:
-            await self._name_idle_consumers()
-        if self._state.stall.over_limit(p.stalled_seconds):
-            await self._release(back_to_paused=True, outcome=Outcome.STALLED)
-            return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
-        plan = self._state.pacer.plan(backlog, workflow.now()) if seconds is None else WaitPlan.timer(seconds)
-        p.throttles += 1
-        p.throttles_in_a_row += 1
-        described = self._state.pacer.describe(plan) if seconds is None else f"fixed {seconds:g}s wait"
-        p.throttle_reason, p.wait_plan, p.wait_seconds = reason, described, plan.seconds
-        self._metrics.throttles.add(1, {"policy": p.policy.value})
-        self._metrics.wait.record(plan.seconds)
-        workflow.logger.info(
-            "throttled",
-            extra={
-                "experiment_id": inp.experiment_id,
-                "token": self._state.token,
-                "backlog": backlog,
-                "threshold": inp.max_backlog_threshold,
-                "reason": reason,
-                "plan": p.wait_plan,
-                "seconds": plan.seconds,
-            },
-        )
-        timer = plan.kind is WaitKind.TIMER
-        p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
-        self._set_phase(phase or (Phase.STALLED if p.stalled else Phase.THROTTLED))
-        if not timer:
-            await self._poll(plan, reason)
-        elif not self._state.wake:  # an Update accepted earlier in this turn: no wait at all
-            # a durable timer an accepted Update ends early: a timer all the same, so histories
-            # recorded with ``workflow.sleep`` replay unchanged
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: self._state.wake,
-                    timeout=plan.seconds,
-                    timeout_summary=f"throttled {plan.seconds:.3g}s: {reason}",
-                )
-        p.throttled_until = None
-        self._state.pacer.woke(workflow.now())
-        return None
-
-    async def _poll(self, plan: WaitPlan, reason: str) -> None:
-        """A short wait: poll the backlog inside one local activity until it reaches the plan's low
-        watermark (or the plan's bound); its last reading feeds the drain-rate estimate."""
-        inp = self._state.input
-        drain = await call(
-            ResumptionActivities.wait_for_drain,
-            DrainWaitRequest(
-                ref=self._ref,
-                threshold=inp.max_backlog_threshold,
-                low_watermark=plan.low_watermark,
-                min_seconds=plan.min_seconds,
-                max_seconds=plan.seconds,
-                poll_seconds=plan.poll_seconds,
-                missing_group=inp.missing_group,
-                max_bytes=inp.max_bytes_per_call,
-            ),
-            summary=f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}",
-            start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),
-        )
-        self._state.pacer.burst_seen(drain.largest_drop)
-        self._observe(drain.reading)
-
     async def _publish(self) -> ResumptionResult | None:
         """Step 4: publish the next batch through the atomic script. Returns the result when the
         resumption ends (completed, paused, fenced, or stalled during the wait that follows)."""
@@ -690,74 +441,6 @@ class ResumptionWorkflow:
 
     def _stream_rate_reason(self, result: PublishResult) -> str:
         return f"stream cap {result.rate_limit:g} tasks/s ({{{self._state.input.stream}}}:rate)"
-
-    async def _rate_wait(self, seconds: float, reason: str) -> None:
-        """A rate cap holds the replay back: wait about ``seconds`` (clamped to
-        ``MIN_RATE_WAIT_SECONDS`` .. half the claim's lease) for its bucket, then the caller
-        starts the next turn over from the check. A short wait polls the backlog inside one local
-        activity (its reading feeds the pacing and the ETA), a long one is a durable timer that an
-        accepted Update ends. Neither is a throttle wait, and the consumers are not to blame: the
-        stall window starts again after it."""
-        workflow.patched(RATE_CAP)
-        inp, p = self._state.input, self._state.progress
-        seconds = min(max(seconds, MIN_RATE_WAIT_SECONDS), inp.claim_lease_seconds / 2)
-        p.rate_waits += 1
-        p.rate_reason = f"{reason}: {seconds:.3g}s for the bucket"
-        poll = seconds <= POLL_LIMIT_SECONDS
-        p.throttled_until = None if poll else workflow.now() + timedelta(seconds=seconds)
-        self._set_phase(Phase.RATE_LIMITED)
-        workflow.logger.info(
-            "rate limited", extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": seconds}
-        )
-        if poll:
-            drain = await call(
-                ResumptionActivities.wait_for_drain,
-                DrainWaitRequest(
-                    ref=self._ref,
-                    threshold=inp.max_backlog_threshold,
-                    low_watermark=0,
-                    min_seconds=seconds,
-                    max_seconds=seconds,
-                    poll_seconds=min(1.0, seconds),
-                    missing_group=inp.missing_group,
-                    max_bytes=inp.max_bytes_per_call,
-                ),
-                summary=f"rate limited {seconds:.3g}s: {reason}",
-                start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=seconds),
-            )
-            self._observe(drain.reading)
-        elif not self._state.wake:
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: self._state.wake,
-                    timeout=seconds,
-                    timeout_summary=f"rate limited {seconds:.3g}s: {reason}",
-                )
-        p.throttled_until = None
-        # the operator's rate cap holds the replay, not the consumers: no stall of theirs
-        self._state.stall.restart(workflow.now())
-
-    async def _wait_for_redis(self, err: BaseException) -> None:
-        """A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a
-        durable timer, then the caller starts over (from the pause and fencing check, for a turn)."""
-        inp, p = self._state.input, self._state.progress
-        p.redis_waits += 1
-        p.last_error = str(err)[:300]
-        self._set_phase(Phase.REDIS_UNAVAILABLE)
-        workflow.logger.warning(
-            "Redis unavailable; waiting %gs before the next try",
-            inp.redis_retry_seconds,
-            extra={"experiment_id": inp.experiment_id, "error": p.last_error},
-        )
-        # a durable timer the pause Update ends early: the run stops at once (the release then
-        # tries Redis, bounded: workflows/release.py)
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(
-                lambda: self._state.stopping,
-                timeout=inp.redis_retry_seconds,
-                timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
-            )
-        self._state.stall.restart(workflow.now())  # the consumers could not drain while Redis was away
 
     async def _continue_as_new(self) -> None:
         """Hand the state (``RunState.carry``) to the next run once every handler has finished."""
