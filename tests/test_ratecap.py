@@ -77,7 +77,9 @@ async def test_a_full_bucket_then_the_rate(redis: Redis) -> None:
     assert third.status is PublishStatus.PUBLISHED and 9 <= third.moved <= 12, third
     # a retried seq returns its recorded result and takes no tokens
     tokens = (await ratecap.stream_rate(redis, STREAM)).tokens  # type: ignore[union-attr]
-    assert await publish(redis, keys, token, 3, batch=50) == third
+    again = await publish(redis, keys, token, 3, batch=50)
+    assert again.repeated and not third.repeated  # marked as the recorded result of an earlier call
+    assert again.model_copy(update={"repeated": False}) == third
     assert (await ratecap.stream_rate(redis, STREAM)).tokens >= tokens  # type: ignore[union-attr]
     # under the threshold's bound the cap is not what held the move back: no cut, no wait
     await ratecap.set_stream_rate(redis, STREAM, 1_000)
