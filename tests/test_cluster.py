@@ -26,7 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.support.cluster import LocalCluster, local_cluster
-from tests.support.helpers import GROUP, STREAM, history_calls
+from tests.support.helpers import GROUP, RUNNER, STREAM, history_calls
 from tests.test_backlog import (  # noqa: F401  (collected again here, against the cluster)
     test_backlog_case,
     test_lag_count_stops_just_past_the_threshold,
@@ -282,7 +282,9 @@ async def replay(
     ]
     expected = [[f[b"task"] for _, f in await redis.xrange(keys.held)] for keys in experiments]
     activities = ResumptionActivities(worker_redis).all()
-    async with Worker(env.client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=activities):
+    async with Worker(
+        env.client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=activities, workflow_runner=RUNNER
+    ):
         inputs = [
             ResumptionInput(
                 experiment_id=keys.experiment_id,

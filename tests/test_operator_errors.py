@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from tests.support.helpers import RUNNER
 from tests.support.helpers import run_module as run
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.cli import main
@@ -253,6 +254,7 @@ async def test_resume_wait_of_a_failed_run(
             task_queue=task_queue,
             workflows=[ResumptionWorkflow],
             activities=ResumptionActivities(worker_redis).all(),
+            workflow_runner=RUNNER,
         ):
             proc = await asyncio.to_thread(run, "xmc_resumption", "resume", "E6", "--wait", "--quiet", **env)
     finally:

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.support.helpers import GROUP, STREAM, run_module, start
+from tests.support.helpers import GROUP, RUNNER, STREAM, run_module, start
 from tests.support.secure import ACL_FILE, ACL_USER, SECRET, Certificates, make_certificates, tls_redis
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.errors import validation_message
@@ -86,6 +86,7 @@ async def test_the_redis_layer_and_a_replay_through_tls(
         task_queue=task_queue,
         workflows=[ResumptionWorkflow],
         activities=ResumptionActivities(tls_client).all(),
+        workflow_runner=RUNNER,
     ):
         handle = await start(temporal_env.client, task_queue, experiment_id="T1", batch_size=10)
         result = await handle.result()

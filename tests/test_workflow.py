@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 
 from tests.support.helpers import (
     GROUP,
+    RUNNER,
     STREAM,
     assert_checked_after_every_wait,
     assert_never_over,
@@ -296,6 +297,7 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(temporal_env, 
         task_queue=task_queue,
         workflows=[ResumptionWorkflow],
         activities=LostReplies(client, 6).all(),
+        workflow_runner=RUNNER,
     ):
         handle = await start(temporal_env.client, task_queue, experiment_id=e, batch_size=5, throttle_seconds=1)
         result = await asyncio.wait_for(handle.result(), 60)
@@ -445,6 +447,7 @@ async def test_an_exception_in_workflow_code_fails_the_run_and_hands_back(
         task_queue=task_queue,
         workflows=[ResumptionWorkflow],
         activities=UnreadableCheck(client).all(),
+        workflow_runner=RUNNER,
     ):
         handle = await start(temporal_env.client, task_queue, experiment_id=e)
         with pytest.raises(WorkflowFailureError) as failure:

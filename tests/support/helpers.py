@@ -27,9 +27,11 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, W
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.consumer import run_consumer
+from xmc_resumption.plugin import sandbox_passthrough
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.search_attributes import missing_on
@@ -42,13 +44,22 @@ STREAM = "xmc-tasks-stream"
 GROUP = "xmc-workers"
 
 
+RUNNER = sandbox_passthrough(SandboxedWorkflowRunner())
+"""The stand-alone worker's workflow runner (the plugin's ``SANDBOX_PASSTHROUGH``): a test worker
+without it imports redis-py again inside the sandbox, which the SDK warns about."""
+
+
 @asynccontextmanager
 async def resumption_worker(client: Client, task_queue: str, redis_url: str) -> AsyncIterator[Worker]:
     """Run a worker with the workflow and its activities (its own Redis client) while in the block."""
     redis = Redis.from_url(redis_url, decode_responses=False)
     try:
         async with Worker(
-            client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=ResumptionActivities(redis).all()
+            client,
+            task_queue=task_queue,
+            workflows=[ResumptionWorkflow],
+            activities=ResumptionActivities(redis).all(),
+            workflow_runner=RUNNER,
         ) as worker:
             yield worker
     finally:

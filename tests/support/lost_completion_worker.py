@@ -19,6 +19,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from tests.support.helpers import RUNNER
 from xmc_resumption.activities.requests import ReleaseRequest
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.redisclient.results import Release
@@ -42,7 +43,11 @@ async def main(address: str, redis_url: str, task_queue: str) -> None:
     client = await Client.connect(address, data_converter=pydantic_data_converter)
     redis = Redis.from_url(redis_url, decode_responses=False)
     async with Worker(
-        client, task_queue=task_queue, workflows=[ResumptionWorkflow], activities=ReleaseThenHang(redis).all()
+        client,
+        task_queue=task_queue,
+        workflows=[ResumptionWorkflow],
+        activities=ReleaseThenHang(redis).all(),
+        workflow_runner=RUNNER,
     ):
         await asyncio.Event().wait()
 
