@@ -73,7 +73,7 @@ async def test_the_eta_in_wait_status_and_list_and_a_live_rate_cap(
     err_lines: list[str] = []
     try:
         async with resumption_worker(temporal_env.client, task_queue, redis_url):
-            resume = ("resume", e, "--threshold", "30", "--throttle-seconds", "1", "--wait")
+            resume = ("resume", e, "--threshold", "30", "--throttle-seconds", "1", "--policy", "fixed", "--wait")
             waiting = subprocess.Popen(
                 [sys.executable, "-m", "xmc_resumption", *resume],
                 cwd=ROOT,

@@ -154,6 +154,8 @@ async def test_wait_warns_without_consumers_then_set_and_stop(
                 "5",
                 "--throttle-seconds",
                 "1",
+                "--policy",
+                "fixed",  # durable waits: the fleet view shows the run throttled
                 "--wait",
             ],
             cwd=ROOT,

@@ -122,7 +122,8 @@ async def test_started_from_the_temporal_cli(temporal_env, redis, task_queue, wo
     samples = scrape(metrics_port)
     labels = {"stream": STREAM, "consumer_group": GROUP, "task_queue": task_queue}
     assert samples["xmc_resumption_replayed_tasks_total", labels] == 300
-    assert samples["xmc_resumption_throttles_total", {**labels, "policy": "fixed"}] == result.throttles
+    # the default policy, adaptive
+    assert samples["xmc_resumption_throttles_total", {**labels, "policy": "adaptive"}] == result.throttles
     assert samples["xmc_resumption_outcomes_total", {**labels, "outcome": "completed"}] == 1
     assert samples["xmc_resumption_throttle_wait_seconds_count", labels] == result.throttles
     assert samples["xmc_resumption_throttle_wait_seconds_sum", labels] == 0.5 * result.throttles

@@ -352,7 +352,9 @@ async def test_soak_updates_pause_resume_reset_and_worker_restarts_agree_with_re
             await asyncio.sleep(0.1)
         raise AssertionError(f"the replay did not come to rest at the threshold: {progress!r}, {group}, {moved}")
 
-    settings = dict(max_backlog_threshold=40, batch_size=20, throttle_seconds=0.3, turns_per_run=4)
+    settings = dict(
+        max_backlog_threshold=40, batch_size=20, throttle_seconds=0.3, turns_per_run=4, throttle_policy="fixed"
+    )  # durable waits, where the replay comes to rest between the chaos steps
     ports = [free_port() for _ in range(3)]
     with running_worker(temporal_env, redis_url, task_queue, tmp_path / "w1.log", ports[0]) as w1:
         stop = asyncio.Event()

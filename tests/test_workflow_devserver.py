@@ -132,6 +132,7 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(
             experiment_id=e,
             max_backlog_threshold=5,
             throttle_seconds=10,
+            throttle_policy="fixed",  # one durable 10 s timer, the seed's rule under test
             claim_lease_seconds=10.5,
         )
         await wait_for(handle, throttled)

@@ -105,6 +105,17 @@ def _result_adapter(activity: Callable[..., Any]) -> TypeAdapter[Any]:
     return TypeAdapter(typing.get_type_hints(activity)["return"])
 
 
+def failure_text(err: BaseException) -> str:
+    """What a failed call's fault says: its cause's message, not the wrapper's.
+
+    An ``ActivityError`` of a regular activity says only "Activity task failed"; a local
+    activity's carries the cause's text. Either way the operator reads the fault itself.
+    """
+    while isinstance(err, ActivityError) and err.cause is not None:
+        err = err.cause
+    return str(err)
+
+
 def permanent(err: BaseException) -> bool:
     """True when a failed call's cause is a fault that retrying cannot mend."""
     cause: BaseException | None = err

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.redisclient.results import (
         BacklogReading,
     )
-    from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call
+    from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call, failure_text
     from xmc_resumption.workflows.metrics import Instruments
     from xmc_resumption.workflows.models import (
         Outcome,
@@ -105,7 +105,7 @@ class Waits:
             )
         except FAILED_CALL as err:
             workflow.logger.warning(
-                "idle consumers not read", extra={"experiment_id": inp.experiment_id, "error": str(err)}
+                "idle consumers not read", extra={"experiment_id": inp.experiment_id, "error": failure_text(err)}
             )
             return
         state.show_stall()
@@ -239,7 +239,7 @@ class Waits:
         durable timer, then the caller starts over (from the pause and fencing check, for a turn)."""
         inp, p = self._state.input, self._state.progress
         p.redis_waits += 1
-        p.last_error = str(err)[:300]
+        p.last_error = failure_text(err)[:300]
         self._set_phase(Phase.REDIS_UNAVAILABLE)
         workflow.logger.warning(
             "Redis unavailable; waiting %gs before the next try",
