@@ -3,6 +3,7 @@
 #   make test   venv + install + the whole test suite (what CI runs through .ci/run); installs Debian's
 #               redis-server and chromium (for the web UI test) when missing, and the Node producer
 #               test's npm packages (tests/node, npm ci from its lock file, once)
+#   make test-fast  the tests not marked slow (tests/conftest.py)
 #   make wheel  the distribution's wheel in dist/ (offline: the venv's setuptools, no dependency)
 #   make bench  the benchmarks of issue 5 (fresh redis-server and dev server; ARGS=--smoke for a quick run)
 PYTHON ?= python3
@@ -11,7 +12,7 @@ PY := $(VENV)/bin/python
 
 NODE_DEPS := tests/node/node_modules/.package-lock.json
 
-.PHONY: install node-deps demo test lint worker wheel bench clean
+.PHONY: install node-deps demo test test-fast lint worker wheel bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +37,11 @@ test: install node-deps
 	scripts/ensure-redis-server
 	scripts/ensure-chromium
 	$(PY) -m pytest $(ARGS)
+
+# the tests not marked slow (no dev server, no end-to-end process runs): a quick check while editing
+test-fast: install
+	scripts/ensure-redis-server
+	$(PY) -m pytest -m "not slow" $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -49,7 +49,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+SLOW = (
+    "tests/test_chaos.py",  # crashes of the worker, Redis and Temporal: about 50 s
+    "tests/test_bench_smoke.py",  # the benchmarks' smoke run
+    "tests/test_demo_signals.py",  # make demo and xmc demo, stopped by signals
+    "tests/test_names.py::test_hostile_names_are_refused_everywhere[cli]",  # one xmc process per name
+    "tests/test_waits.py::test_stopped_consumers_under_the_shortest_max_wait_do_not_spin",  # a 6 s window
+)
+"""Tests marked ``slow`` besides every ``real_server`` test (node ID prefixes; each takes seconds)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("real_server") is not None or item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "slow: takes seconds (every real_server test and conftest.SLOW); make test-fast leaves them out",
+    )
     config.addinivalue_line(
         "markers",
         "real_server: needs a real Temporal server (real time, reset, continue-as-new chains, child workflows, the "
