@@ -22,10 +22,7 @@ with workflow.unsafe.imports_passed_through():
         EffectiveSettings,
         InvalidControlError,
     )
-    from xmc_resumption.workflows.models import (
-        Phase,
-        Progress,
-    )
+    from xmc_resumption.workflows.models import Phase, Progress
     from xmc_resumption.workflows.state import RunState
 
 

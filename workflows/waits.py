@@ -13,22 +13,12 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from xmc_resumption.activities.requests import (
-        DrainWaitRequest,
-        ExperimentRef,
-        IdleConsumersRequest,
-    )
+    from xmc_resumption.activities.requests import DrainWaitRequest, ExperimentRef, IdleConsumersRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
-    from xmc_resumption.redisclient.results import (
-        BacklogReading,
-    )
+    from xmc_resumption.redisclient.results import BacklogReading
     from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call, failure_text
     from xmc_resumption.workflows.metrics import Instruments
-    from xmc_resumption.workflows.models import (
-        Outcome,
-        Phase,
-        ResumptionResult,
-    )
+    from xmc_resumption.workflows.models import Outcome, Phase, ResumptionResult
     from xmc_resumption.workflows.state import RunState
     from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan
 
