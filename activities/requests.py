@@ -15,9 +15,12 @@ from xmc_resumption.redisclient.results import MissingGroupPolicy
 
 
 class ExperimentRef(BaseModel):
-    """Which experiment on which stream and consumer groups an activity works on: the consumer
-    group that must exist, and the groups whose backlog bounds the replay (None: every group of the
-    stream; see ``redisclient.backlog.measure_backlog``)."""
+    """Which experiment, stream and consumer groups an activity works on.
+
+    Which experiment on which stream and consumer groups an activity works on: the consumer group that must exist, and
+    the groups whose backlog bounds the replay (None: every group of the stream; see
+    ``redisclient.backlog.measure_backlog``).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -28,8 +31,11 @@ class ExperimentRef(BaseModel):
 
 
 class AcquireRequest(BaseModel):
-    """Take the claim for ``ref`` as ``owner`` with a lease of ``lease_ms`` milliseconds;
-    ``request_id`` is the idempotency key (a repeat returns the same token)."""
+    """Take the claim for ``ref`` as ``owner``.
+
+    Take the claim for ``ref`` as ``owner`` with a lease of ``lease_ms`` milliseconds; ``request_id`` is the idempotency
+    key (a repeat returns the same token).
+    """
 
     ref: ExperimentRef
     owner: str = Field(min_length=1)
@@ -47,8 +53,10 @@ class CheckRequest(BaseModel):
 
 
 class BacklogRequest(BaseModel):
-    """Measure the backlog of ``ref``'s group, capped against ``threshold`` entries and
-    ``max_bytes`` bytes read."""
+    """Measure the backlog of ``ref``'s group.
+
+    The reading is capped against ``threshold`` entries and ``max_bytes`` bytes read.
+    """
 
     ref: ExperimentRef
     threshold: int = Field(ge=1)
@@ -74,9 +82,12 @@ class DrainWaitRequest(BaseModel):
 
 
 class PublishRequest(BaseModel):
-    """Publish one batch under ``token``; ``seq`` is the idempotency key, ``max_bytes`` the byte
-    budget of its reads, ``max_memory_fraction`` the share of ``maxmemory`` at which nothing moves
-    (None: off; see ``redisclient.publish.publish_batch``)."""
+    """Publish one batch under ``token``.
+
+    Publish one batch under ``token``; ``seq`` is the idempotency key, ``max_bytes`` the byte budget of its reads,
+    ``max_memory_fraction`` the share of ``maxmemory`` at which nothing moves (None: off; see
+    ``redisclient.publish.publish_batch``).
+    """
 
     ref: ExperimentRef
     token: int = Field(ge=1)
@@ -92,9 +103,11 @@ class PublishRequest(BaseModel):
 
 
 class IdleConsumersRequest(BaseModel):
-    """Name the consumers of ``ref``'s groups ``groups`` that hold pending entries and have been
-    idle for at least ``min_idle_ms`` milliseconds, at most ``limit`` of them (see
-    ``redisclient.consumers.idle_consumers``)."""
+    """Name the idle consumers of ``ref``'s groups that hold pending entries.
+
+    Name the consumers of ``ref``'s groups ``groups`` that hold pending entries and have been idle for at least
+    ``min_idle_ms`` milliseconds, at most ``limit`` of them (see ``redisclient.consumers.idle_consumers``).
+    """
 
     ref: ExperimentRef
     groups: list[str] = Field(min_length=1, max_length=MAX_GROUPS)
@@ -103,9 +116,12 @@ class IdleConsumersRequest(BaseModel):
 
 
 class ReleaseRequest(BaseModel):
-    """Release the claim of ``token`` (0: whatever claim ``owner`` holds) and revoke the token;
-    ``back_to_paused`` moves a resuming experiment back to paused; ``outcome`` is what the run ends
-    with, recorded with the release ('' in requests recorded before it existed)."""
+    """Release the claim of ``token`` and revoke the token.
+
+    Release the claim of ``token`` (0: whatever claim ``owner`` holds) and revoke the token; ``back_to_paused`` moves a
+    resuming experiment back to paused; ``outcome`` is what the run ends with, recorded with the release ('' in requests
+    recorded before it existed).
+    """
 
     ref: ExperimentRef
     token: int = Field(ge=0)
@@ -115,8 +131,11 @@ class ReleaseRequest(BaseModel):
 
 
 class SetAsideRequest(BaseModel):
-    """Set held entry ``entry_id`` aside into the dead-letter stream under ``token`` (see
-    ``redisclient.deadletter.set_aside``)."""
+    """Set a held entry aside into the dead-letter stream.
+
+    Set held entry ``entry_id`` aside into the dead-letter stream under ``token`` (see
+    ``redisclient.deadletter.set_aside``).
+    """
 
     ref: ExperimentRef
     token: int = Field(ge=1)

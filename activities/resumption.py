@@ -77,9 +77,10 @@ Redis Cluster addressed without a cluster client repeats too: the run then waits
 
 @asynccontextmanager
 async def _classified(redis: RedisClient) -> AsyncIterator[None]:
-    """Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection
-    faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``)
-    propagate and are retried.
+    """Make errors that retrying cannot mend non-retryable.
+
+    Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection faults, timeouts and
+    transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``) propagate and are retried.
 
     A failover: after READONLY, MOVED, a reset or refused connection or a timeout
     (``redisclient.connection.STALE_CONNECTION_ERRORS``) the pooled connections of ``redis`` are
@@ -117,8 +118,11 @@ async def _classified(redis: RedisClient) -> AsyncIterator[None]:
 
 
 def _keys(ref: ExperimentRef) -> ExperimentKeys:
-    """The experiment's keys; the stream, the experiment ID and the groups checked by the one rule
-    (``redisclient.keys.validate_name``: a group is no key, but it reaches XINFO, logs and the UI)."""
+    """The experiment's keys, after checking its names.
+
+    The experiment's keys; the stream, the experiment ID and the groups checked by the one rule
+    (``redisclient.keys.validate_name``: a group is no key, but it reaches XINFO, logs and the UI).
+    """
     try:
         backlog.validate_groups(ref.consumer_group, ref.consumer_groups)
         return ExperimentKeys(ref.stream, ref.experiment_id)
@@ -127,9 +131,11 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
 
 
 class HeldRemaining:
-    """The worker's ``xmc_resumption_held_remaining`` gauge (``activities/metrics.py``): held tasks
-    left, per task stream and consumer group, summed over the experiments whose claims this worker
-    process extended within their lease (entries).
+    """The worker's ``xmc_resumption_held_remaining`` gauge.
+
+    The worker's ``xmc_resumption_held_remaining`` gauge (``activities/metrics.py``): held tasks left, per task stream
+    and consumer group, summed over the experiments whose claims this worker process extended within their lease
+    (entries).
 
     The label set stays bounded (stream, consumer group: never the experiment), so the sum is
     kept here: a gauge set from each workflow would show only the last experiment's count. An
@@ -163,11 +169,12 @@ class HeldRemaining:
 
 
 class Counts:
-    """The counts Redis decides, emitted where Redis answers (``activities/metrics.py``): tasks
-    moved (``REPLAYED``: the publish script's ``moved`` of a fresh move; a recorded result returned
-    again moved nothing) and resumptions ended by a release (``OUTCOMES``: a fresh release; a
-    repeated one counts nothing). Labelled as the workflow's metrics are: ``stream``,
-    ``consumer_group``, ``namespace``, ``task_queue``, ``workflow_type``.
+    """The counts Redis decides, emitted where Redis answers.
+
+    The counts Redis decides, emitted where Redis answers (``activities/metrics.py``): tasks moved (``REPLAYED``: the
+    publish script's ``moved`` of a fresh move; a recorded result returned again moved nothing) and resumptions ended by
+    a release (``OUTCOMES``: a fresh release; a repeated one counts nothing). Labelled as the workflow's metrics are:
+    ``stream``, ``consumer_group``, ``namespace``, ``task_queue``, ``workflow_type``.
 
     Args:
         meter: the worker runtime's metric meter; None: the activity's own (it adds
@@ -203,8 +210,10 @@ class Counts:
 
 
 class ResumptionActivities:
-    """The activities, bound to one asyncio Redis client (``decode_responses=False``: task field
-    maps are moved byte for byte).
+    """The activities, bound to one asyncio Redis client.
+
+    The activities, bound to one asyncio Redis client (``decode_responses=False``: task field maps are moved byte for
+    byte).
 
     Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``,
     or let ``xmc_resumption.plugin.ResumptionPlugin`` do it: it builds them without a client and
@@ -290,8 +299,11 @@ class ResumptionActivities:
 
     @activity.defn
     async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
-        """Poll the backlog until it falls to the low watermark, within the request's bounds (a
-        short throttle wait of the adaptive policy; see ``redisclient.backlog.wait_for_drain``)."""
+        """Poll the backlog until it falls to the low watermark.
+
+        Poll the backlog until it falls to the low watermark, within the request's bounds (a short throttle wait of the
+        adaptive policy; see ``redisclient.backlog.wait_for_drain``).
+        """
         _keys(req.ref)
         async with _classified(self.redis):
             return await backlog.wait_for_drain(
@@ -335,16 +347,22 @@ class ResumptionActivities:
 
     @activity.defn
     async def idle_consumers(self, req: IdleConsumersRequest) -> list[IdleConsumer]:
-        """The consumers holding pending entries of the request's groups while idle for its window
-        (``XINFO CONSUMERS``; read only when a replay is stalled)."""
+        """The consumers holding pending entries of the request's groups while idle for its window.
+
+        The consumers holding pending entries of the request's groups while idle for its window (``XINFO CONSUMERS``;
+        read only when a replay is stalled).
+        """
         _keys(req.ref)
         async with _classified(self.redis):
             return await consumers.idle_consumers(self.redis, req.ref.stream, req.groups, req.min_idle_ms, req.limit)
 
     @activity.defn
     async def set_aside(self, req: SetAsideRequest) -> SetAside:
-        """Move a held task the publish script cannot move into the dead-letter stream (fenced,
-        atomic; see ``redisclient.deadletter``)."""
+        """Move a held task the publish script cannot move into the dead-letter stream.
+
+        Move a held task the publish script cannot move into the dead-letter stream (fenced, atomic; see
+        ``redisclient.deadletter``).
+        """
         async with _classified(self.redis):
             result = await deadletter.set_aside(self.redis, _keys(req.ref), req.token, req.entry_id)
         activity.logger.warning(
@@ -355,8 +373,11 @@ class ResumptionActivities:
 
     @activity.defn
     async def release_claim(self, req: ReleaseRequest) -> Release:
-        """Release the claim and revoke its token if still current, recording the outcome; returns
-        the release (token 0: nothing released) with the resume's count and the held tasks left."""
+        """Release the claim and revoke its token if still current, recording the outcome.
+
+        Release the claim and revoke its token if still current, recording the outcome; returns the release (token 0:
+        nothing released) with the resume's count and the held tasks left.
+        """
         async with _classified(self.redis):
             released = await fencing.release_claim(
                 self.redis,

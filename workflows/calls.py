@@ -1,6 +1,7 @@
-"""How ``ResumptionWorkflow`` calls Redis: each call a local activity of ``ResumptionActivities``,
-called by name, with bounded retries, its result validated in workflow code (docs/contract.md,
-"Faults"). Workflow code only.
+"""How ``ResumptionWorkflow`` calls Redis through local activities.
+
+How ``ResumptionWorkflow`` calls Redis: each call a local activity of ``ResumptionActivities``, called by name, with
+bounded retries, its result validated in workflow code (docs/contract.md, "Faults"). Workflow code only.
 
 A workflow task stays open while its local activities run back to back, and the server answers a
 query only once the open workflow task completes: chained publishes and polls held it up to the
@@ -75,8 +76,10 @@ pass it (a poll's bound), the call is a regular activity, so a query waits about
 
 @dataclass
 class TaskBudget:
-    """How long the current workflow task has been open, from workflow time and history length
-    (both replay the same: the length changes only when a workflow task completes).
+    """How long the current workflow task has been open.
+
+    How long the current workflow task has been open, from workflow time and history length (both replay the same: the
+    length changes only when a workflow task completes).
 
     A workflow whose instance has a ``task_budget`` attribute of this type has its calls kept
     within ``TASK_BUDGET_SECONDS`` (``call``).
@@ -86,15 +89,21 @@ class TaskBudget:
     opened_at: datetime | None = None
 
     def open_for(self, history_length: int, now: datetime) -> float:
-        """Seconds the workflow task has been open at workflow time ``now`` (from the first call
-        that saw ``history_length``)."""
+        """Seconds the workflow task has been open at workflow time ``now``.
+
+        Seconds the workflow task has been open at workflow time ``now`` (from the first call that saw
+        ``history_length``).
+        """
         if history_length != self.history_length or self.opened_at is None:
             self.history_length, self.opened_at = history_length, now
         return (now - self.opened_at).total_seconds()
 
     def passed_by(self, longest: float) -> bool:
-        """True when a call that may last ``longest`` seconds would keep the current workflow task
-        open past ``TASK_BUDGET_SECONDS``."""
+        """Whether a call of ``longest`` seconds would keep the workflow task open past its budget.
+
+        True when a call that may last ``longest`` seconds would keep the current workflow task open past
+        ``TASK_BUDGET_SECONDS``.
+        """
         opened = self.open_for(workflow.info().get_current_history_length(), workflow.now())
         return opened + longest > TASK_BUDGET_SECONDS
 
@@ -134,9 +143,10 @@ async def call(
     retry_policy: RetryPolicy = REDIS_RETRY,
     start_to_close: timedelta = REDIS_CALL_TIMEOUT,
 ) -> _Res:
-    """Run the Redis local activity ``activity`` (a method of ``ResumptionActivities``) with
-    ``start_to_close`` timeout and ``retry_policy``; returns its result as the method's
-    return annotation says.
+    """Run one Redis local activity with bounded retries and return its validated result.
+
+    Run the Redis local activity ``activity`` (a method of ``ResumptionActivities``) with ``start_to_close`` timeout and
+    ``retry_policy``; returns its result as the method's return annotation says.
 
     Raises:
         asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the

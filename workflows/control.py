@@ -15,11 +15,12 @@ from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
 
 
 class ControlChange(BaseModel):
-    """The argument of the ``configure`` Update: settings of a running replay to change; a field
-    left out (None) keeps its value. The change is checked by the whole of ``ResumptionInput``'s
-    validation (bounds, and ``claim_lease_seconds`` longer than every wait), so a running replay
-    accepts exactly what a start would. Unknown fields are errors; numbers are strict (``true``
-    is no integer, ``"5"`` no number).
+    """The argument of the ``configure`` Update: the settings of a running replay to change.
+
+    The argument of the ``configure`` Update: settings of a running replay to change; a field left out (None) keeps its
+    value. The change is checked by the whole of ``ResumptionInput``'s validation (bounds, and ``claim_lease_seconds``
+    longer than every wait), so a running replay accepts exactly what a start would. Unknown fields are errors; numbers
+    are strict (``true`` is no integer, ``"5"`` no number).
 
     Attributes:
         max_backlog_threshold: the backlog bound (entries, 1..100,000).
@@ -104,8 +105,11 @@ def _json_kind(value: object) -> str:
 
 
 def _first_error(update: Control | None, err: ValidationError, data: object) -> str:
-    """One line for a rejected Update: ``[<update>: ]<field>: <pydantic's message> (got <kind>)``,
-    never the value itself (it may be long)."""
+    """One line describing a rejected Update, without the rejected value.
+
+    One line for a rejected Update: ``[<update>: ]<field>: <pydantic's message> (got <kind>)``, never the value itself
+    (it may be long).
+    """
     first = err.errors(include_url=False)[0]
     field = ".".join(str(x) for x in first["loc"]) or "change"
     msg = first["msg"].removeprefix("Value error, ")
@@ -123,8 +127,11 @@ RESUMPTION_ENDING = "ResumptionEnding"
 
 
 class InvalidControlError(ValueError):
-    """An Update's arguments break the contract (``ControlChange.of_update``); ``str()`` is one line
-    naming the Update and the field."""
+    """An Update's arguments break the contract.
+
+    An Update's arguments break the contract (``ControlChange.of_update``); ``str()`` is one line naming the Update and
+    the field.
+    """
 
 
 class EffectiveSettings(BaseModel):

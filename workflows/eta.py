@@ -61,10 +61,12 @@ class NetRate(BaseModel):
     anchor: tuple[int, datetime] | None = None
 
     def observe(self, replayed: int, backlog: int, capped: bool, at: datetime) -> None:
-        """Fold in a backlog reading at workflow time ``at``: ``replayed`` tasks moved so far by then
-        (entries) and ``backlog`` entries in the consumer group's backlog. A capped reading is only
-        a lower bound of the backlog: it is skipped, and the next exact one measures from the last
-        exact one."""
+        """Fold in a backlog reading taken at workflow time ``at``.
+
+        Fold in a backlog reading at workflow time ``at``: ``replayed`` tasks moved so far by then (entries) and
+        ``backlog`` entries in the consumer group's backlog. A capped reading is only a lower bound of the backlog: it
+        is skipped, and the next exact one measures from the last exact one.
+        """
         if capped:
             return
         drained, last = replayed - backlog, self.anchor
@@ -91,8 +93,10 @@ def eta_seconds(
     refill: int = 0,
     wait_left: float = 0.0,
 ) -> float | None:
-    """The time left (seconds) until the last held task moves: 0 with nothing held, None while it
-    cannot be estimated (remaining unknown, no rate yet, a rate of 0, or more than ``MAX_ETA_SECONDS``).
+    """The time left (seconds) until the last held task moves, or None.
+
+    The time left (seconds) until the last held task moves: 0 with nothing held, None while it cannot be estimated
+    (remaining unknown, no rate yet, a rate of 0, or more than ``MAX_ETA_SECONDS``).
 
     Args:
         remaining: held tasks left (entries).

@@ -1,6 +1,8 @@
-"""The fleet view: the custom search attributes every resumption keeps up to date in Temporal
-visibility, so ``temporal workflow list --query 'XmcPhase="throttled"'`` (and ``xmc list``, and the
-web UI's list) show every replay without asking a live worker.
+"""The fleet view: search attributes that show every replay in Temporal visibility.
+
+The fleet view: the custom search attributes every resumption keeps up to date in Temporal visibility, so ``temporal
+workflow list --query 'XmcPhase="throttled"'`` (and ``xmc list``, and the web UI's list) show every replay without
+asking a live worker.
 
 Custom search attributes must be registered on the namespace before a workflow may set them
 (Temporal docs, "Custom Search Attributes"): the demo's and the tests' dev servers register them
@@ -43,9 +45,12 @@ _CLI_TYPE = {
 
 
 class FleetPhase(StrEnum):
-    """``XmcPhase`` while a resumption runs: coarser than ``Phase`` (checking, measuring and
-    publishing are all ``replaying``), so that it changes only when an operator would care. Once
-    the run ends, ``XmcPhase`` holds the outcome (``completed``, ``paused``, ``fenced``, ...)."""
+    """``XmcPhase`` while a resumption runs: a coarser ``Phase``.
+
+    ``XmcPhase`` while a resumption runs: coarser than ``Phase`` (checking, measuring and publishing are all
+    ``replaying``), so that it changes only when an operator would care. Once the run ends, ``XmcPhase`` holds the
+    outcome (``completed``, ``paused``, ``fenced``, ...).
+    """
 
     CLAIMING = "claiming"
     REPLAYING = "replaying"
@@ -63,9 +68,11 @@ the workflow code): the experiment was handed back as paused; the run has no ``O
 
 
 def phase_values() -> list[str]:
-    """Every value ``XmcPhase`` takes (``fleet_phase`` sets it): a ``FleetPhase``
-    while running, an ``Outcome`` once ended, ``FAILED`` for a failed run; each once, in that order.
-    ``xmc list --phase`` takes its choices from here."""
+    """Every value ``XmcPhase`` takes, each once, in order.
+
+    Every value ``XmcPhase`` takes (``fleet_phase`` sets it): a ``FleetPhase`` while running, an ``Outcome`` once ended,
+    ``FAILED`` for a failed run; each once, in that order. ``xmc list --phase`` takes its choices from here.
+    """
     values = [p.value for p in FleetPhase] + [o.value for o in Outcome] + [FAILED]
     return list(dict.fromkeys(values))
 
@@ -79,9 +86,12 @@ def dev_server_args() -> list[str]:
 
 
 def register_commands(namespace: str = "default") -> list[str]:
-    """The ``temporal operator search-attribute create`` command lines that register ``ALL`` on
-    ``namespace`` of a real cluster (one line per attribute; Temporal Cloud: ``tcld namespace
-    search-attributes add`` with the same names and types)."""
+    """The command lines that register the search attributes ``ALL`` on ``namespace``.
+
+    The ``temporal operator search-attribute create`` command lines that register ``ALL`` on ``namespace`` of a real
+    cluster (one line per attribute; Temporal Cloud: ``tcld namespace search-attributes add`` with the same names and
+    types).
+    """
     return [
         f"temporal operator search-attribute create --namespace {namespace} "
         f"--name {key.name} --type {_CLI_TYPE[key.indexed_value_type]}"
@@ -90,8 +100,11 @@ def register_commands(namespace: str = "default") -> list[str]:
 
 
 def missing(registered: dict[str, SearchAttributeIndexedValueType | int]) -> list[SearchAttributeKey[Any]]:
-    """The keys of ``ALL`` that ``registered`` (name -> type, as the operator service lists a
-    namespace's custom search attributes) lacks, or holds with another type."""
+    """The keys of ``ALL`` that ``registered`` lacks or holds with another type.
+
+    The keys of ``ALL`` that ``registered`` (name -> type, as the operator service lists a namespace's custom search
+    attributes) lacks, or holds with another type.
+    """
     return [key for key in ALL if int(registered.get(key.name, -1)) != int(key.indexed_value_type)]
 
 
@@ -105,9 +118,12 @@ this often (workflow time): each upsert is one history event."""
 
 
 def fleet_phase(progress: Progress, *, failed: bool, stopping: bool) -> str:
-    """``XmcPhase`` of a run at ``progress``: the outcome once ended (``FAILED`` when ``failed``),
-    else the coarse ``FleetPhase`` of the phase. A short poll (adaptive, a second or two) counts
-    as replaying: only a durable wait is ``throttled``."""
+    """``XmcPhase`` of a run at ``progress``.
+
+    ``XmcPhase`` of a run at ``progress``: the outcome once ended (``FAILED`` when ``failed``), else the coarse
+    ``FleetPhase`` of the phase. A short poll (adaptive, a second or two) counts as replaying: only a durable wait is
+    ``throttled``.
+    """
     if progress.outcome is not None:
         return progress.outcome.value
     if failed:
@@ -129,8 +145,10 @@ def fleet_phase(progress: Progress, *, failed: bool, stopping: bool) -> str:
 
 
 class FleetView:
-    """A run's upserts of the fleet view's search attributes (workflow code only). Not carried
-    across continue-as-new: each run upserts its first view afresh."""
+    """A run's upserts of the fleet view's search attributes (workflow code only).
+
+    Not carried across continue-as-new: each run upserts its first view afresh.
+    """
 
     def __init__(self, stream: str) -> None:
         self._stream = stream
@@ -140,9 +158,12 @@ class FleetView:
         """The (replayed, remaining) last upserted."""
 
     def show(self, progress: Progress, *, failed: bool, stopping: bool) -> None:
-        """Upsert the search attributes when the fleet phase changes, or the counts changed and
-        ``FLEET_REFRESH`` has passed: each upsert is a history event, so not every turn. Not in
-        runs recorded before the fleet view (``FLEET_SEARCH_ATTRIBUTES``)."""
+        """Upsert the fleet view's search attributes when they are due.
+
+        Upsert the search attributes when the fleet phase changes, or the counts changed and ``FLEET_REFRESH`` has
+        passed: each upsert is a history event, so not every turn. Not in runs recorded before the fleet view
+        (``FLEET_SEARCH_ATTRIBUTES``).
+        """
         if not workflow.patched(FLEET_SEARCH_ATTRIBUTES):
             return
         p, now = progress, workflow.now()

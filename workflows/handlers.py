@@ -44,10 +44,12 @@ class ControlHandlers:
 
     @workflow.update(name=Control.CONFIGURE)
     def configure(self, *args: Any) -> EffectiveSettings:
-        """Change settings of the running replay (a ``ControlChange``, as a JSON object); returns
-        the effective settings. An accepted change wakes a durable throttle wait, so the next
-        turn (check, measure, publish) runs under it at once; it is carried across
-        continue-as-new (it is part of the input)."""
+        """Change settings of the running replay and return the effective settings.
+
+        Change settings of the running replay (a ``ControlChange``, as a JSON object); returns the effective settings.
+        An accepted change wakes a durable throttle wait, so the next turn (check, measure, publish) runs under it at
+        once; it is carried across continue-as-new (it is part of the input).
+        """
         return self._apply(self._change(Control.CONFIGURE, args))
 
     @configure.validator
@@ -101,8 +103,11 @@ class ControlHandlers:
 
     @workflow.update(name=Control.PAUSE)
     def pause(self, *args: Any) -> EffectiveSettings:
-        """Graceful stop: the run ends ``paused`` at its next turn (a durable throttle wait ends at
-        once): claim released, experiment back to paused, held tasks kept for a later resume."""
+        """Stop gracefully: the run ends ``paused`` at its next turn.
+
+        Graceful stop: the run ends ``paused`` at its next turn (a durable throttle wait ends at once): claim released,
+        experiment back to paused, held tasks kept for a later resume.
+        """
         self._state.stopping = self._state.wake = self._state.progress.stopping = True
         workflow.logger.info("pause requested", extra={"experiment_id": self._state.input.experiment_id})
         self._set_phase(self._state.progress.phase)

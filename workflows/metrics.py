@@ -1,10 +1,11 @@
-"""The replay's Prometheus metrics, emitted through the Temporal SDK's runtime (one exporter for
-the SDK's own ``temporal_*`` metrics and these), named by Prometheus conventions
-(https://prometheus.io/docs/practices/naming/): base units (seconds, tasks), ``_total`` on counters
-(added by the exporter: ``PrometheusConfig(counters_total_suffix=True)``; the names below are
-without it), and labels of bounded cardinality: ``stream`` and ``consumer_group``, never the
-experiment (one series per experiment would grow without bound; the experiment is in the logs and
-in visibility's ``XmcExperimentId``).
+"""The replay's Prometheus metrics, emitted through the Temporal SDK's runtime.
+
+The replay's Prometheus metrics, emitted through the Temporal SDK's runtime (one exporter for the SDK's own
+``temporal_*`` metrics and these), named by Prometheus conventions (https://prometheus.io/docs/practices/naming/): base
+units (seconds, tasks), ``_total`` on counters (added by the exporter: ``PrometheusConfig(counters_total_suffix=True)``;
+the names below are without it), and labels of bounded cardinality: ``stream`` and ``consumer_group``, never the
+experiment (one series per experiment would grow without bound; the experiment is in the logs and in visibility's
+``XmcExperimentId``).
 
 ``Instruments`` creates the workflow's instruments. The workflow's meter skips replays, so a worker
 that replays a history after a restart does not count anything twice. The exporter adds
@@ -54,8 +55,11 @@ BUCKET_OVERRIDES: Mapping[str, Sequence[float]] = {THROTTLE_WAIT: WAIT_BUCKETS}
 
 @dataclass(frozen=True)
 class Instruments:
-    """The workflow's instruments on ``workflow.metric_meter()`` (which skips replays), labelled
-    with the run's stream and consumer group. Workflow code only."""
+    """The workflow's metric instruments, labelled with the run's stream and consumer group.
+
+    The workflow's instruments on ``workflow.metric_meter()`` (which skips replays), labelled with the run's stream and
+    consumer group. Workflow code only.
+    """
 
     throttles: MetricCounter
     wait: MetricHistogramFloat

@@ -249,8 +249,11 @@ class ResumptionInput(BaseModel):
 
     @property
     def longest_wait_seconds(self) -> float:
-        """The longest single throttle wait (seconds): ``throttle_seconds`` under ``fixed``,
-        ``max_wait_seconds`` (default ``throttle_seconds``) under ``adaptive``."""
+        """The longest single throttle wait (seconds).
+
+        The longest single throttle wait (seconds): ``throttle_seconds`` under ``fixed``, ``max_wait_seconds`` (default
+        ``throttle_seconds``) under ``adaptive``.
+        """
         if self.throttle_policy is ThrottlePolicy.ADAPTIVE and self.max_wait_seconds is not None:
             return self.max_wait_seconds
         return self.throttle_seconds
@@ -286,8 +289,11 @@ class ResumptionInput(BaseModel):
         return f"adaptive, waits of {self.min_wait_seconds:g}..{self.longest_wait_seconds:g} s"
 
     def start_options(self, task_queue: str = TASK_QUEUE) -> StartOptions:
-        """Keyword arguments for ``start_workflow`` / ``start_child_workflow``: the conventional
-        workflow ID ``resumption-<E>``, the task queue and the UI's static summary and details."""
+        """Keyword arguments for ``start_workflow`` / ``start_child_workflow``.
+
+        Keyword arguments for ``start_workflow`` / ``start_child_workflow``: the conventional workflow ID
+        ``resumption-<E>``, the task queue and the UI's static summary and details.
+        """
         return {
             "id": workflow_id_for(self.experiment_id),
             "task_queue": task_queue,
@@ -460,8 +466,11 @@ class Progress(BaseModel):
     release_error: str | None = None
 
     def details_markdown(self) -> str:
-        """The UI's current details (markdown; ``workflow.set_current_details``): phase, counters,
-        the last backlog reading, the pacing and why the replay waits, stall and Redis faults."""
+        """The UI's current details as markdown.
+
+        The UI's current details (markdown; ``workflow.set_current_details``): phase, counters, the last backlog
+        reading, the pacing and why the replay waits, stall and Redis faults.
+        """
         unknown = "?"
         lines = [
             f"**{self.experiment_id}**: {self.phase.value}" + (f" ({self.outcome.value})" if self.outcome else ""),
@@ -506,8 +515,10 @@ class Progress(BaseModel):
         return "\n".join(lines)
 
     def eta_text(self) -> str:
-        """The ETA for people: ``~1m 05s (at 12:34:56Z), net ~412/s``, ``0s (nothing left to move)``,
-        or ``-`` and why."""
+        """The ETA for people.
+
+        For example ``~1m 05s (at 12:34:56Z), net ~412/s``, ``0s (nothing left to move)``, or ``-`` and why.
+        """
         if self.eta_seconds is None or self.eta_at is None:
             why = "no net drain rate measured yet" if self.net_rate is None else f"net ~{self.net_rate:,.0f}/s"
             return f"- ({why})"

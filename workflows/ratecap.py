@@ -1,5 +1,6 @@
-"""A replay's own rate cap, ``max_tasks_per_second``: a token bucket on workflow time (pure code, no
-I/O; docs/pacing.md).
+"""A replay's own rate cap, ``max_tasks_per_second``, as a token bucket on workflow time.
+
+A replay's own rate cap, ``max_tasks_per_second``: a token bucket on workflow time (pure code, no I/O; docs/pacing.md).
 
 The bucket holds at most ``bucket_capacity(rate)`` tasks (``RATE_BURST_SECONDS`` of the rate, at
 least one) and refills at the rate; it starts full. Before a publish the workflow asks how many
@@ -50,7 +51,10 @@ class TaskBucket(BaseModel):
         self.tokens = max(0.0, self.tokens - moved)
 
     def wait_seconds(self, rate: float, want: int) -> float:
-        """Seconds until the bucket holds ``want`` tasks (at most its capacity, at least 1) at
-        ``rate`` (tasks/s), as of its last ``allowance``."""
+        """Seconds until the bucket holds ``want`` tasks at ``rate`` (tasks/s).
+
+        Seconds until the bucket holds ``want`` tasks (at most its capacity, at least 1) at ``rate`` (tasks/s), as of
+        its last ``allowance``.
+        """
         target = min(bucket_capacity(rate), max(1.0, float(want)))
         return max(0.0, target - self.tokens) / rate

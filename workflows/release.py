@@ -1,6 +1,9 @@
-"""The hand-back at a resumption's end: release the claim and revoke its token, retried while the
-claim's lease lasts, and said in the result, the log and ``xmc status`` when it could not be done
-(docs/contract.md, "Result and outcomes"). Workflow code only."""
+"""The hand-back at a resumption's end: release the claim and revoke its token.
+
+The hand-back at a resumption's end: release the claim and revoke its token, retried while the claim's lease lasts, and
+said in the result, the log and ``xmc status`` when it could not be done (docs/contract.md, "Result and outcomes").
+Workflow code only.
+"""
 
 from __future__ import annotations
 
@@ -26,10 +29,11 @@ so a run ends even while Redis stays away."""
 
 
 async def release_claim(ref: ExperimentRef, state: RunState, *, back_to_paused: bool, outcome: str) -> str | None:
-    """Release the claim of ``state``'s token (0: whatever claim its owner holds) and revoke the
-    token, recording ``outcome`` with it (``{S}:experiment:E:released``); with ``back_to_paused``,
-    move a resuming experiment back to paused. The reply's counts go into ``state``
-    (``RunState.released``).
+    """Release the claim of ``state``'s token, revoke the token and record ``outcome``.
+
+    Release the claim of ``state``'s token (0: whatever claim its owner holds) and revoke the token, recording
+    ``outcome`` with it (``{S}:experiment:E:released``); with ``back_to_paused``, move a resuming experiment back to
+    paused. The reply's counts go into ``state`` (``RunState.released``).
 
     A round is one call with ``RELEASE_RETRY``'s tries; after a round failed on a fault that
     retrying may mend (Redis away), the next one follows a durable wait of

@@ -1,5 +1,7 @@
-"""``ResumptionWorkflow``: replay an experiment's held tasks into the task stream, throttled by the
-consumer groups' backlog (docs/contract.md, "The loop"; docs/memory.md).
+"""``ResumptionWorkflow``: replay an experiment's held tasks into the task stream.
+
+``ResumptionWorkflow``: replay an experiment's held tasks into the task stream, throttled by the consumer groups'
+backlog (docs/contract.md, "The loop"; docs/memory.md).
 
 Each turn of the loop:
   1. check the pause state and the fencing token, extending the claim's lease;
@@ -154,18 +156,23 @@ class ResumptionWorkflow(ControlHandlers, Waits):
             ) from err
 
     async def _fail(self) -> None:
-        """The run is failing: hand the experiment back as paused, and show ``failed`` in the fleet
-        view (``XmcPhase`` and ``XmcOutcome``) and the outcome counter."""
+        """Hand the experiment back as paused and show a failing run as ``failed``.
+
+        The run is failing: hand the experiment back as paused, and show ``failed`` in the fleet view (``XmcPhase`` and
+        ``XmcOutcome``) and the outcome counter.
+        """
         self._state.failed = True
         await self._release(back_to_paused=True, outcome=fleet.FAILED)
         self._count_outcome(fleet.FAILED)
         self._set_phase(Phase.DONE)
 
     async def _loop(self) -> ResumptionResult:
-        """Take the claim, then turn until the resumption ends. A Redis fault that outlasts a call's
-        retries waits on a durable timer and starts the step over; the run continues as new after
-        ``turns_per_run`` turns, or as many tries of the claim, or when Temporal suggests it (before
-        the claim too, carrying token 0)."""
+        """Take the claim, then turn until the resumption ends.
+
+        A Redis fault that outlasts a call's retries waits on a durable timer and starts the step over; the run
+        continues as new after ``turns_per_run`` turns, or as many tries of the claim, or when Temporal suggests it
+        (before the claim too, carrying token 0).
+        """
         inp, p = self._state.input, self._state.progress
         claim_tries = turns_this_run = 0
         while True:
@@ -197,8 +204,11 @@ class ResumptionWorkflow(ControlHandlers, Waits):
                 return result
 
     async def _acquire(self) -> None:
-        """Take the claim. The request ID makes a retry, or an attempt that reaches Redis late,
-        return the same token instead of a second claim."""
+        """Take the claim.
+
+        The request ID makes a retry, or an attempt that reaches Redis late, return the same token instead of a second
+        claim.
+        """
         inp = self._state.input
         self._set_phase(Phase.CLAIMING)
         grant = await call(
@@ -223,8 +233,10 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         return self._finish(Outcome.PAUSED, detail="stopped by the pause Update")
 
     async def _turn(self) -> ResumptionResult | None:
-        """One turn: check, measure, wait or publish (a turn right after a publish that left
-        headroom only publishes). Returns the result when the resumption ends, else None."""
+        """One turn: check, measure, wait or publish (a turn right after a publish that left headroom only publishes).
+
+        Returns the result when the resumption ends, else None.
+        """
         if self._state.publish_next:
             self._state.publish_next = False
             return await self._publish()
@@ -245,8 +257,10 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         return await self._publish()
 
     async def _check(self) -> ResumptionResult | None:
-        """Step 1: pause state and fencing token (extends the lease). Returns the result when the
-        run ends here (fenced, or paused: claim released), else None."""
+        """Step 1: pause state and fencing token (extends the lease).
+
+        Returns the result when the run ends here (fenced, or paused: claim released), else None.
+        """
         inp = self._state.input
         self._set_phase(Phase.CHECKING)
         check = await call(
@@ -277,8 +291,10 @@ class ResumptionWorkflow(ControlHandlers, Waits):
 
     async def _wait_for_group(self, reading: BacklogReading) -> ResumptionResult | None:
         """The stream or a required group is missing under ``missing_group: wait``: nothing moved.
-        Wait in phase ``waiting_for_group`` on a durable timer of ``throttle_seconds``, then back to
-        the check. Stall detection applies: a group that never comes ends the run ``stalled``."""
+
+        Wait in phase ``waiting_for_group`` on a durable timer of ``throttle_seconds``, then back to the check. Stall
+        detection applies: a group that never comes ends the run ``stalled``.
+        """
         reason = self._state.missing_text(reading) or "waiting for the consumer group"
         return await self._wait(0, reason, self._state.input.throttle_seconds, Phase.WAITING_FOR_GROUP)
 
@@ -300,8 +316,11 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         return reading
 
     def _observe(self, reading: BacklogReading, moved: int = 0) -> None:
-        """Record a backlog ``reading`` (measured before a move of ``moved`` entries in the same
-        step): ``RunState.observe``, the backlog gauge, and a warning when a stall begins."""
+        """Record a backlog ``reading`` taken before a move of ``moved`` entries.
+
+        Record a backlog ``reading`` (measured before a move of ``moved`` entries in the same step):
+        ``RunState.observe``, the backlog gauge, and a warning when a stall begins.
+        """
         p = self._state.progress
         if self._state.observe(reading, workflow.now(), moved):
             workflow.logger.warning(
@@ -312,8 +331,11 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         self._metrics.backlog.set(reading.backlog + moved)
 
     async def _publish(self) -> ResumptionResult | None:
-        """Step 4: publish the next batch through the atomic script. Returns the result when the
-        resumption ends (completed, paused, fenced, or stalled during the wait that follows)."""
+        """Step 4: publish the next batch through the atomic script.
+
+        Returns the result when the resumption ends (completed, paused, fenced, or stalled during the wait that
+        follows).
+        """
         inp, p = self._state.input, self._state.progress
         batch, cap = inp.batch_size, inp.max_tasks_per_second
         if cap is not None:
@@ -368,8 +390,11 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         return await self._after_publish(result, seq)
 
     async def _set_aside(self, entry_id: str) -> None:
-        """A held task stopped the publish (more fields than a script can pass to XADD): move it to
-        the experiment's dead-letter stream, so the tasks behind it go on in order."""
+        """Move a held task that stopped the publish into the experiment's dead-letter stream.
+
+        A held task stopped the publish (more fields than a script can pass to XADD): move it to the experiment's
+        dead-letter stream, so the tasks behind it go on in order.
+        """
         p = self._state.progress
         aside = await call(
             ResumptionActivities.set_aside,
@@ -452,19 +477,25 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         workflow.continue_as_new(self._state.next_input())
 
     async def _release(self, *, back_to_paused: bool, outcome: str) -> None:
-        """Release the claim, recording ``outcome`` with it; token 0 (a run cancelled before its
-        acquire's reply was recorded) releases whatever claim this workflow owns. Bounded
-        (``workflows/release.py``); the reply's counts (Redis's) go into the progress, and a release
-        that could not be done is in the progress and the result (``release_error``)."""
+        """Release the claim, recording ``outcome`` with it.
+
+        Release the claim, recording ``outcome`` with it; token 0 (a run cancelled before its acquire's reply was
+        recorded) releases whatever claim this workflow owns. Bounded (``workflows/release.py``); the reply's counts
+        (Redis's) go into the progress, and a release that could not be done is in the progress and the result
+        (``release_error``).
+        """
         self._set_phase(Phase.RELEASING)
         self._state.progress.release_error = await release_claim(
             self._ref, self._state, back_to_paused=back_to_paused, outcome=outcome
         )
 
     def _ended_before(self, record: ReleaseRecord) -> ResumptionResult:
-        """This run released its claim in a workflow task whose completion was lost, and runs the
-        turn again (temporalio/temporal#5921): end as the release recorded it in Redis
-        (``RunState.recorded_release``), not as fenced by its own release."""
+        """End a turn run again after this run released its claim, as Redis recorded the release.
+
+        This run released its claim in a workflow task whose completion was lost, and runs the turn again
+        (temporalio/temporal#5921): end as the release recorded it in Redis (``RunState.recorded_release``), not as
+        fenced by its own release.
+        """
         outcome = self._state.recorded_release(record)
         return self._finish(outcome, detail="released before, in a workflow task run again: its recorded release")
 
@@ -475,9 +506,12 @@ class ResumptionWorkflow(ControlHandlers, Waits):
             self._state.outcome_counted = True
 
     def _fence_lost(self, counter: int | None) -> ResumptionResult:
-        """The fence counter went back below this run's token: Redis lost data (a restart without
-        persistence or a failover to a replica that had not caught up), not a takeover. Nothing
-        more is published; the claim is not released (its counter is no longer trustworthy)."""
+        """End the run because the fence counter went back below this run's token.
+
+        The fence counter went back below this run's token: Redis lost data (a restart without persistence or a failover
+        to a replica that had not caught up), not a takeover. Nothing more is published; the claim is not released (its
+        counter is no longer trustworthy).
+        """
         detail = f"the fence counter is {counter if counter is not None else 'below'} < token {self._state.token}"
         workflow.logger.error(
             "fence counter went back: Redis lost data; stopping without publishing",
@@ -505,8 +539,10 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         return self._state.result()
 
     def _set_phase(self, phase: Phase) -> None:
-        """Record the phase, refresh the UI's current details (served by a query) and the fleet
-        view's search attributes."""
+        """Record the phase and refresh the UI's details and the fleet view.
+
+        Record the phase, refresh the UI's current details (served by a query) and the fleet view's search attributes.
+        """
         self._state.progress.phase = phase
         self._state.estimate(workflow.now())
         workflow.set_current_details(self._state.progress.details_markdown())

@@ -1,5 +1,7 @@
-"""``RunState``: all of a resumption run's state in one object, built from the input's ``Carry``
-and packed back into one for continue-as-new (the samples' ``safe_message_handlers`` pattern).
+"""``RunState``: all of a resumption run's state in one object.
+
+``RunState``: all of a resumption run's state in one object, built from the input's ``Carry`` and packed back into one
+for continue-as-new (the samples' ``safe_message_handlers`` pattern).
 
 Workflow code only (deterministic: no I/O, no clock). ``Carry`` (``workflows/models.py``) stays the
 wire form: it is part of the input contract, and recorded histories' continue-as-new inputs hold it.
@@ -86,7 +88,9 @@ class RunState:
     @classmethod
     def of(cls, inp: ResumptionInput) -> RunState:
         """The state a run starts from: ``inp.carry``'s when it continues a resumption, else fresh.
-        The owner, request ID and start time are ``begin``'s."""
+
+        The owner, request ID and start time are ``begin``'s.
+        """
         carry = inp.carry
         return cls(
             input=inp,
@@ -127,10 +131,11 @@ class RunState:
     def begin(
         self, workflow_id: str, continued_run_id: str | None, now: datetime, draw_request_id: Callable[[], str]
     ) -> None:
-        """Set the owner, the start time and the request ID: the carry's in a continued run (one
-        with a ``continued_run_id``), else ``workflow_id``, ``now`` and one ``draw_request_id()``
-        (drawn once per resumption and carried: every try of the acquire, in any run, is one
-        request).
+        """Set the owner, the start time and the request ID.
+
+        Set the owner, the start time and the request ID: the carry's in a continued run (one with a
+        ``continued_run_id``), else ``workflow_id``, ``now`` and one ``draw_request_id()`` (drawn once per resumption
+        and carried: every try of the acquire, in any run, is one request).
 
         Raises:
             ApplicationError: non-retryable, type ``InvalidInput``: a caller set ``carry``.
@@ -147,15 +152,20 @@ class RunState:
         self.request_id = carry.request_id if carry else draw_request_id()
 
     def asks_pacing_patch(self) -> bool:
-        """True when the run's pacing depends on patch ``pacing-probe``: the policy is adaptive, or
-        the input left ``throttle_policy`` out (its default changed with the patch)."""
+        """Whether the run's pacing depends on patch ``pacing-probe``.
+
+        True when the run's pacing depends on patch ``pacing-probe``: the policy is adaptive, or the input left
+        ``throttle_policy`` out (its default changed with the patch).
+        """
         inp = self.input
         return inp.throttle_policy is ThrottlePolicy.ADAPTIVE or "throttle_policy" not in inp.model_fields_set
 
     def start_pacing(self, patched: bool) -> None:
-        """Issue 17's pacing when ``patched`` (the probing estimator); else the estimator of the runs
-        recorded before it, and ``fixed`` for an input that left ``throttle_policy`` out (the
-        default then)."""
+        """Start the pacer: issue 17's probing estimator when ``patched``, else the earlier one.
+
+        Issue 17's pacing when ``patched`` (the probing estimator); else the estimator of the runs recorded before it,
+        and ``fixed`` for an input that left ``throttle_policy`` out (the default then).
+        """
         self.pacer.probing = patched
         if not patched and "throttle_policy" not in self.input.model_fields_set:
             self.input = self.input.model_copy(update={"throttle_policy": ThrottlePolicy.FIXED})
@@ -163,8 +173,11 @@ class RunState:
             self.progress.policy = ThrottlePolicy.FIXED
 
     def leased(self, now: datetime) -> None:
-        """A call that extends the claim's lease (the acquire, the check, a publish) answered at
-        workflow time ``now``: the lease lapses by ``now + claim_lease_seconds``."""
+        """Extend the claim's lease after a call answered at workflow time ``now``.
+
+        A call that extends the claim's lease (the acquire, the check, a publish) answered at workflow time ``now``: the
+        lease lapses by ``now + claim_lease_seconds``.
+        """
         self.lease_until = now + timedelta(seconds=self.input.claim_lease_seconds)
 
     @property
@@ -173,10 +186,12 @@ class RunState:
         return self.progress.token
 
     def observe(self, reading: BacklogReading, now: datetime, moved: int = 0) -> bool:
-        """Fold a backlog ``reading`` taken at workflow time ``now``, before a move of ``moved``
-        entries in the same step, into the progress, the pacer and the stall watch; returns True
-        when the reading starts a stall. The stall reason names the limiting group, or the missing
-        stream or group (``missing_text``)."""
+        """Fold a backlog ``reading`` taken at workflow time ``now`` into the run's state.
+
+        Fold a backlog ``reading`` taken at workflow time ``now``, before a move of ``moved`` entries in the same step,
+        into the progress, the pacer and the stall watch; returns True when the reading starts a stall. The stall reason
+        names the limiting group, or the missing stream or group (``missing_text``).
+        """
         p = self.progress
         pending, lag, last_delivered_id = reading.pending, reading.lag, reading.last_delivered_id
         backlog = pending + lag
@@ -227,27 +242,34 @@ class RunState:
         return text + f" (missing_group {inp.missing_group.value}: nothing moves until it exists)"
 
     def claimed(self, grant: ClaimGrant) -> None:
-        """Take the claim's reply into the progress: the token, the held tasks and the resume's
-        count so far (kept when unknown)."""
+        """Take the claim's reply into the progress.
+
+        Take the claim's reply into the progress: the token, the held tasks and the resume's count so far (kept when
+        unknown).
+        """
         p = self.progress
         p.token, p.remaining = grant.token, grant.held
         if grant.replayed is not None:
             p.replayed = grant.replayed
 
     def checked(self, check: ClaimCheck) -> None:
-        """Take a check's counts into the progress: the held tasks, and the resume's count (kept
-        when unknown): a reset run of a continued one starts from an older carry."""
+        """Take a check's counts into the progress.
+
+        Take a check's counts into the progress: the held tasks, and the resume's count (kept when unknown): a reset run
+        of a continued one starts from an older carry.
+        """
         p = self.progress
         p.remaining = check.held
         if check.replayed is not None:
             p.replayed = check.replayed
 
     def count(self, result: PublishResult) -> None:
-        """Take a publish's counts into the progress. Redis's count is the authority: the resume's
-        (``replayed``: every claim's moves, a reset workflow's too), else the claim's
-        (``total_moved``), else (results recorded before either existed) the run's own sum.
-        Publishes whose history was lost are in it too (a stale reply after a lost history adds
-        what this run never saw)."""
+        """Take a publish's counts into the progress.
+
+        Redis's count is the authority: the resume's (``replayed``: every claim's moves, a reset workflow's too), else
+        the claim's (``total_moved``), else (results recorded before either existed) the run's own sum. Publishes whose
+        history was lost are in it too (a stale reply after a lost history adds what this run never saw).
+        """
         p = self.progress
         if result.replayed is not None:
             p.replayed = result.replayed
@@ -258,9 +280,12 @@ class RunState:
         p.remaining = result.remaining
 
     def released(self, release: Release) -> None:
-        """Take a release's reply into the progress: the resume's count and the held tasks left,
-        as Redis recorded them (a bare token, from histories recorded before, changes nothing). A
-        release done now, or recorded before, had its outcome counted by the release activity."""
+        """Take a release's reply into the progress.
+
+        Take a release's reply into the progress: the resume's count and the held tasks left, as Redis recorded them (a
+        bare token, from histories recorded before, changes nothing). A release done now, or recorded before, had its
+        outcome counted by the release activity.
+        """
         p = self.progress
         if release.replayed is not None:
             p.replayed = release.replayed
@@ -269,9 +294,10 @@ class RunState:
         self.outcome_counted = self.outcome_counted or (release.token > 0 and release.outcome != "")
 
     def recorded_release(self, record: ReleaseRecord) -> Outcome:
-        """A turn run again after this run released its claim (a workflow task whose completion
-        was lost): take the release's record (outcome, the resume's count, held tasks left) into
-        the progress; returns its outcome.
+        """Take a recorded release into the progress and return its outcome.
+
+        A turn run again after this run released its claim (a workflow task whose completion was lost): take the
+        release's record (outcome, the resume's count, held tasks left) into the progress; returns its outcome.
 
         Raises:
             ApplicationError: non-retryable, type ``EndedBefore``: the recorded outcome is none of
@@ -291,8 +317,10 @@ class RunState:
         return Outcome(record.outcome)
 
     def refuse(self, change: ControlChange) -> None:
-        """Refuse a control change once the run is ending, or one that breaks a bound or a rule of
-        ``ResumptionInput`` (an Update's validator).
+        """Refuse a control change that the run cannot take (an Update's validator).
+
+        Refuse a control change once the run is ending, or one that breaks a bound or a rule of ``ResumptionInput`` (an
+        Update's validator).
 
         Raises:
             ApplicationError: non-retryable, type ``ResumptionEnding``, or ``InvalidControl`` with
@@ -308,8 +336,11 @@ class RunState:
             raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
 
     def apply(self, change: ControlChange) -> ResumptionInput:
-        """Apply a change ``refuse`` let through to the input, the pacer and the progress, and wake
-        a durable throttle wait; returns the new input."""
+        """Apply a change ``refuse`` let through and return the new input.
+
+        Apply a change ``refuse`` let through to the input, the pacer and the progress, and wake a durable throttle
+        wait; returns the new input.
+        """
         inp = self.input = change.applied_to(self.input)
         pacer, p = self.pacer, self.progress
         pacer.adaptive = inp.throttle_policy is ThrottlePolicy.ADAPTIVE
@@ -363,9 +394,12 @@ class RunState:
         )
 
     def estimate(self, now: datetime) -> None:
-        """Set the progress's ETA at workflow time ``now`` (``workflows/eta.py``): from the net
-        drain rate, the last reading, the adaptive policy's refill, the rate caps and a durable
-        wait in progress; 0 once completed, None once ended otherwise."""
+        """Set the progress's ETA at workflow time ``now``.
+
+        Set the progress's ETA at workflow time ``now`` (``workflows/eta.py``): from the net drain rate, the last
+        reading, the adaptive policy's refill, the rate caps and a durable wait in progress; 0 once completed, None once
+        ended otherwise.
+        """
         p = self.progress
         if p.outcome is not None or self.failed:
             p.eta_seconds = 0.0 if p.outcome is Outcome.COMPLETED else None

@@ -124,10 +124,11 @@ class WaitPlan:
 
 
 def wait_reason(reading: BacklogReading, threshold: int, moved: int = 0) -> str:
-    """A one-line reason for the UI, e.g. ``backlog 501+ >= 500 (pending 120 + lag 381+) in group
-    audit`` (the group that holds the replay back, when the reading names one), for
-    ``reading`` taken before a move of ``moved`` entries (which add to the lag) and ``threshold``
-    (entries).
+    """A one-line reason for the UI why the replay waits.
+
+    A one-line reason for the UI, e.g. ``backlog 501+ >= 500 (pending 120 + lag 381+) in group audit`` (the group that
+    holds the replay back, when the reading names one), for ``reading`` taken before a move of ``moved`` entries (which
+    add to the lag) and ``threshold`` (entries).
 
     A ``+`` marks a count that stopped at the cap: the true value may be larger. A count stopped
     by the byte budget says so: the undelivered tasks are too large to count in one script.
@@ -178,11 +179,13 @@ class Pacer:
     _woke_at: datetime | None = field(default=None, init=False, repr=False)
 
     def observe(self, before: int, after: int, capped: bool, at: datetime) -> None:
-        """Fold in a backlog reading taken at workflow time ``at``: ``before`` entries as measured,
-        ``after`` once the replay's own move in the same step was added (``before`` for a plain
-        measurement). The drain-rate sample is ``(last after - before) / elapsed``. A capped
-        reading is only a lower bound of the backlog and gives no sample; nor does an interval
-        that started with an empty stream (nothing to drain)."""
+        """Fold in a backlog reading taken at workflow time ``at``.
+
+        Fold in a backlog reading taken at workflow time ``at``: ``before`` entries as measured, ``after`` once the
+        replay's own move in the same step was added (``before`` for a plain measurement). The drain-rate sample is
+        ``(last after - before) / elapsed``. A capped reading is only a lower bound of the backlog and gives no sample;
+        nor does an interval that started with an empty stream (nothing to drain).
+        """
         last, waited = self._last, self._in_wait
         self._last, self._in_wait = None if capped else (after, at), False
         if last is None or capped or last[0] == 0:
@@ -193,9 +196,10 @@ class Pacer:
             self._fold(max(0, last[0] - before), (at - last[1]).total_seconds())
 
     def _fold_probing(self, drained: int, seconds: float, empty: bool, waited: bool, at: datetime) -> None:
-        """The ``pacing-probe`` estimator: ``drained`` entries over ``seconds`` ending at ``at``;
-        ``empty``: the stream was empty at the end (the drain is then a lower bound of the rate);
-        ``waited``: the interval spans a throttle wait.
+        """The ``pacing-probe`` drain-rate estimator.
+
+        The ``pacing-probe`` estimator: ``drained`` entries over ``seconds`` ending at ``at``; ``empty``: the stream was
+        empty at the end (the drain is then a lower bound of the rate); ``waited``: the interval spans a throttle wait.
 
         - A wait in which the consumers took nothing starts (or continues) a stop: the estimate is
           kept, since it is what they take when they run (``plan`` then polls for their return).
@@ -233,20 +237,25 @@ class Pacer:
         self.rate = min(MAX_RATE, self.rate + weight * (sample - self.rate))
 
     def burst_seen(self, drop: int) -> None:
-        """Fold in the largest fall of the backlog between two readings of a poll (entries; 0: the
-        poll saw none): what the consumers take at once, or in one poll interval. A larger one is
-        learned at once, a smaller one ``BURST_DECAY`` of the way (a stop teaches nothing)."""
+        """Fold in the largest fall of the backlog between two readings of a poll (entries).
+
+        Fold in the largest fall of the backlog between two readings of a poll (entries; 0: the poll saw none): what the
+        consumers take at once, or in one poll interval. A larger one is learned at once, a smaller one ``BURST_DECAY``
+        of the way (a stop teaches nothing).
+        """
         if not self.probing or drop <= 0:
             return
         drop = min(drop, self.threshold)
         self.burst = drop if drop > self.burst else round(self.burst + BURST_DECAY * (drop - self.burst))
 
     def _fold(self, drained: int, seconds: float) -> None:
-        """A time-weighted moving average: a sample of ``seconds`` weighs ``1 - exp(-seconds /
-        RATE_TIME_CONSTANT_SECONDS)``, so the many short intervals between back-to-back Redis calls
-        barely move it (consumers drain in bursts: one acknowledgement of a whole read) while a
-        poll of a second moves it most of the way. The first estimate waits for
-        ``FIRST_ESTIMATE_SECONDS`` of samples."""
+        """Fold a drain-rate sample into a time-weighted moving average.
+
+        A time-weighted moving average: a sample of ``seconds`` weighs ``1 - exp(-seconds /
+        RATE_TIME_CONSTANT_SECONDS)``, so the many short intervals between back-to-back Redis calls barely move it
+        (consumers drain in bursts: one acknowledgement of a whole read) while a poll of a second moves it most of the
+        way. The first estimate waits for ``FIRST_ESTIMATE_SECONDS`` of samples.
+        """
         if seconds <= 0:
             return
         if self.rate is None:
@@ -270,10 +279,12 @@ class Pacer:
 
     @property
     def low_watermark(self) -> int | None:
-        """The backlog an adaptive wait waits for (entries): what the consumers drain while the
-        replay reacts, twice over, plus one learned burst (``probing``), within ``[0, 3/4 of the
-        threshold]`` (or up to one burst, below the threshold); half the threshold before a rate is
-        known; None under ``fixed``."""
+        """The backlog an adaptive wait waits for (entries), or None under ``fixed``.
+
+        The backlog an adaptive wait waits for (entries): what the consumers drain while the replay reacts, twice over,
+        plus one learned burst (``probing``), within ``[0, 3/4 of the threshold]`` (or up to one burst, below the
+        threshold); half the threshold before a rate is known; None under ``fixed``.
+        """
         if not self.adaptive:
             return None
         ceiling = self.threshold * 3 // 4
@@ -285,10 +296,12 @@ class Pacer:
         return int(_clamp(self.burst + math.ceil(WATERMARK_SAFETY * self.rate * react), 0, ceiling))
 
     def plan(self, backlog: int, at: datetime) -> WaitPlan:
-        """The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``;
-        bounded by at least ``WAIT_FLOOR_SECONDS`` (a shorter ``max_wait_seconds`` or
-        ``throttle_seconds`` counts as it). The next reading is taken as the end of this wait
-        (``observe``)."""
+        """The wait to take at ``backlog`` entries at workflow time ``at``.
+
+        The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``; bounded by at least
+        ``WAIT_FLOOR_SECONDS`` (a shorter ``max_wait_seconds`` or ``throttle_seconds`` counts as it). The next reading
+        is taken as the end of this wait (``observe``).
+        """
         if not self.adaptive:
             return WaitPlan.timer(self.throttle_seconds)
         self._in_wait = True
@@ -312,8 +325,11 @@ class Pacer:
         return WaitPlan.timer(timer)
 
     def describe(self, plan: WaitPlan) -> str:
-        """How the wait of ``plan`` was chosen, for the UI (e.g. ``drain ~2,000/s: poll up to 2 s
-        for the backlog to fall to 40``)."""
+        """How the wait of ``plan`` was chosen, for the UI.
+
+        How the wait of ``plan`` was chosen, for the UI (e.g. ``drain ~2,000/s: poll up to 2 s for the backlog to fall
+        to 40``).
+        """
         if not self.adaptive:
             return f"fixed {plan.seconds:g}s wait"
         rate = "drain rate not measured yet" if self.rate is None else f"drain ~{self.rate:,.0f}/s"
@@ -344,9 +360,11 @@ class StallWatch:
     """The last reading (backlog, pending, last-delivered-id), carried across continue-as-new."""
 
     def observe(self, at: datetime, backlog: int, pending: int, last_delivered_id: str, moved: int = 0) -> float:
-        """Fold in a reading at workflow time ``at``; returns the seconds since progress was last
-        seen. Progress is a task moved, or the backlog or the PEL going down, or the group's
-        last-delivered-id moving on (consumers reading, even when a capped count hides the drop)."""
+        """Fold in a reading at workflow time ``at``; returns the seconds since progress was last seen.
+
+        Progress is a task moved, or the backlog or the PEL going down, or the group's last-delivered-id moving on
+        (consumers reading, even when a capped count hides the drop).
+        """
         now = (backlog, pending, last_delivered_id)
         last, self.last = self.last, now
         went_down = last is not None and (backlog < last[0] or pending < last[1] or last_delivered_id != last[2])

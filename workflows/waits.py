@@ -69,10 +69,13 @@ class Waits:
         raise NotImplementedError
 
     async def _name_idle_consumers(self) -> None:
-        """A stall: read which consumers of the limiting group hold pending entries while idle for
-        the stall window (one ``XINFO CONSUMERS``), for the stall reason. At the stall's start, then
-        at most once per stall window; never while a group is missing. Best effort: a failed read
-        (e.g. an ACL rule without ``xinfo|consumers``) is logged and the reason goes without."""
+        """Name the idle consumers holding pending entries of the limiting group, for a stall's reason.
+
+        A stall: read which consumers of the limiting group hold pending entries while idle for the stall window (one
+        ``XINFO CONSUMERS``), for the stall reason. At the stall's start, then at most once per stall window; never
+        while a group is missing. Best effort: a failed read (e.g. an ACL rule without ``xinfo|consumers``) is logged
+        and the reason goes without.
+        """
         state, now = self._state, workflow.now()
         inp, p = state.input, state.progress
         window = timedelta(seconds=inp.stall_window_seconds)
@@ -108,11 +111,13 @@ class Waits:
     async def _wait(
         self, backlog: int, reason: str, seconds: float | None = None, phase: Phase | None = None
     ) -> ResumptionResult | None:
-        """Step 3: wait while the backlog is at or over the threshold, as the pacer plans it (or a
-        durable timer of ``seconds`` when given), in ``phase`` (default: throttled, or stalled),
-        then back to the top of the loop. A stalled replay first names the idle consumers holding
-        pending entries. Returns the result when a stall outlasted ``max_stall_seconds`` (the run
-        ends ``stalled``), else None."""
+        """Step 3: wait while the backlog is at or over the threshold.
+
+        Step 3: wait while the backlog is at or over the threshold, as the pacer plans it (or a durable timer of
+        ``seconds`` when given), in ``phase`` (default: throttled, or stalled), then back to the top of the loop. A
+        stalled replay first names the idle consumers holding pending entries. Returns the result when a stall outlasted
+        ``max_stall_seconds`` (the run ends ``stalled``), else None.
+        """
         inp, p = self._state.input, self._state.progress
         if p.stalled and phase is not Phase.WAITING_FOR_GROUP:
             await self._name_idle_consumers()
@@ -157,8 +162,11 @@ class Waits:
         return None
 
     async def _poll(self, plan: WaitPlan, reason: str) -> None:
-        """A short wait: poll the backlog inside one local activity until it reaches the plan's low
-        watermark (or the plan's bound); its last reading feeds the drain-rate estimate."""
+        """Take a short wait: poll the backlog inside one local activity.
+
+        A short wait: poll the backlog inside one local activity until it reaches the plan's low watermark (or the
+        plan's bound); its last reading feeds the drain-rate estimate.
+        """
         inp = self._state.input
         drain = await call(
             ResumptionActivities.wait_for_drain,
@@ -179,12 +187,13 @@ class Waits:
         self._observe(drain.reading)
 
     async def _rate_wait(self, seconds: float, reason: str) -> None:
-        """A rate cap holds the replay back: wait about ``seconds`` (clamped to
-        ``MIN_RATE_WAIT_SECONDS`` .. half the claim's lease) for its bucket, then the caller
-        starts the next turn over from the check. A short wait polls the backlog inside one local
-        activity (its reading feeds the pacing and the ETA), a long one is a durable timer that an
-        accepted Update ends. Neither is a throttle wait, and the consumers are not to blame: the
-        stall window starts again after it."""
+        """A rate cap holds the replay back: wait about ``seconds`` (clamped to ``MIN_RATE_WAIT_SECONDS`` ..
+
+        half the claim's lease) for its bucket, then the caller starts the next turn over from the check. A short wait
+        polls the backlog inside one local activity (its reading feeds the pacing and the ETA), a long one is a durable
+        timer that an accepted Update ends. Neither is a throttle wait, and the consumers are not to blame: the stall
+        window starts again after it.
+        """
         workflow.patched(RATE_CAP)
         inp, p = self._state.input, self._state.progress
         seconds = min(max(seconds, MIN_RATE_WAIT_SECONDS), inp.claim_lease_seconds / 2)
@@ -225,8 +234,11 @@ class Waits:
         self._state.stall.restart(workflow.now())
 
     async def _wait_for_redis(self, err: BaseException) -> None:
-        """A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a
-        durable timer, then the caller starts over (from the pause and fencing check, for a turn)."""
+        """Wait out a Redis fault that outlasted the local activity's retries.
+
+        A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a durable timer, then the
+        caller starts over (from the pause and fencing check, for a turn).
+        """
         inp, p = self._state.input, self._state.progress
         p.redis_waits += 1
         p.last_error = failure_text(err)[:300]

@@ -58,8 +58,11 @@ def validate_threshold(threshold: int) -> None:
 
 
 def validate_groups(group: str, groups: Sequence[str] | None) -> None:
-    """Raise ``ValueError`` unless ``groups`` is None (every group of the stream) or names 1 to
-    ``MAX_GROUPS`` distinct groups by ``validate_name``'s rule, ``group`` among them."""
+    """Check the groups argument of a backlog measurement.
+
+    Raise ``ValueError`` unless ``groups`` is None (every group of the stream) or names 1 to ``MAX_GROUPS`` distinct
+    groups by ``validate_name``'s rule, ``group`` among them.
+    """
     validate_name("consumer_group", group)
     if groups is None:
         return
@@ -72,8 +75,11 @@ def validate_groups(group: str, groups: Sequence[str] | None) -> None:
 
 
 def groups_arg(group: str, groups: Sequence[str] | None) -> str:
-    """The scripts' groups argument: ``*`` for every group of the stream, else the names separated
-    by single spaces (checked by ``validate_groups``; a name holds no space)."""
+    """The scripts' groups argument.
+
+    The scripts' groups argument: ``*`` for every group of the stream, else the names separated by single spaces
+    (checked by ``validate_groups``; a name holds no space).
+    """
     validate_groups(group, groups)
     return "*" if groups is None else " ".join(groups)
 
@@ -167,8 +173,10 @@ async def wait_for_drain(
     max_bytes: int = DEFAULT_BYTE_BUDGET,
     groups: Sequence[str] | None = None,
 ) -> DrainWait:
-    """Poll the backlog until it is at or below ``low_watermark``: a short wait that reacts within
-    ``poll_seconds`` instead of a durable timer's granularity.
+    """Poll the backlog until it is at or below ``low_watermark``.
+
+    Poll the backlog until it is at or below ``low_watermark``: a short wait that reacts within ``poll_seconds`` instead
+    of a durable timer's granularity.
 
     Measures with ``measure_backlog`` (the same capped rule) every ``poll_seconds``; returns once
     the backlog is at or below ``low_watermark`` with headroom (not ``bytes_capped``) and
