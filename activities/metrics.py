@@ -1,7 +1,7 @@
 """The metric names the activities emit.
 
-The metric names the activities emit (the worker's own gauge), below the workflow's names in ``workflows/metrics.py``,
-which lists them all; conventions as there.
+(the worker's own gauge), below the workflow's names in ``workflows/metrics.py``, which lists them all; conventions as
+there.
 """
 
 from __future__ import annotations

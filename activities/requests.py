@@ -33,8 +33,7 @@ class ExperimentRef(BaseModel):
 class AcquireRequest(BaseModel):
     """Take the claim for ``ref`` as ``owner``.
 
-    Take the claim for ``ref`` as ``owner`` with a lease of ``lease_ms`` milliseconds; ``request_id`` is the idempotency
-    key (a repeat returns the same token).
+    With a lease of ``lease_ms`` milliseconds; ``request_id`` is the idempotency key (a repeat returns the same token).
     """
 
     ref: ExperimentRef
@@ -84,9 +83,8 @@ class DrainWaitRequest(BaseModel):
 class PublishRequest(BaseModel):
     """Publish one batch under ``token``.
 
-    Publish one batch under ``token``; ``seq`` is the idempotency key, ``max_bytes`` the byte budget of its reads,
-    ``max_memory_fraction`` the share of ``maxmemory`` at which nothing moves (None: off; see
-    ``redisclient.publish.publish_batch``).
+    ``seq`` is the idempotency key, ``max_bytes`` the byte budget of its reads, ``max_memory_fraction`` the share of
+    ``maxmemory`` at which nothing moves (None: off; see ``redisclient.publish.publish_batch``).
     """
 
     ref: ExperimentRef

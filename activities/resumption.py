@@ -133,9 +133,8 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
 class HeldRemaining:
     """The worker's ``xmc_resumption_held_remaining`` gauge.
 
-    The worker's ``xmc_resumption_held_remaining`` gauge (``activities/metrics.py``): held tasks left, per task stream
-    and consumer group, summed over the experiments whose claims this worker process extended within their lease
-    (entries).
+    (``activities/metrics.py``): held tasks left, per task stream and consumer group, summed over the experiments whose
+    claims this worker process extended within their lease (entries).
 
     The label set stays bounded (stream, consumer group: never the experiment), so the sum is
     kept here: a gauge set from each workflow would show only the last experiment's count. An
@@ -171,10 +170,10 @@ class HeldRemaining:
 class Counts:
     """The counts Redis decides, emitted where Redis answers.
 
-    The counts Redis decides, emitted where Redis answers (``activities/metrics.py``): tasks moved (``REPLAYED``: the
-    publish script's ``moved`` of a fresh move; a recorded result returned again moved nothing) and resumptions ended by
-    a release (``OUTCOMES``: a fresh release; a repeated one counts nothing). Labelled as the workflow's metrics are:
-    ``stream``, ``consumer_group``, ``namespace``, ``task_queue``, ``workflow_type``.
+    (``activities/metrics.py``): tasks moved (``REPLAYED``: the publish script's ``moved`` of a fresh move; a recorded
+    result returned again moved nothing) and resumptions ended by a release (``OUTCOMES``: a fresh release; a repeated
+    one counts nothing). Labelled as the workflow's metrics are: ``stream``, ``consumer_group``, ``namespace``,
+    ``task_queue``, ``workflow_type``.
 
     Args:
         meter: the worker runtime's metric meter; None: the activity's own (it adds
@@ -212,8 +211,7 @@ class Counts:
 class ResumptionActivities:
     """The activities, bound to one asyncio Redis client.
 
-    The activities, bound to one asyncio Redis client (``decode_responses=False``: task field maps are moved byte for
-    byte).
+    (``decode_responses=False``: task field maps are moved byte for byte).
 
     Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``,
     or let ``xmc_resumption.plugin.ResumptionPlugin`` do it: it builds them without a client and
@@ -301,8 +299,8 @@ class ResumptionActivities:
     async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
         """Poll the backlog until it falls to the low watermark.
 
-        Poll the backlog until it falls to the low watermark, within the request's bounds (a short throttle wait of the
-        adaptive policy; see ``redisclient.backlog.wait_for_drain``).
+        Within the request's bounds (a short throttle wait of the adaptive policy; see
+        ``redisclient.backlog.wait_for_drain``).
         """
         _keys(req.ref)
         async with _classified(self.redis):
@@ -349,8 +347,7 @@ class ResumptionActivities:
     async def idle_consumers(self, req: IdleConsumersRequest) -> list[IdleConsumer]:
         """The consumers holding pending entries of the request's groups while idle for its window.
 
-        The consumers holding pending entries of the request's groups while idle for its window (``XINFO CONSUMERS``;
-        read only when a replay is stalled).
+        (``XINFO CONSUMERS``; read only when a replay is stalled).
         """
         _keys(req.ref)
         async with _classified(self.redis):
@@ -360,8 +357,7 @@ class ResumptionActivities:
     async def set_aside(self, req: SetAsideRequest) -> SetAside:
         """Move a held task the publish script cannot move into the dead-letter stream.
 
-        Move a held task the publish script cannot move into the dead-letter stream (fenced, atomic; see
-        ``redisclient.deadletter``).
+        (fenced, atomic; see ``redisclient.deadletter``).
         """
         async with _classified(self.redis):
             result = await deadletter.set_aside(self.redis, _keys(req.ref), req.token, req.entry_id)
@@ -375,8 +371,7 @@ class ResumptionActivities:
     async def release_claim(self, req: ReleaseRequest) -> Release:
         """Release the claim and revoke its token if still current, recording the outcome.
 
-        Release the claim and revoke its token if still current, recording the outcome; returns the release (token 0:
-        nothing released) with the resume's count and the held tasks left.
+        Returns the release (token 0: nothing released) with the resume's count and the held tasks left.
         """
         async with _classified(self.redis):
             released = await fencing.release_claim(

@@ -78,8 +78,8 @@ pass it (a poll's bound), the call is a regular activity, so a query waits about
 class TaskBudget:
     """How long the current workflow task has been open.
 
-    How long the current workflow task has been open, from workflow time and history length (both replay the same: the
-    length changes only when a workflow task completes).
+    From workflow time and history length (both replay the same: the length changes only when a workflow task
+    completes).
 
     A workflow whose instance has a ``task_budget`` attribute of this type has its calls kept
     within ``TASK_BUDGET_SECONDS`` (``call``).
@@ -91,8 +91,7 @@ class TaskBudget:
     def open_for(self, history_length: int, now: datetime) -> float:
         """Seconds the workflow task has been open at workflow time ``now``.
 
-        Seconds the workflow task has been open at workflow time ``now`` (from the first call that saw
-        ``history_length``).
+        (from the first call that saw ``history_length``).
         """
         if history_length != self.history_length or self.opened_at is None:
             self.history_length, self.opened_at = history_length, now

@@ -120,9 +120,8 @@ this often (workflow time): each upsert is one history event."""
 def fleet_phase(progress: Progress, *, failed: bool, stopping: bool) -> str:
     """``XmcPhase`` of a run at ``progress``.
 
-    ``XmcPhase`` of a run at ``progress``: the outcome once ended (``FAILED`` when ``failed``), else the coarse
-    ``FleetPhase`` of the phase. A short poll (adaptive, a second or two) counts as replaying: only a durable wait is
-    ``throttled``.
+    The outcome once ended (``FAILED`` when ``failed``), else the coarse ``FleetPhase`` of the phase. A short poll
+    (adaptive, a second or two) counts as replaying: only a durable wait is ``throttled``.
     """
     if progress.outcome is not None:
         return progress.outcome.value

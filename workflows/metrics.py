@@ -1,11 +1,10 @@
 """The replay's Prometheus metrics, emitted through the Temporal SDK's runtime.
 
-The replay's Prometheus metrics, emitted through the Temporal SDK's runtime (one exporter for the SDK's own
-``temporal_*`` metrics and these), named by Prometheus conventions (https://prometheus.io/docs/practices/naming/): base
-units (seconds, tasks), ``_total`` on counters (added by the exporter: ``PrometheusConfig(counters_total_suffix=True)``;
-the names below are without it), and labels of bounded cardinality: ``stream`` and ``consumer_group``, never the
-experiment (one series per experiment would grow without bound; the experiment is in the logs and in visibility's
-``XmcExperimentId``).
+(one exporter for the SDK's own ``temporal_*`` metrics and these), named by Prometheus conventions
+(https://prometheus.io/docs/practices/naming/): base units (seconds, tasks), ``_total`` on counters (added by the
+exporter: ``PrometheusConfig(counters_total_suffix=True)``; the names below are without it), and labels of bounded
+cardinality: ``stream`` and ``consumer_group``, never the experiment (one series per experiment would grow without
+bound; the experiment is in the logs and in visibility's ``XmcExperimentId``).
 
 ``Instruments`` creates the workflow's instruments. The workflow's meter skips replays, so a worker
 that replays a history after a restart does not count anything twice. The exporter adds

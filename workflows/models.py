@@ -251,8 +251,7 @@ class ResumptionInput(BaseModel):
     def longest_wait_seconds(self) -> float:
         """The longest single throttle wait (seconds).
 
-        The longest single throttle wait (seconds): ``throttle_seconds`` under ``fixed``, ``max_wait_seconds`` (default
-        ``throttle_seconds``) under ``adaptive``.
+        ``throttle_seconds`` under ``fixed``, ``max_wait_seconds`` (default ``throttle_seconds``) under ``adaptive``.
         """
         if self.throttle_policy is ThrottlePolicy.ADAPTIVE and self.max_wait_seconds is not None:
             return self.max_wait_seconds
@@ -291,8 +290,7 @@ class ResumptionInput(BaseModel):
     def start_options(self, task_queue: str = TASK_QUEUE) -> StartOptions:
         """Keyword arguments for ``start_workflow`` / ``start_child_workflow``.
 
-        Keyword arguments for ``start_workflow`` / ``start_child_workflow``: the conventional workflow ID
-        ``resumption-<E>``, the task queue and the UI's static summary and details.
+        The conventional workflow ID ``resumption-<E>``, the task queue and the UI's static summary and details.
         """
         return {
             "id": workflow_id_for(self.experiment_id),

@@ -1,8 +1,7 @@
 """The hand-back at a resumption's end: release the claim and revoke its token.
 
-The hand-back at a resumption's end: release the claim and revoke its token, retried while the claim's lease lasts, and
-said in the result, the log and ``xmc status`` when it could not be done (docs/contract.md, "Result and outcomes").
-Workflow code only.
+Retried while the claim's lease lasts, and said in the result, the log and ``xmc status`` when it could not be done
+(docs/contract.md, "Result and outcomes"). Workflow code only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """``ResumptionWorkflow``: replay an experiment's held tasks into the task stream.
 
-``ResumptionWorkflow``: replay an experiment's held tasks into the task stream, throttled by the consumer groups'
-backlog (docs/contract.md, "The loop"; docs/memory.md).
+Throttled by the consumer groups' backlog (docs/contract.md, "The loop"; docs/memory.md).
 
 Each turn of the loop:
   1. check the pause state and the fencing token, extending the claim's lease;
@@ -479,10 +478,9 @@ class ResumptionWorkflow(ControlHandlers, Waits):
     async def _release(self, *, back_to_paused: bool, outcome: str) -> None:
         """Release the claim, recording ``outcome`` with it.
 
-        Release the claim, recording ``outcome`` with it; token 0 (a run cancelled before its acquire's reply was
-        recorded) releases whatever claim this workflow owns. Bounded (``workflows/release.py``); the reply's counts
-        (Redis's) go into the progress, and a release that could not be done is in the progress and the result
-        (``release_error``).
+        Token 0 (a run cancelled before its acquire's reply was recorded) releases whatever claim this workflow owns.
+        Bounded (``workflows/release.py``); the reply's counts (Redis's) go into the progress, and a release that could
+        not be done is in the progress and the result (``release_error``).
         """
         self._set_phase(Phase.RELEASING)
         self._state.progress.release_error = await release_claim(

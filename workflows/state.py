@@ -1,7 +1,7 @@
 """``RunState``: all of a resumption run's state in one object.
 
-``RunState``: all of a resumption run's state in one object, built from the input's ``Carry`` and packed back into one
-for continue-as-new (the samples' ``safe_message_handlers`` pattern).
+Built from the input's ``Carry`` and packed back into one for continue-as-new (the samples' ``safe_message_handlers``
+pattern).
 
 Workflow code only (deterministic: no I/O, no clock). ``Carry`` (``workflows/models.py``) stays the
 wire form: it is part of the input contract, and recorded histories' continue-as-new inputs hold it.
@@ -133,9 +133,9 @@ class RunState:
     ) -> None:
         """Set the owner, the start time and the request ID.
 
-        Set the owner, the start time and the request ID: the carry's in a continued run (one with a
-        ``continued_run_id``), else ``workflow_id``, ``now`` and one ``draw_request_id()`` (drawn once per resumption
-        and carried: every try of the acquire, in any run, is one request).
+        The carry's in a continued run (one with a ``continued_run_id``), else ``workflow_id``, ``now`` and one
+        ``draw_request_id()`` (drawn once per resumption and carried: every try of the acquire, in any run, is one
+        request).
 
         Raises:
             ApplicationError: non-retryable, type ``InvalidInput``: a caller set ``carry``.
@@ -244,8 +244,7 @@ class RunState:
     def claimed(self, grant: ClaimGrant) -> None:
         """Take the claim's reply into the progress.
 
-        Take the claim's reply into the progress: the token, the held tasks and the resume's count so far (kept when
-        unknown).
+        The token, the held tasks and the resume's count so far (kept when unknown).
         """
         p = self.progress
         p.token, p.remaining = grant.token, grant.held
@@ -255,8 +254,8 @@ class RunState:
     def checked(self, check: ClaimCheck) -> None:
         """Take a check's counts into the progress.
 
-        Take a check's counts into the progress: the held tasks, and the resume's count (kept when unknown): a reset run
-        of a continued one starts from an older carry.
+        The held tasks, and the resume's count (kept when unknown): a reset run of a continued one starts from an older
+        carry.
         """
         p = self.progress
         p.remaining = check.held
@@ -282,9 +281,9 @@ class RunState:
     def released(self, release: Release) -> None:
         """Take a release's reply into the progress.
 
-        Take a release's reply into the progress: the resume's count and the held tasks left, as Redis recorded them (a
-        bare token, from histories recorded before, changes nothing). A release done now, or recorded before, had its
-        outcome counted by the release activity.
+        The resume's count and the held tasks left, as Redis recorded them (a bare token, from histories recorded
+        before, changes nothing). A release done now, or recorded before, had its outcome counted by the release
+        activity.
         """
         p = self.progress
         if release.replayed is not None:
@@ -396,9 +395,8 @@ class RunState:
     def estimate(self, now: datetime) -> None:
         """Set the progress's ETA at workflow time ``now``.
 
-        Set the progress's ETA at workflow time ``now`` (``workflows/eta.py``): from the net drain rate, the last
-        reading, the adaptive policy's refill, the rate caps and a durable wait in progress; 0 once completed, None once
-        ended otherwise.
+        (``workflows/eta.py``): from the net drain rate, the last reading, the adaptive policy's refill, the rate caps
+        and a durable wait in progress; 0 once completed, None once ended otherwise.
         """
         p = self.progress
         if p.outcome is not None or self.failed:

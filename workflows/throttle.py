@@ -181,10 +181,10 @@ class Pacer:
     def observe(self, before: int, after: int, capped: bool, at: datetime) -> None:
         """Fold in a backlog reading taken at workflow time ``at``.
 
-        Fold in a backlog reading taken at workflow time ``at``: ``before`` entries as measured, ``after`` once the
-        replay's own move in the same step was added (``before`` for a plain measurement). The drain-rate sample is
-        ``(last after - before) / elapsed``. A capped reading is only a lower bound of the backlog and gives no sample;
-        nor does an interval that started with an empty stream (nothing to drain).
+        ``before`` entries as measured, ``after`` once the replay's own move in the same step was added (``before`` for
+        a plain measurement). The drain-rate sample is ``(last after - before) / elapsed``. A capped reading is only a
+        lower bound of the backlog and gives no sample; nor does an interval that started with an empty stream (nothing
+        to drain).
         """
         last, waited = self._last, self._in_wait
         self._last, self._in_wait = None if capped else (after, at), False
@@ -327,8 +327,7 @@ class Pacer:
     def describe(self, plan: WaitPlan) -> str:
         """How the wait of ``plan`` was chosen, for the UI.
 
-        How the wait of ``plan`` was chosen, for the UI (e.g. ``drain ~2,000/s: poll up to 2 s for the backlog to fall
-        to 40``).
+        (e.g. ``drain ~2,000/s: poll up to 2 s for the backlog to fall to 40``).
         """
         if not self.adaptive:
             return f"fixed {plan.seconds:g}s wait"

@@ -113,10 +113,9 @@ class Waits:
     ) -> ResumptionResult | None:
         """Step 3: wait while the backlog is at or over the threshold.
 
-        Step 3: wait while the backlog is at or over the threshold, as the pacer plans it (or a durable timer of
-        ``seconds`` when given), in ``phase`` (default: throttled, or stalled), then back to the top of the loop. A
-        stalled replay first names the idle consumers holding pending entries. Returns the result when a stall outlasted
-        ``max_stall_seconds`` (the run ends ``stalled``), else None.
+        As the pacer plans it (or a durable timer of ``seconds`` when given), in ``phase`` (default: throttled, or
+        stalled), then back to the top of the loop. A stalled replay first names the idle consumers holding pending
+        entries. Returns the result when a stall outlasted ``max_stall_seconds`` (the run ends ``stalled``), else None.
         """
         inp, p = self._state.input, self._state.progress
         if p.stalled and phase is not Phase.WAITING_FOR_GROUP:

@@ -77,8 +77,8 @@ def validate_groups(group: str, groups: Sequence[str] | None) -> None:
 def groups_arg(group: str, groups: Sequence[str] | None) -> str:
     """The scripts' groups argument.
 
-    The scripts' groups argument: ``*`` for every group of the stream, else the names separated by single spaces
-    (checked by ``validate_groups``; a name holds no space).
+    ``*`` for every group of the stream, else the names separated by single spaces (checked by ``validate_groups``; a
+    name holds no space).
     """
     validate_groups(group, groups)
     return "*" if groups is None else " ".join(groups)
@@ -175,8 +175,7 @@ async def wait_for_drain(
 ) -> DrainWait:
     """Poll the backlog until it is at or below ``low_watermark``.
 
-    Poll the backlog until it is at or below ``low_watermark``: a short wait that reacts within ``poll_seconds`` instead
-    of a durable timer's granularity.
+    A short wait that reacts within ``poll_seconds`` instead of a durable timer's granularity.
 
     Measures with ``measure_backlog`` (the same capped rule) every ``poll_seconds``; returns once
     the backlog is at or below ``low_watermark`` with headroom (not ``bytes_capped``) and
