@@ -11,13 +11,13 @@ and how, from the workflow input and what was measured:
   and publishes (``L ~ 2 x R x reaction``, docs/pacing.md). Then the next turn tops the
   stream up to the threshold.
 
-How a wait is done comes from measurements on the dev server (docs/pacing.md, "How a wait is done"): a durable timer
-costs 5 history events and fires on the server's timer granularity (a 20 ms timer fired after
-1.0 s), while a bounded poll inside one local activity costs 1 marker and reacts within its poll
-interval. So a wait the estimate says is short (up to ``POLL_LIMIT_SECONDS``) polls the backlog
-until it reaches L; a longer one sleeps on a durable timer for all but ``TIMER_GRANULARITY_SECONDS``
-of it and lets the next turn poll the rest. Either way the turn after a wait starts again at the
-pause and fencing check.
+How a wait is done comes from measurements on the dev server (docs/pacing.md, "How a wait is done"):
+a durable timer costs 5 history events and fires on the server's timer granularity
+(``TIMER_GRANULARITY_SECONDS``), while a bounded poll inside one local activity costs 1 marker and
+reacts within its poll interval. So a wait the estimate says is short (up to ``POLL_LIMIT_SECONDS``)
+polls the backlog until it reaches L; a longer one sleeps on a durable timer for all but
+``TIMER_GRANULARITY_SECONDS`` of it and lets the next turn poll the rest. Either way the turn after
+a wait starts again at the pause and fencing check.
 
 Everything here is deterministic: its inputs are activity results (recorded in history) and
 ``workflow.now()`` readings passed in by the workflow.
@@ -39,8 +39,10 @@ POLL_LIMIT_SECONDS = 2.0
 timers: a poll holds a workflow task open, and a worker lost mid-poll costs a workflow-task timeout."""
 
 TIMER_GRANULARITY_SECONDS = 1.0
-"""How late a durable timer may fire (seconds): measured on the dev server, timers of 20 ms to
-200 ms fired after 1.0 s. A long adaptive wait sleeps this much less than estimated and polls the rest."""
+"""How late a durable timer may fire (seconds; measured on the dev server: docs/pacing.md, "How a wait is done").
+
+A long adaptive wait sleeps this much less than estimated and polls the rest.
+"""
 
 POLL_INTERVAL_BOUNDS = (0.002, 0.05)
 """Seconds between two readings of a poll: about a tenth of the expected wait, within these bounds."""
@@ -52,8 +54,7 @@ backlog does not fall to its low watermark (a draining backlog ends it as soon a
 consumers that drain lose nothing). With stopped consumers each turn (check, measure, wait) then
 lasts at least this long: at most ``1 / WAIT_FLOOR_SECONDS`` turns a second, each of at most
 ``POLL_READINGS + 3`` scripts (a poll's interval is at least a tenth of its expected wait, itself
-at least the floor when nothing drains). Without it, ``max_wait_seconds`` 0.001 and stopped
-consumers ran 52 turns and 231 scripts a second (issue 16)."""
+at least the floor when nothing drains); docs/contract.md, "No spin", has why the floor exists."""
 
 POLL_READINGS = 11
 """The most backlog readings one poll takes when its backlog does not drain: its bound over its

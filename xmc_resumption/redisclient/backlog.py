@@ -27,9 +27,11 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_BYTE_BUDGET = 4 * 1024 * 1024
-"""Bytes of entries one script reads at most, about (4 MiB): counting the lag, and moving held
-tasks. Measured on Redis 7.0 here: reading 520 entries of 1 MiB in a script took 2.35 s of Redis
-time, about 4.5 ms per MiB, so 4 MiB keeps one read near 20 ms (docs/benchmarks.md)."""
+"""Bytes of entries one script reads at most, about (4 MiB).
+
+The budget bounds counting the lag and moving held tasks, so that one read stays short (figures: docs/benchmarks.md,
+"Backlog cost").
+"""
 
 MAX_BYTE_BUDGET = 512 * 1024 * 1024
 """The largest byte budget accepted (bytes): Redis's own limit on one string (proto-max-bulk-len)."""
