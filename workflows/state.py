@@ -161,10 +161,10 @@ class RunState:
         return inp.throttle_policy is ThrottlePolicy.ADAPTIVE or "throttle_policy" not in inp.model_fields_set
 
     def start_pacing(self, patched: bool) -> None:
-        """Start the pacer: issue 17's probing estimator when ``patched``, else the earlier one.
+        """Start the pacer: the probing estimator when ``patched``, else the estimator of older runs.
 
-        Issue 17's pacing when ``patched`` (the probing estimator); else the estimator of the runs recorded before it,
-        and ``fixed`` for an input that left ``throttle_policy`` out (the default then).
+        ``patched`` is patch ``pacing-probe`` (``PACING_PROBE``); without it, the estimator of the runs recorded before
+        it, and ``fixed`` for an input that left ``throttle_policy`` out (the default then).
         """
         self.pacer.probing = patched
         if not patched and "throttle_policy" not in self.input.model_fields_set:
