@@ -6,10 +6,10 @@ bounded retries, its result validated in workflow code (docs/contract.md, "Fault
 A workflow task stays open while its local activities run back to back, and the server answers a
 query only once the open workflow task completes: chained publishes and polls could hold it up to
 the workflow-task heartbeat, and the ``progress`` query would wait as long (docs/contract.md,
-"Queries answered promptly"). So a call that would keep the task open past ``TASK_BUDGET_SECONDS``
-runs as a regular activity instead, which completes the workflow task (a waiting query is answered
-at once); a local activity's retry backoff past the budget is a durable timer
-(``local_retry_threshold``) for the same reason.
+"Faults"). So a call that would keep the task open past ``TASK_BUDGET_SECONDS`` runs as a regular
+activity instead, which completes the workflow task (a waiting query is answered at once); a local
+activity's retry backoff past the budget is a durable timer (``local_retry_threshold``) for the same
+reason.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ backlog does not fall to its low watermark (a draining backlog ends it as soon a
 consumers that drain lose nothing). With stopped consumers each turn (check, measure, wait) then
 lasts at least this long: at most ``1 / WAIT_FLOOR_SECONDS`` turns a second, each of at most
 ``POLL_READINGS + 3`` scripts (a poll's interval is at least a tenth of its expected wait, itself
-at least the floor when nothing drains); docs/contract.md, "No spin", has why the floor exists."""
+at least the floor when nothing drains); docs/contract.md, "Faults", has why the floor exists."""
 
 POLL_READINGS = 11
 """The most backlog readings one poll takes when its backlog does not drain: its bound over its

@@ -30,7 +30,7 @@ DEFAULT_BYTE_BUDGET = 4 * 1024 * 1024
 """Bytes of entries one script reads at most, about (4 MiB).
 
 The budget bounds counting the lag and moving held tasks, so that one read stays short (figures: docs/benchmarks.md,
-"Backlog cost").
+"Backlog cost (figure c)").
 """
 
 MAX_BYTE_BUDGET = 512 * 1024 * 1024
