@@ -1,7 +1,7 @@
 """The metric names the activities emit.
 
-(the worker's own gauge), below the workflow's names in ``workflows/metrics.py``, which lists them all; conventions as
-there.
+They are the worker's own gauge, listed below the workflow's names in ``workflows/metrics.py``, which lists them all;
+conventions as there.
 """
 
 from __future__ import annotations

@@ -133,8 +133,8 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
 class HeldRemaining:
     """The worker's ``xmc_resumption_held_remaining`` gauge.
 
-    (``activities/metrics.py``): held tasks left, per task stream and consumer group, summed over the experiments whose
-    claims this worker process extended within their lease (entries).
+    See ``activities/metrics.py``. held tasks left, per task stream and consumer group, summed over the
+    experiments whose claims this worker process extended within their lease (entries).
 
     The label set stays bounded (stream, consumer group: never the experiment), so the sum is
     kept here: a gauge set from each workflow would show only the last experiment's count. An
@@ -170,9 +170,9 @@ class HeldRemaining:
 class Counts:
     """The counts Redis decides, emitted where Redis answers.
 
-    (``activities/metrics.py``): tasks moved (``REPLAYED``: the publish script's ``moved`` of a fresh move; a recorded
-    result returned again moved nothing) and resumptions ended by a release (``OUTCOMES``: a fresh release; a repeated
-    one counts nothing). Labelled as the workflow's metrics are: ``stream``, ``consumer_group``, ``namespace``,
+    See ``activities/metrics.py``. tasks moved (``REPLAYED``: the publish script's ``moved`` of a fresh move; a
+    recorded result returned again moved nothing) and resumptions ended by a release (``OUTCOMES``: a fresh release; a
+    repeated one counts nothing). Labelled as the workflow's metrics are: ``stream``, ``consumer_group``, ``namespace``,
     ``task_queue``, ``workflow_type``.
 
     Args:
@@ -211,7 +211,7 @@ class Counts:
 class ResumptionActivities:
     """The activities, bound to one asyncio Redis client.
 
-    (``decode_responses=False``: task field maps are moved byte for byte).
+    The client has ``decode_responses=False``: task field maps are moved byte for byte.
 
     Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``,
     or let ``xmc_resumption.plugin.ResumptionPlugin`` do it: it builds them without a client and
@@ -347,7 +347,7 @@ class ResumptionActivities:
     async def idle_consumers(self, req: IdleConsumersRequest) -> list[IdleConsumer]:
         """The consumers holding pending entries of the request's groups while idle for its window.
 
-        (``XINFO CONSUMERS``; read only when a replay is stalled).
+        Read with ``XINFO CONSUMERS``, and only when a replay is stalled.
         """
         _keys(req.ref)
         async with _classified(self.redis):
@@ -357,7 +357,7 @@ class ResumptionActivities:
     async def set_aside(self, req: SetAsideRequest) -> SetAside:
         """Move a held task the publish script cannot move into the dead-letter stream.
 
-        (fenced, atomic; see ``redisclient.deadletter``).
+        The move is fenced and atomic (see ``redisclient.deadletter``).
         """
         async with _classified(self.redis):
             result = await deadletter.set_aside(self.redis, _keys(req.ref), req.token, req.entry_id)

@@ -92,7 +92,7 @@ class TaskBudget:
     def open_for(self, history_length: int, now: datetime) -> float:
         """Seconds the workflow task has been open at workflow time ``now``.
 
-        (from the first call that saw ``history_length``).
+        Counted from the first call that saw ``history_length``.
         """
         if history_length != self.history_length or self.opened_at is None:
             self.history_length, self.opened_at = history_length, now

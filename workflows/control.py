@@ -129,7 +129,7 @@ RESUMPTION_ENDING = "ResumptionEnding"
 class InvalidControlError(ValueError):
     """An Update's arguments break the contract.
 
-    (``ControlChange.of_update``); ``str()`` is one line naming the Update and the field.
+    Raised by ``ControlChange.of_update``; ``str()`` is one line naming the Update and the field.
     """
 
 

@@ -1,6 +1,6 @@
 """The replay's Prometheus metrics, emitted through the Temporal SDK's runtime.
 
-(one exporter for the SDK's own ``temporal_*`` metrics and these), named by Prometheus conventions
+One exporter serves the SDK's own ``temporal_*`` metrics and these. They are named by Prometheus conventions
 (https://prometheus.io/docs/practices/naming/): base units (seconds, tasks), ``_total`` on counters (added by the
 exporter: ``PrometheusConfig(counters_total_suffix=True)``; the names below are without it), and labels of bounded
 cardinality: ``stream`` and ``consumer_group``, never the experiment (one series per experiment would grow without

@@ -395,8 +395,8 @@ class RunState:
     def estimate(self, now: datetime) -> None:
         """Set the progress's ETA at workflow time ``now``.
 
-        (``workflows/eta.py``): from the net drain rate, the last reading, the adaptive policy's refill, the rate caps
-        and a durable wait in progress; 0 once completed, None once ended otherwise.
+        Computed by ``workflows/eta.py`` from the net drain rate, the last reading, the adaptive policy's refill, the
+        rate caps and a durable wait in progress; 0 once completed, None once ended otherwise.
         """
         p = self.progress
         if p.outcome is not None or self.failed:

@@ -328,7 +328,7 @@ class Pacer:
     def describe(self, plan: WaitPlan) -> str:
         """How the wait of ``plan`` was chosen, for the UI.
 
-        (e.g. ``drain ~2,000/s: poll up to 2 s for the backlog to fall to 40``).
+        For example ``drain ~2,000/s: poll up to 2 s for the backlog to fall to 40``.
         """
         if not self.adaptive:
             return f"fixed {plan.seconds:g}s wait"
