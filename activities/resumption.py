@@ -133,7 +133,7 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
 class HeldRemaining:
     """The worker's ``xmc_resumption_held_remaining`` gauge.
 
-    See ``activities/metrics.py``. held tasks left, per task stream and consumer group, summed over the
+    See ``activities/metrics.py``. Held tasks left, per task stream and consumer group, summed over the
     experiments whose claims this worker process extended within their lease (entries).
 
     The label set stays bounded (stream, consumer group: never the experiment), so the sum is
@@ -170,7 +170,7 @@ class HeldRemaining:
 class Counts:
     """The counts Redis decides, emitted where Redis answers.
 
-    See ``activities/metrics.py``. tasks moved (``REPLAYED``: the publish script's ``moved`` of a fresh move; a
+    See ``activities/metrics.py``. Tasks moved (``REPLAYED``: the publish script's ``moved`` of a fresh move; a
     recorded result returned again moved nothing) and resumptions ended by a release (``OUTCOMES``: a fresh release; a
     repeated one counts nothing). Labelled as the workflow's metrics are: ``stream``, ``consumer_group``, ``namespace``,
     ``task_queue``, ``workflow_type``.
