@@ -18,7 +18,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -28,6 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.support.helpers import (
     GROUP,
+    ROOT,
     consume,
     fill_backlog,
     hold_tasks,
@@ -41,8 +41,6 @@ from xmc_resumption.client import XmcClient
 from xmc_resumption.services import installed_binary
 
 pytestmark = pytest.mark.real_server
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def address(env: WorkflowEnvironment) -> str:

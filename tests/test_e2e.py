@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 
 from tests.support.helpers import (
     GROUP,
+    ROOT,
     STREAM,
     consume,
     fill_backlog,
@@ -40,8 +41,6 @@ from xmc_resumption.workflows.models import Outcome, ResumptionInput, Resumption
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 pytestmark = pytest.mark.real_server
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from tests.support.helpers import (
+    ROOT,
     bare_namespace,
     fill_backlog,
     hold_tasks,
@@ -37,8 +37,6 @@ from xmc_resumption.workflows.models import Outcome, Phase
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 pytestmark = pytest.mark.real_server
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def temporal(env, *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]

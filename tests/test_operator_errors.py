@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.support.helpers import RUNNER
+from tests.support.helpers import ROOT, RUNNER
 from tests.support.helpers import run_module as run
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.cli import main
@@ -32,7 +32,6 @@ from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 pytestmark = pytest.mark.real_server
 
-ROOT = Path(__file__).resolve().parents[1]
 SECRET = "s3cret-Pa55"
 KEYS = ExperimentKeys("xmc-tasks-stream", "E6")
 

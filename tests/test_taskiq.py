@@ -24,7 +24,7 @@ from taskiq.formatters.json_formatter import JSONFormatter
 from taskiq.message import TaskiqMessage
 from temporalio.testing import WorkflowEnvironment
 
-from tests.support.helpers import STREAM, resumption_worker, run_module, start, wait_for
+from tests.support.helpers import ROOT, STREAM, resumption_worker, run_module, start, wait_for
 from tests.test_e2e import running_worker
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
@@ -32,7 +32,6 @@ from xmc_resumption.workflows.models import Outcome, Phase
 
 pytestmark = pytest.mark.real_server
 
-ROOT = Path(__file__).resolve().parents[1]
 TASKIQ_GROUP = "taskiq"
 EXECUTED = "taskiq-test:executed"
 

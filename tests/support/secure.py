@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests.support.helpers import ROOT
 from xmc_resumption.services import free_port, installed_binary, stop_process, wait_for_port
 
-ROOT = Path(__file__).resolve().parents[2]
 ACL_FILE = ROOT / "deploy" / "redis-acl.conf"
 ACL_USER = "xmc-resumption"
 PRODUCER_ACL_FILE = ROOT / "deploy" / "redis-acl-producer.conf"
