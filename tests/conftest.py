@@ -136,6 +136,15 @@ async def temporal_env(request: pytest.FixtureRequest, environments: Environment
     return await environments.get(environments.kind(request.node.get_closest_marker("real_server") is not None))
 
 
+@pytest_asyncio.fixture
+async def own_clock_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of the test's own, for a test whose timers must skip whatever the
+    session's earlier tests left running there (the session's clock was seen held by one of them)."""
+    env = await Environments._start(TIME_SKIPPING)
+    yield env
+    await env.shutdown()
+
+
 @pytest.fixture
 def task_queue() -> str:
     """A task queue of its own for each test, so workers of different tests never mix."""

@@ -309,7 +309,7 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(temporal_env, 
 
 
 async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshold(
-    temporal_env, redis, redis_url, task_queue
+    own_clock_env, redis, redis_url, task_queue
 ) -> None:
     """A backlog one below the threshold (pending 2 + lag 2 at threshold 5) takes exactly one task;
     at exactly the threshold the run waits, turn after turn, checking pause and fencing after every
@@ -319,9 +319,9 @@ async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshol
     names = await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 4)
     await redis.xreadgroup(GROUP, "c0", {STREAM: ">"}, count=2)  # 2 pending, 2 undelivered
-    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+    async with resumption_worker(own_clock_env.client, task_queue, redis_url):
         handle = await start(
-            temporal_env.client,
+            own_clock_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,
