@@ -11,6 +11,9 @@ script atomically, so a retried or zombie call can never duplicate, lose or over
 from __future__ import annotations
 
 import json
+import logging
+import math
+import time
 from collections.abc import Sequence
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, groups_arg, validate_byte_budget, validate_threshold
@@ -20,8 +23,16 @@ from xmc_resumption.redisclient.fencing import validate_lease
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import fraction_arg
 from xmc_resumption.redisclient.ratecap import rate_key
-from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishStatus
+from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishRounds, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script
+
+log = logging.getLogger(__name__)
+
+MAX_ROUNDS = 10_000
+"""The most publish scripts one ``publish_rounds`` call runs (each bounded by its batch and the byte budget)."""
+
+MAX_ROUNDS_SECONDS = 60.0
+"""The longest time bound one ``publish_rounds`` call takes (seconds)."""
 
 
 async def publish_batch(
@@ -110,3 +121,116 @@ async def publish_batch(
     if result.status is PublishStatus.NO_GROUP:
         raise MissingConsumerGroupError(keys.stream, result.reading.missing_group or group)
     return result
+
+
+async def publish_rounds(
+    client: RedisClient,
+    keys: ExperimentKeys,
+    group: str,
+    *,
+    token: int,
+    seq: int,
+    batch_size: int,
+    max_tasks: int | None,
+    max_scripts: int,
+    max_seconds: float,
+    threshold: int,
+    owner: str,
+    lease_ms: int,
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
+    max_bytes: int = DEFAULT_BYTE_BUDGET,
+    max_memory_fraction: float | None = None,
+    fair_share: bool = False,
+    groups: Sequence[str] | None = None,
+) -> PublishRounds:
+    """Publish in rounds of ``publish_batch`` while headroom is left: one call, several scripts.
+
+    Script ``i`` (from 0) takes seq ``seq + i`` and moves at most ``batch_size`` tasks, so each
+    script blocks Redis no longer than one ``publish_batch`` (its batch and byte budget bound it),
+    and other clients run between two of them. The next script runs only while the last one
+    ``published`` and left headroom (``headroom_left``), set nothing aside, was not cut short by
+    the stream's rate cap, fewer than ``max_tasks`` moved in all, fewer than ``max_scripts`` ran
+    and ``max_seconds`` have not passed since the first began. A fault after at least one
+    script answered ends the rounds with what answered: the caller's next seq is that of the
+    failed script, which returns its recorded result if it ran in Redis after all.
+
+    Args:
+        seq: the first script's seq (>= 1); the rounds use ``seq .. seq + scripts - 1``.
+        batch_size: the most tasks one script moves (entries, >= 1).
+        max_tasks: the most tasks all scripts together move (entries, >= 1), or None: no bound
+            besides the headroom (a replay's own rate cap passes what its bucket allows).
+        max_scripts: the most scripts (1..``MAX_ROUNDS``).
+        max_seconds: no script starts once this many seconds have passed since the first
+            began (0..``MAX_ROUNDS_SECONDS``, finite); the first always runs.
+        client, keys, group, token, threshold, owner, lease_ms, missing_group, max_bytes,
+        max_memory_fraction, fair_share, groups: as ``publish_batch``.
+
+    Returns:
+        ``PublishRounds``: the first script's result and the last's, the scripts run and the
+        tasks they moved.
+
+    Raises:
+        ValueError: an argument out of its bounds (before anything is sent), or as
+            ``publish_batch``.
+        MissingConsumerGroupError, redis.exceptions.RedisError: as ``publish_batch``, from the
+            first script (a later one's fault ends the rounds instead).
+    """
+    if not 1 <= max_scripts <= MAX_ROUNDS:
+        raise ValueError(f"max_scripts must be 1..{MAX_ROUNDS:,}, got {max_scripts}")
+    if not (math.isfinite(max_seconds) and 0 <= max_seconds <= MAX_ROUNDS_SECONDS):
+        raise ValueError(f"max_seconds must be finite, 0..{MAX_ROUNDS_SECONDS:g}, got {max_seconds}")
+    if max_tasks is not None and max_tasks < 1:
+        raise ValueError(f"max_tasks must be >= 1 entry or None, got {max_tasks}")
+    results: list[PublishResult] = []
+    moved = moved_bytes = fresh = 0
+    started = time.monotonic()
+    while True:
+        batch = batch_size if max_tasks is None else min(batch_size, max_tasks - moved)
+        try:
+            result = await publish_batch(
+                client,
+                keys,
+                group,
+                token=token,
+                seq=seq + len(results),
+                batch_size=batch,
+                threshold=threshold,
+                owner=owner,
+                lease_ms=lease_ms,
+                missing_group=missing_group,
+                max_bytes=max_bytes,
+                max_memory_fraction=max_memory_fraction,
+                fair_share=fair_share,
+                groups=groups,
+            )
+        except Exception as err:  # (a cancel is no Exception: it propagates)
+            if not results:
+                raise
+            log.warning(
+                "publish rounds ended early by a fault; the next publish asks its seq again",
+                extra={"stream": keys.stream, "experiment_id": keys.experiment_id, "seq": seq + len(results),
+                       "scripts": len(results), "error": f"{type(err).__name__}: {err}"},
+            )  # fmt: skip
+            break
+        results.append(result)
+        moved += result.moved
+        moved_bytes += result.moved_bytes
+        fresh += 0 if result.repeated else result.moved
+        if (
+            result.status is not PublishStatus.PUBLISHED
+            or result.headroom_left == 0
+            or result.poison_id
+            or result.rate_limited
+            or (max_tasks is not None and moved >= max_tasks)
+            or len(results) >= max_scripts
+            or time.monotonic() - started >= max_seconds
+        ):
+            break
+    return PublishRounds(
+        first=results[0],
+        last=results[-1] if len(results) > 1 else None,
+        scripts=len(results),
+        moved=moved,
+        moved_bytes=moved_bytes,
+        fresh_moved=fresh,
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 class ExperimentState(StrEnum):
@@ -315,6 +315,41 @@ class PublishResult(BaseModel):
     def headroom_left(self) -> int:
         """Entries the backlog may still grow by after this publish's move (at least 0)."""
         return max(0, self.reading.headroom - self.moved)
+
+
+class PublishRounds(BaseModel):
+    """What ``publish.publish_rounds`` did: several publish scripts in one call.
+
+    Attributes:
+        first: the first script's result.
+        last: the last script's result when more than one ran, else None. Every script between
+            them ``published`` and left headroom; only the last may have another status, a
+            ``poison_id`` or ``rate_limited``.
+        scripts: how many scripts answered (>= 1); they used seqs ``seq .. seq + scripts - 1``.
+        moved, moved_bytes: tasks (entries) and their bytes moved by all of them together.
+        fresh_moved: of ``moved``, the tasks moved now (a recorded result returned again moved
+            nothing now).
+
+    Folding ``first`` and then ``last`` into the workflow's state at one workflow time is
+    folding every script's result: the ones between them change nothing the next reading's
+    drain sample does not see.
+    """
+
+    first: PublishResult
+    last: PublishResult | None = None
+    scripts: int = Field(ge=1)
+    moved: int = Field(ge=0)
+    moved_bytes: int = Field(default=0, ge=0)
+    fresh_moved: int = Field(default=0, ge=0)
+
+    @property
+    def final(self) -> PublishResult:
+        """The last script's result (``first`` when only one ran)."""
+        return self.last or self.first
+
+    def results(self) -> list[PublishResult]:
+        """``first``, then ``last`` when more than one script ran."""
+        return [self.first] if self.last is None else [self.first, self.last]
 
 
 class DrainWait(BaseModel):

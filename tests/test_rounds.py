@@ -1,0 +1,120 @@
+"""Publishes in rounds (``publish.publish_rounds``) against a real redis-server: several scripts in one call, each
+bounded by its batch, stopping where the headroom, the bound, a fault or a status says."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from tests.test_publish import GROUP, KEYS, hold, stream_tasks
+from xmc_resumption.redisclient import fencing
+from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.publish import publish_batch, publish_rounds
+from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishStatus
+
+
+async def rounds(redis: Redis, token: int, seq: int, **kw):  # type: ignore[no-untyped-def]
+    args = {"batch_size": 10, "max_tasks": None, "max_scripts": 100, "max_seconds": 5.0, "threshold": 100}
+    return await publish_rounds(
+        redis, KEYS, GROUP, token=token, seq=seq, owner="me", lease_ms=60_000, **(args | kw)
+    )
+
+
+async def claimed(redis: Redis, tasks: int) -> int:
+    await hold(redis, tasks)
+    await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
+    return (await fencing.acquire_claim(redis, KEYS, "me", 60_000)).token
+
+
+async def test_fills_the_headroom_in_scripts_of_one_batch(redis: Redis) -> None:
+    token = await claimed(redis, 100)
+    done = await rounds(redis, token, 1, threshold=35)
+    # 10 + 10 + 10 + 5: the fourth script found headroom 5 and moved it, leaving none
+    assert (done.scripts, done.moved, done.fresh_moved) == (4, 35, 35)
+    assert (done.first.moved, done.first.reading.backlog, done.first.remaining) == (10, 0, 90)
+    assert done.last is not None and (done.last.moved, done.last.reading.backlog, done.last.headroom_left) == (5, 30, 0)
+    assert done.final is done.last and done.results() == [done.first, done.last]
+    assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(35)]
+    # the seqs 1..4 were used: seq 4 again is the recorded result, 5 goes on (and finds no headroom)
+    again = await publish_batch(
+        redis, KEYS, GROUP, token=token, seq=4, batch_size=10, threshold=35, owner="me", lease_ms=60_000
+    )
+    assert again.repeated and again.moved == 5
+    nxt = await rounds(redis, token, 5, threshold=35)
+    assert (nxt.scripts, nxt.moved, nxt.first.status, nxt.last) == (1, 0, PublishStatus.THROTTLED, None)
+
+
+async def test_stops_at_completion_max_tasks_and_max_scripts(redis: Redis) -> None:
+    token = await claimed(redis, 25)
+    capped = await rounds(redis, token, 1, max_tasks=13)
+    assert (capped.scripts, capped.moved, capped.final.moved) == (2, 13, 3)  # the second script's batch is what is left
+    few = await rounds(redis, token, 3, max_scripts=1)
+    assert (few.scripts, few.moved, few.last) == (1, 10, None)
+    rest = await rounds(redis, token, 4)
+    assert (rest.scripts, rest.moved, rest.final.status, rest.final.remaining) == (1, 2, PublishStatus.COMPLETED, 0)
+    assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(25)]
+
+
+async def test_the_time_bound_ends_the_rounds_after_the_first_script(redis: Redis) -> None:
+    token = await claimed(redis, 50)
+    once = await rounds(redis, token, 1, max_seconds=0.0)
+    assert (once.scripts, once.moved) == (1, 10)
+
+
+async def test_a_status_other_than_published_ends_them(redis: Redis) -> None:
+    token = await claimed(redis, 30)
+    await redis.set(KEYS.state, "paused")
+    paused = await rounds(redis, token, 1)
+    assert (paused.scripts, paused.moved, paused.first.status) == (1, 0, PublishStatus.PAUSED)
+    await redis.set(KEYS.state, "resuming")
+    resumed = await rounds(redis, token, 1)  # a paused publish writes no record: seq 1 moves
+    assert (resumed.scripts, resumed.moved, resumed.final.status) == (3, 30, PublishStatus.COMPLETED)
+
+
+async def test_a_fault_after_a_script_answered_ends_them_with_what_answered(redis: Redis) -> None:
+    token = await claimed(redis, 40)
+    calls = 0
+    real = redis.evalsha
+
+    async def evalsha(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise ConnectionError("connection reset")
+        return await real(*args, **kwargs)
+
+    redis.evalsha = evalsha  # type: ignore[method-assign]
+    try:
+        partial = await rounds(redis, token, 1)
+    finally:
+        redis.evalsha = real  # type: ignore[method-assign]
+    assert (partial.scripts, partial.moved) == (2, 20)
+    # the failed script (seq 3) never reached Redis: asked again, it moves the next batch
+    nxt = await rounds(redis, token, 3, max_scripts=1)
+    assert (nxt.moved, nxt.first.repeated) == (10, False)
+    assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(30)]
+
+
+async def test_a_fault_in_the_first_script_is_raised(redis: Redis) -> None:
+    await hold(redis, 5)
+    token = (await fencing.acquire_claim(redis, KEYS, "me", 60_000)).token
+    with pytest.raises(MissingConsumerGroupError):
+        await rounds(redis, token, 1, missing_group=MissingGroupPolicy.ERROR)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_scripts", 0, "max_scripts must be 1..10,000"),
+        ("max_seconds", float("nan"), "max_seconds must be finite"),
+        ("max_seconds", 61.0, "max_seconds must be finite, 0..60"),
+        ("max_tasks", 0, "max_tasks must be >= 1"),
+    ],
+)
+async def test_bad_bounds_are_refused_before_anything_is_sent(
+    redis: Redis, field: str, value: float, message: str
+) -> None:
+    token = await claimed(redis, 5)
+    with pytest.raises(ValueError, match=message):
+        await rounds(redis, token, 1, **{field: value})
+    assert await redis.xlen(KEYS.held) == 5 and await redis.xlen(KEYS.stream) == 0
