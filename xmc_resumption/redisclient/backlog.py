@@ -10,17 +10,14 @@ wrong after XDEL, XTRIM, XGROUP SETID and for groups created at ``$`` (see tests
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import math
-import time
 from collections.abc import Sequence
 
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import validate_name
-from xmc_resumption.redisclient.results import BacklogReading, DrainWait, GroupStatus, MissingGroupPolicy
+from xmc_resumption.redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy
 from xmc_resumption.redisclient.scripts import run_script
 
 log = logging.getLogger(__name__)
@@ -155,71 +152,3 @@ async def measure_backlog(
             extra={"stream": stream, "group": reading.missing_group},
         )
     return reading
-
-
-MAX_POLL_SECONDS = 60.0
-"""The longest bounded poll ``wait_for_drain`` takes (seconds): a poll runs inside one activity."""
-
-
-async def wait_for_drain(
-    client: RedisClient,
-    stream: str,
-    group: str,
-    threshold: int,
-    low_watermark: int,
-    *,
-    min_seconds: float,
-    max_seconds: float,
-    poll_seconds: float,
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
-    max_bytes: int = DEFAULT_BYTE_BUDGET,
-    groups: Sequence[str] | None = None,
-) -> DrainWait:
-    """Poll the backlog until it is at or below ``low_watermark``.
-
-    A short wait that reacts within ``poll_seconds`` instead of a durable timer's granularity.
-
-    Measures with ``measure_backlog`` (the same capped rule) every ``poll_seconds``; returns once
-    the backlog is at or below ``low_watermark`` with headroom (not ``bytes_capped``) and
-    ``min_seconds`` have passed, or once
-    ``max_seconds`` have passed, whichever comes first.
-
-    Args:
-        threshold: the throttle threshold (entries, >= 1): the cap of every reading.
-        low_watermark: the backlog to wait for (entries, 0 <= low_watermark < threshold).
-        min_seconds, max_seconds: bounds of the poll (seconds, 0 <= min <= max <= 60).
-        poll_seconds: the interval between readings (seconds, 0 < poll_seconds <= 1).
-        missing_group, max_bytes, groups: as ``measure_backlog``.
-
-    Raises:
-        ValueError: an argument out of its bounds (or not finite).
-        MissingConsumerGroupError, redis.exceptions.RedisError: as ``measure_backlog``.
-    """
-    validate_threshold(threshold)
-    if not 0 <= low_watermark < threshold:
-        raise ValueError(f"low_watermark must be in [0, threshold), got {low_watermark} for threshold {threshold}")
-    if not all(math.isfinite(x) for x in (min_seconds, max_seconds, poll_seconds)):
-        raise ValueError("min_seconds, max_seconds and poll_seconds must be finite")
-    if not 0 <= min_seconds <= max_seconds <= MAX_POLL_SECONDS:
-        raise ValueError(
-            f"need 0 <= min_seconds <= max_seconds <= {MAX_POLL_SECONDS:g}, got {min_seconds} and {max_seconds}"
-        )
-    if not 0 < poll_seconds <= 1:
-        raise ValueError(f"poll_seconds must be in (0, 1], got {poll_seconds}")
-    start = time.monotonic()
-    polls = largest_drop = 0
-    previous: BacklogReading | None = None
-    while True:
-        reading = await measure_backlog(client, stream, group, threshold, missing_group, max_bytes, groups)
-        now = time.monotonic()
-        polls += 1
-        if previous is not None and not reading.capped:  # a capped reading is only a lower bound
-            largest_drop = max(largest_drop, previous.backlog - reading.backlog)
-        previous = reading
-        elapsed = now - start
-        reached = reading.headroom > 0 and reading.backlog <= low_watermark
-        if (reached and elapsed >= min_seconds) or elapsed >= max_seconds:
-            break
-        until = min_seconds if reached else max_seconds
-        await asyncio.sleep(max(0.0, min(poll_seconds, until - elapsed)))
-    return DrainWait(reading=reading, reached=reached, seconds=elapsed, polls=polls, largest_drop=largest_drop)

@@ -1,0 +1,139 @@
+"""Drain polls sharing their readings (``redisclient.watch``) against a real redis-server: one reading serves every
+poll of a measurement, the headroom wakes the polls in turn, a fault fails them all, bounds are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from xmc_resumption.redisclient.watch import BacklogWatches
+
+STREAM, GROUP = "xmc-tasks-stream", "xmc-workers"
+
+
+async def backlog_of(redis: Redis, entries: int) -> None:
+    """A group at the stream's start with ``entries`` undelivered entries."""
+    await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    for i in range(entries):
+        await redis.xadd(STREAM, {"n": str(i)})
+
+
+def poll(watches: BacklogWatches, redis: Redis, low: int, **kw):  # type: ignore[no-untyped-def]
+    args = {"min_seconds": 0.0, "max_seconds": 1.0, "poll_seconds": 0.01} | kw
+    return watches.wait_for_drain(redis, STREAM, GROUP, 100, low, **args)
+
+
+async def test_one_reading_serves_every_poll_of_a_measurement(redis: Redis) -> None:
+    await backlog_of(redis, 80)
+    watches = BacklogWatches()
+    started = time.monotonic()
+    waits = await asyncio.gather(*(poll(watches, redis, 10, max_seconds=0.3, poll_seconds=0.02) for _ in range(20)))
+    elapsed = time.monotonic() - started
+    assert all(not w.reached and w.reading.backlog == 80 and w.seconds >= 0.3 for w in waits)
+    # every poll saw every reading; twenty polls on their own would have taken twenty times as many
+    assert {w.polls for w in waits} == {watches.readings}
+    assert elapsed / 0.02 * 0.5 <= watches.readings <= elapsed / 0.02 + 3
+    assert watches.polling() == 0
+
+
+async def test_polls_of_other_measurements_read_on_their_own(redis: Redis) -> None:
+    await backlog_of(redis, 30)
+    watches = BacklogWatches()
+    a, b = await asyncio.gather(
+        poll(watches, redis, 10, max_seconds=0.1),
+        watches.wait_for_drain(redis, STREAM, GROUP, 25, 10, min_seconds=0, max_seconds=0.1, poll_seconds=0.01),
+    )
+    assert (a.reading.threshold, a.reading.headroom, b.reading.threshold, b.reading.headroom) == (100, 70, 25, 0)
+    assert a.polls + b.polls == watches.readings
+
+
+async def test_the_headroom_wakes_the_polls_in_turn(redis: Redis) -> None:
+    await backlog_of(redis, 40)  # headroom 60 at threshold 100
+    watches = BacklogWatches()
+    waits = await asyncio.gather(*(poll(watches, redis, 50, take=30) for _ in range(5)))
+    # first come, first served while a reading's headroom lasts: 30 + 30 promised to the first two; the next
+    # reading (nobody published meanwhile) wakes the next two, the third the last
+    assert [w.polls for w in waits] == [1, 1, 2, 2, 3] and all(w.reached for w in waits)
+    assert watches.readings == 3
+
+
+async def test_a_poll_whose_turn_does_not_come_ends_at_its_bound(redis: Redis) -> None:
+    await backlog_of(redis, 40)
+    watches = BacklogWatches()
+
+    async def publisher() -> None:  # what the woken poll's replay does: publish its take
+        first = await asyncio.wait_for(asyncio.shield(woken), 1.0)
+        assert first.reached
+        for i in range(60):
+            await redis.xadd(STREAM, {"n": f"p{i}"})
+
+    woken = asyncio.ensure_future(poll(watches, redis, 50, take=60))
+    late, _ = await asyncio.gather(poll(watches, redis, 50, max_seconds=0.2, take=60), publisher())
+    assert (await woken).polls == 1
+    assert not late.reached and late.reading.backlog == 100 and late.seconds >= 0.2
+
+
+async def test_a_poll_that_takes_none_wakes_the_next_too(redis: Redis) -> None:
+    await backlog_of(redis, 40)
+    watches = BacklogWatches()
+    waits = await asyncio.gather(poll(watches, redis, 50, take=0), poll(watches, redis, 50))
+    assert all(w.reached and w.polls == 1 for w in waits)
+
+
+async def test_a_poll_sees_the_drain_and_its_largest_drop(redis: Redis) -> None:
+    await backlog_of(redis, 90)
+    watches = BacklogWatches()
+
+    async def consumer() -> None:
+        await asyncio.sleep(0.05)
+        await redis.xreadgroup(GROUP, "c", {STREAM: ">"}, count=60)  # pending now: still backlog
+        entries = await redis.xpending_range(STREAM, GROUP, "-", "+", 60)
+        await redis.xack(STREAM, GROUP, *[e["message_id"] for e in entries])
+
+    drained, _ = await asyncio.gather(poll(watches, redis, 40, min_seconds=0.1, poll_seconds=0.01), consumer())
+    assert drained.reached and drained.reading.backlog == 30 and drained.largest_drop == 60
+    assert drained.seconds >= 0.1  # reached early, but not before its least time
+
+
+async def test_a_fault_fails_every_poll_waiting(redis: Redis) -> None:
+    await redis.set(STREAM, "not a stream")
+    watches = BacklogWatches()
+    outcomes = await asyncio.gather(poll(watches, redis, 10), poll(watches, redis, 10), return_exceptions=True)
+    assert all(isinstance(o, ResponseError) and "WRONGTYPE" in str(o) for o in outcomes)
+    assert watches.polling() == 0
+
+
+async def test_a_cancelled_poll_leaves_its_watch(redis: Redis) -> None:
+    await backlog_of(redis, 80)
+    watches = BacklogWatches()
+    task = asyncio.create_task(poll(watches, redis, 10, max_seconds=5.0))
+    await asyncio.sleep(0.05)
+    assert watches.polling() == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert watches.polling() == 0
+    await asyncio.sleep(0.05)
+    readings = watches.readings
+    await asyncio.sleep(0.05)
+    assert watches.readings == readings  # nobody waits: nothing is read
+
+
+@pytest.mark.parametrize(
+    ("low", "kw", "message"),
+    [
+        (100, {}, r"low_watermark must be in \[0, threshold\)"),
+        (10, {"max_seconds": float("inf")}, "must be finite"),
+        (10, {"min_seconds": 2.0}, "need 0 <= min_seconds <= max_seconds <= 60"),
+        (10, {"max_seconds": 61.0}, "need 0 <= min_seconds <= max_seconds <= 60"),
+        (10, {"poll_seconds": 0.0}, r"poll_seconds must be in \(0, 1\]"),
+        (10, {"take": -1}, "take must be >= 0"),
+    ],
+)
+async def test_bad_arguments_are_refused(redis: Redis, low: int, kw: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        await poll(BacklogWatches(), redis, low, **kw)

@@ -1,0 +1,250 @@
+"""Drain polls that share their backlog readings: one reading per stream for every replay of a process.
+
+A replay that waits for the consumers to drain (the adaptive policy's short waits) polls the
+backlog until it falls to its low watermark. A worker runs many replays of one stream: polling
+each on its own would cost Redis one reading per replay per poll interval, so the cost of a
+replayed task would grow with the number of replays (docs/pacing.md, "Many replays on one worker").
+Here every poll of one measurement (stream, groups, threshold, missing-group policy, byte budget)
+waits on one ``_Watch``: a task that takes one reading (``backlog.measure_backlog``) as often as
+its most impatient waiter asks, and hands it to every waiter.
+
+The waiters also take turns. A reading at or below several waiters' low watermarks wakes them
+first come, first served, only while the headroom it shows is not yet promised to the ones woken
+before (each waiter says how much it means to publish, ``take``); the others wait for the next
+reading, which sees what the woken ones published. So the replays of a worker do not all wake at
+once to race for one headroom, most of them to find none. A waiter whose poll reaches its bound
+ends whatever the others do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, measure_backlog, validate_threshold
+from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.results import BacklogReading, DrainWait, MissingGroupPolicy
+
+MAX_POLL_SECONDS = 60.0
+"""The longest bounded poll ``BacklogWatches.wait_for_drain`` takes (seconds): a poll runs inside one activity."""
+
+
+
+@dataclass(frozen=True)
+class _Measurement:
+    """What one reading measures; polls of the same measurement share their readings."""
+
+    client: int
+    stream: str
+    group: str
+    groups: tuple[str, ...] | None
+    threshold: int
+    missing_group: MissingGroupPolicy
+    max_bytes: int
+
+
+@dataclass
+class _Waiter:
+    """One poll waiting on a watch (times on the monotonic clock, seconds)."""
+
+    low_watermark: int
+    take: int | None
+    started: float
+    min_until: float
+    max_until: float
+    poll_seconds: float
+    done: asyncio.Future[DrainWait]
+    polls: int = 0
+    largest_drop: int = 0
+    previous: BacklogReading | None = None
+    last_at: float = 0.0
+
+    def see(self, reading: BacklogReading, at: float) -> bool:
+        """Take one reading at ``at``; True when it is at or below the low watermark, with headroom."""
+        self.polls += 1
+        if self.previous is not None and not reading.capped:  # a capped reading is only a lower bound
+            self.largest_drop = max(self.largest_drop, self.previous.backlog - reading.backlog)
+        self.previous, self.last_at = reading, at
+        return reading.headroom > 0 and not reading.bytes_capped and reading.backlog <= self.low_watermark
+
+    def due(self) -> float:
+        """When this waiter wants its next reading: a poll interval after its last, or its next bound if sooner."""
+        reached = (
+            self.previous is not None and self.previous.headroom > 0 and (self.previous.backlog <= self.low_watermark)
+        )
+        until = self.min_until if reached and self.last_at < self.min_until else self.max_until
+        return min(self.last_at + self.poll_seconds, until)
+
+    def finish(self, reading: BacklogReading, reached: bool, at: float) -> None:
+        if not self.done.done():
+            self.done.set_result(
+                DrainWait(
+                    reading=reading,
+                    reached=reached,
+                    seconds=at - self.started,
+                    polls=self.polls,
+                    largest_drop=self.largest_drop,
+                )
+            )
+
+
+@dataclass
+class _Watch:
+    """The readings of one measurement, handed to its waiters by one task while any wait."""
+
+    measurement: _Measurement
+    client: RedisClient
+    waiters: list[_Waiter] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    async def read(self) -> BacklogReading:
+        m = self.measurement
+        return await measure_backlog(
+            self.client, m.stream, m.group, m.threshold, m.missing_group, m.max_bytes, m.groups
+        )
+
+    async def run(self, watches: BacklogWatches) -> None:
+        """Read and hand out readings until no waiter is left; a fault fails every waiter with it."""
+        while self.waiters:
+            self.arrived.clear()
+            try:
+                watches.readings += 1
+                reading = await self.read()
+            except Exception as err:  # every waiter's poll fails with it (the activity retries)
+                for waiter in self.waiters:
+                    if not waiter.done.done():
+                        waiter.done.set_exception(err)
+                self.waiters.clear()
+                return
+            now = time.monotonic()
+            self.hand_out(reading, now)
+            if not self.waiters:
+                return
+            pause = min(w.due() for w in self.waiters) - time.monotonic()
+            if pause > 0:
+                # a new waiter wants its first reading at once
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.arrived.wait(), timeout=pause)
+
+    def hand_out(self, reading: BacklogReading, at: float) -> None:
+        """Give ``reading`` (taken at ``at``) to every waiter, ending the polls it ends.
+
+        A waiter ends at its bound, or once the reading reaches its low watermark past its least
+        time, first come first served, while the reading's headroom is not yet promised to the
+        waiters it woke before (``take`` each; None: all of it).
+        """
+        promised = 0
+        for waiter in list(self.waiters):
+            if waiter.done.done():  # cancelled
+                self.waiters.remove(waiter)
+                continue
+            reached = waiter.see(reading, at)
+            over = at >= waiter.max_until
+            woken = reached and at >= waiter.min_until and promised < reading.headroom
+            if over or woken:
+                if woken:
+                    promised += reading.headroom if waiter.take is None else waiter.take
+                waiter.finish(reading, reached, at)
+                self.waiters.remove(waiter)
+
+
+class BacklogWatches:
+    """Every drain poll of one process (a worker's activities hold one), sharing readings per measurement."""
+
+    def __init__(self) -> None:
+        self._watches: dict[_Measurement, _Watch] = {}
+        self.readings = 0
+        """Backlog readings taken so far, by every watch."""
+
+    def polling(self) -> int:
+        """How many polls are waiting now."""
+        return sum(len(w.waiters) for w in self._watches.values())
+
+    async def wait_for_drain(
+        self,
+        client: RedisClient,
+        stream: str,
+        group: str,
+        threshold: int,
+        low_watermark: int,
+        *,
+        min_seconds: float,
+        max_seconds: float,
+        poll_seconds: float,
+        missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
+        max_bytes: int = DEFAULT_BYTE_BUDGET,
+        groups: Sequence[str] | None = None,
+        take: int | None = None,
+    ) -> DrainWait:
+        """Poll the backlog until it is at or below ``low_watermark``, sharing the readings.
+
+        The first reading is taken at once; then one at least every ``poll_seconds`` (more often
+        when another poll of the same measurement asks). Returns once a reading is at or below
+        ``low_watermark`` with headroom (not ``bytes_capped``), ``min_seconds`` have passed and
+        this poll's turn has come (see the module docstring), or once ``max_seconds`` have passed.
+
+        Args:
+            client: an asyncio Redis client; stream, group, groups, missing_group, max_bytes: as
+                ``backlog.measure_backlog``.
+            threshold: the throttle threshold (entries, >= 1): the cap of every reading.
+            low_watermark: the backlog to wait for (entries, 0 <= low_watermark < threshold).
+            min_seconds, max_seconds: bounds of the poll (seconds, 0 <= min <= max <= 60).
+            poll_seconds: the longest interval between two readings (seconds, 0 < poll_seconds <= 1).
+            take: how many entries the caller means to publish once woken (>= 0), so that one
+                reading wakes no more waiters than its headroom feeds; None: all of it.
+
+        Raises:
+            ValueError: an argument out of its bounds (or not finite).
+            MissingConsumerGroupError, redis.exceptions.RedisError: as ``measure_backlog`` (a
+                reading's fault fails every poll waiting for it).
+        """
+        validate_threshold(threshold)
+        if not 0 <= low_watermark < threshold:
+            raise ValueError(f"low_watermark must be in [0, threshold), got {low_watermark} for threshold {threshold}")
+        if not all(math.isfinite(x) for x in (min_seconds, max_seconds, poll_seconds)):
+            raise ValueError("min_seconds, max_seconds and poll_seconds must be finite")
+        if not 0 <= min_seconds <= max_seconds <= MAX_POLL_SECONDS:
+            raise ValueError(
+                f"need 0 <= min_seconds <= max_seconds <= {MAX_POLL_SECONDS:g}, got {min_seconds} and {max_seconds}"
+            )
+        if not 0 < poll_seconds <= 1:
+            raise ValueError(f"poll_seconds must be in (0, 1], got {poll_seconds}")
+        if take is not None and take < 0:
+            raise ValueError(f"take must be >= 0 entries or None, got {take}")
+        key = _Measurement(
+            id(client), stream, group, None if groups is None else tuple(groups), threshold, missing_group, max_bytes
+        )
+        watch = self._watches.get(key)
+        if watch is None:
+            watch = self._watches[key] = _Watch(key, client)
+        now = time.monotonic()
+        waiter = _Waiter(
+            low_watermark=low_watermark,
+            take=take,
+            started=now,
+            min_until=now + min_seconds,
+            max_until=now + max_seconds,
+            poll_seconds=poll_seconds,
+            done=asyncio.get_running_loop().create_future(),
+        )
+        watch.waiters.append(waiter)
+        watch.arrived.set()
+        if watch.task is None or watch.task.done():
+            watch.task = asyncio.create_task(self._run(watch))
+        try:
+            return await waiter.done
+        finally:
+            with contextlib.suppress(ValueError):  # cancelled: leave the watch (an ended poll has left it)
+                watch.waiters.remove(waiter)
+
+    async def _run(self, watch: _Watch) -> None:
+        try:
+            await watch.run(self)
+        finally:
+            if not watch.waiters and self._watches.get(watch.measurement) is watch:
+                del self._watches[watch.measurement]
