@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, MAX_GROUPS, MAX_POLL_SECONDS
+from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, MAX_GROUPS
 from xmc_resumption.redisclient.consumers import MAX_IDLE_LISTED, MAX_IDLE_MS
+from xmc_resumption.redisclient.publish import MAX_ROUNDS, MAX_ROUNDS_SECONDS
 from xmc_resumption.redisclient.results import MissingGroupPolicy
+from xmc_resumption.redisclient.watch import MAX_POLL_SECONDS
 
 
 class ExperimentRef(BaseModel):
@@ -67,7 +69,8 @@ class DrainWaitRequest(BaseModel):
     """Poll the backlog of ``ref``'s group until it is at or below ``low_watermark`` entries.
 
     The poll lasts at least ``min_seconds`` and at most ``max_seconds``, measuring every
-    ``poll_seconds`` (all seconds, finite; see ``redisclient.backlog.wait_for_drain``).
+    ``poll_seconds`` (all seconds, finite); ``take``: the entries the caller means to publish once woken (None: as
+    many as the headroom; see ``redisclient.watch.BacklogWatches.wait_for_drain``).
     """
 
     ref: ExperimentRef
@@ -78,6 +81,7 @@ class DrainWaitRequest(BaseModel):
     poll_seconds: float = Field(gt=0, le=1, allow_inf_nan=False)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
+    take: int | None = Field(default=None, ge=0)
 
 
 class PublishRequest(BaseModel):
@@ -98,6 +102,20 @@ class PublishRequest(BaseModel):
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
     max_memory_fraction: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     fair_share: bool = False
+
+
+class PublishRoundsRequest(PublishRequest):
+    """Publish in rounds under ``token`` from ``seq`` on (``redisclient.publish.publish_rounds``).
+
+    Each script moves at most ``batch_size``; all together at most ``max_tasks`` (None: no bound
+    but the headroom), in at most ``max_scripts`` scripts, none started once ``max_seconds`` have
+    passed (seconds, finite: also how long the call may run past one script, for the workflow's
+    task budget).
+    """
+
+    max_tasks: int | None = Field(default=None, ge=1)
+    max_scripts: int = Field(default=1, ge=1, le=MAX_ROUNDS)
+    max_seconds: float = Field(default=0.0, ge=0, le=MAX_ROUNDS_SECONDS, allow_inf_nan=False)
 
 
 class IdleConsumersRequest(BaseModel):

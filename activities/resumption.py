@@ -40,6 +40,7 @@ from xmc_resumption.activities.requests import (
     ExperimentRef,
     IdleConsumersRequest,
     PublishRequest,
+    PublishRoundsRequest,
     ReleaseRequest,
     SetAsideRequest,
 )
@@ -56,10 +57,12 @@ from xmc_resumption.redisclient.results import (
     DrainWait,
     IdleConsumer,
     PublishResult,
+    PublishRounds,
     PublishStatus,
     Release,
     SetAside,
 )
+from xmc_resumption.redisclient.watch import BacklogWatches
 
 TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, AskError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
@@ -197,10 +200,9 @@ class Counts:
         """Add 0 tasks moved: the series shows from a replay's first check on, not first at a move."""
         self._add(REPLAYED, "tasks moved into the task stream", 0, ref)
 
-    def moved(self, ref: ExperimentRef, result: PublishResult) -> None:
-        """Count the tasks a publish moved now (none for a recorded result returned again)."""
-        if result.moved > 0 and not result.repeated:
-            self._add(REPLAYED, "tasks moved into the task stream", result.moved, ref)
+    def moved(self, ref: ExperimentRef, tasks: int) -> None:
+        """Count ``tasks`` moved now by publishes (none of a recorded result returned again; 0 shows the series)."""
+        self._add(REPLAYED, "tasks moved into the task stream", max(0, tasks), ref)
 
     def released(self, ref: ExperimentRef, outcome: str, release: Release) -> None:
         """Count the resumption ended by a release done now (none for a repeated one or none at all)."""
@@ -223,6 +225,8 @@ class ResumptionActivities:
         self._redis = redis
         self.held = HeldRemaining(meter)
         self.counts = Counts(meter)
+        self.watches = BacklogWatches()
+        """The drain polls of this worker, sharing one backlog reading per measurement (``redisclient.watch``)."""
 
     @property
     def redis(self) -> RedisClient:
@@ -247,6 +251,7 @@ class ResumptionActivities:
             self.measure_backlog,
             self.wait_for_drain,
             self.publish_batch,
+            self.publish_rounds,
             self.idle_consumers,
             self.set_aside,
             self.release_claim,
@@ -299,12 +304,12 @@ class ResumptionActivities:
     async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
         """Poll the backlog until it falls to the low watermark.
 
-        Within the request's bounds (a short throttle wait of the adaptive policy; see
-        ``redisclient.backlog.wait_for_drain``).
+        Within the request's bounds (a short throttle wait of the adaptive policy), on the readings every poll of this
+        worker of the same measurement shares (``redisclient.watch.BacklogWatches.wait_for_drain``).
         """
         _keys(req.ref)
         async with _classified(self.redis):
-            return await backlog.wait_for_drain(
+            return await self.watches.wait_for_drain(
                 self.redis,
                 req.ref.stream,
                 req.ref.consumer_group,
@@ -316,6 +321,7 @@ class ResumptionActivities:
                 missing_group=req.missing_group,
                 max_bytes=req.max_bytes,
                 groups=req.ref.consumer_groups,
+                take=req.take,
             )
 
     @activity.defn
@@ -338,10 +344,40 @@ class ResumptionActivities:
                 fair_share=req.fair_share,
                 groups=req.ref.consumer_groups,
             )
+        self._published(req, result, 0 if result.repeated else result.moved)
+        return result
+
+    @activity.defn
+    async def publish_rounds(self, req: PublishRoundsRequest) -> PublishRounds:
+        """Move held tasks in rounds of atomic publishes while headroom is left (``publish.publish_rounds``)."""
+        async with _classified(self.redis):
+            rounds = await publish.publish_rounds(
+                self.redis,
+                _keys(req.ref),
+                req.ref.consumer_group,
+                token=req.token,
+                seq=req.seq,
+                batch_size=req.batch_size,
+                max_tasks=req.max_tasks,
+                max_scripts=req.max_scripts,
+                max_seconds=req.max_seconds,
+                threshold=req.threshold,
+                owner=req.owner,
+                lease_ms=req.lease_ms,
+                missing_group=req.missing_group,
+                max_bytes=req.max_bytes,
+                max_memory_fraction=req.max_memory_fraction,
+                fair_share=req.fair_share,
+                groups=req.ref.consumer_groups,
+            )
+        self._published(req, rounds.final, rounds.fresh_moved)
+        return rounds
+
+    def _published(self, req: PublishRequest, result: PublishResult, moved_now: int) -> None:
+        """Report a publish's held tasks left to the gauge and count the tasks it moved now."""
         fenced = result.status in (PublishStatus.FENCED, PublishStatus.FENCE_LOST, PublishStatus.RELEASED)
         self.held.report(req.ref, None if fenced else result.remaining, req.lease_ms)
-        self.counts.moved(req.ref, result)
-        return result
+        self.counts.moved(req.ref, moved_now)
 
     @activity.defn
     async def idle_consumers(self, req: IdleConsumersRequest) -> list[IdleConsumer]:

@@ -194,7 +194,7 @@ def test_resume_flags_take_the_models_defaults_and_bounds(xmc: Xmc) -> None:
         assert flag in text
     assert "claim_lease_seconds: the claim's lease" in " ".join(text.split())
     flat = " ".join(text.split())  # click wraps help to its column width
-    assert "[default: 120.0; 0<x<=604800.0]" in flat and "[default: 100; 1<=x<=10000]" in flat
+    assert "[default: 120.0; 0<x<=604800.0]" in flat and "[default: (automatic); 1<=x<=10000]" in flat
 
 
 async def test_a_long_claim_lease_lets_a_long_throttle_validate(redis: Redis, xmc: Xmc) -> None:

@@ -3,6 +3,7 @@ time-skipping test server against a real redis-server."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 
@@ -15,6 +16,7 @@ from tests.support.helpers import (
     STREAM,
     assert_checked_after_every_wait,
     assert_never_over,
+    consume,
     fill_backlog,
     hold_tasks,
     redis_calls,
@@ -80,7 +82,8 @@ async def test_raising_the_threshold_wakes_the_wait_and_the_replay_goes_on_under
     assert_checked_after_every_wait(calls)
     assert_never_over(calls, 25)
     publishes = [r for name, r in calls if name == "publish_batch"]
-    assert [p["moved"] for p in publishes] == [20]
+    # the publish right after the claim found no headroom (throttled); the one after the Update moved 20
+    assert [(p["status"], p["moved"]) for p in publishes] == [("throttled", 0), ("completed", 20)]
     types = await event_types(handle)
     # the timer was cancelled by the Update, not fired: the wait ended at once
     assert EventType.EVENT_TYPE_TIMER_CANCELED in types
@@ -144,11 +147,13 @@ async def test_the_pause_update_ends_the_run_paused_and_keeps_every_held_task(
 
 
 async def test_changed_settings_survive_continue_as_new(temporal_env, redis, redis_url, task_queue) -> None:
-    """Batch 1 and two turns per run: the change of batch size and policy is carried into the runs
-    that follow (it is part of the input continue-as-new passes on)."""
+    """Batch 1 and two turns per run: the change of threshold, batch size and policy is carried into the runs that
+    follow (it is part of the input continue-as-new passes on). A consumer that reads 4 tasks at a time after the
+    change keeps the replay turning: each refill is at most the threshold's headroom."""
     e = experiment()
     names = await hold_tasks(redis, e, 30)
     await fill_backlog(redis, 5)
+    stop, seen = asyncio.Event(), []
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
             temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5, batch_size=1, turns_per_run=2
@@ -156,14 +161,17 @@ async def test_changed_settings_survive_continue_as_new(temporal_env, redis, red
         await wait_for(handle, throttled)
         effective = await handle.execute_update(
             ResumptionWorkflow.configure,
-            ControlChange(max_backlog_threshold=40, batch_size=7, throttle_policy=ThrottlePolicy.ADAPTIVE),
+            ControlChange(max_backlog_threshold=12, batch_size=7, throttle_policy=ThrottlePolicy.ADAPTIVE),
         )
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=4, rate=40))
         result = await handle.result()
         progress = await handle.query(ResumptionWorkflow.progress)
-    assert (effective.max_backlog_threshold, effective.batch_size) == (40, 7)
+        stop.set()
+        await consumer
+    assert (effective.max_backlog_threshold, effective.batch_size) == (12, 7)
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 30)
     assert result.runs >= 3
-    assert (progress.threshold, progress.policy, progress.runs) == (40, ThrottlePolicy.ADAPTIVE, result.runs)
+    assert (progress.threshold, progress.policy, progress.runs) == (12, ThrottlePolicy.ADAPTIVE, result.runs)
     assert (await stream_tasks(redis))[5:] == names
     # the last run's publishes moved 7 at most (its own history: only the last run's events)
     moved = [r["moved"] for name, r in await redis_calls(handle) if name == "publish_batch"]

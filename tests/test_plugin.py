@@ -54,6 +54,7 @@ ACTIVITIES = [
     "measure_backlog",
     "wait_for_drain",
     "publish_batch",
+    "publish_rounds",
     "idle_consumers",
     "set_aside",
     "release_claim",

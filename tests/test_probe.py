@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from xmc_resumption.workflows.throttle import MAX_RATE, STOPPED_POLL_SECONDS, Pacer, WaitKind
+from xmc_resumption.workflows.throttle import MAX_RATE, POLL_LIMIT_SECONDS, STOPPED_POLL_SECONDS, Pacer, WaitKind
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 THRESHOLD = 500
@@ -39,6 +39,8 @@ class Sim:
     credit: float = 0.0
     next_tick: float = 0.0
     waits: list[WaitKind] = field(default_factory=list)
+    change: tuple[float, float] | None = None
+    """(when, rate): the consumers' rate changes at that time, in the middle of whatever the replay does."""
 
     def __post_init__(self) -> None:
         self.pacer.observe(self.backlog, self.backlog, False, self.at())  # the publish that filled the stream
@@ -51,6 +53,8 @@ class Sim:
         while self.t < end - 1e-12:
             dt = min(STEP, end - self.t)
             self.t += dt
+            if self.change is not None and self.t >= self.change[0]:
+                self.rate, self.change = self.change[1], None
             if self.rate <= 0:
                 continue
             if self.burst:
@@ -101,9 +105,16 @@ class Sim:
         return (self.starved - start_starved) / (self.t - start_t)
 
 
-def pacer(probing: bool, rate: float | None = None) -> Pacer:
+def pacer(probing: bool, rate: float | None = None, sliced: bool = False, min_wait: float = 0.0) -> Pacer:
     return Pacer(
-        adaptive=True, threshold=THRESHOLD, throttle_seconds=10, min_wait=0.0, max_wait=10.0, rate=rate, probing=probing
+        adaptive=True,
+        threshold=THRESHOLD,
+        throttle_seconds=10,
+        min_wait=min_wait,
+        max_wait=10.0,
+        rate=rate,
+        probing=probing,
+        sliced=sliced,
     )
 
 
@@ -204,3 +215,37 @@ def test_probing_never_overshoots(burst: int) -> None:
         assert 0 <= plan.seconds <= 10.0 and 0 <= plan.low_watermark < THRESHOLD
     assert sim.pacer.rate is not None and sim.pacer.rate <= MAX_RATE
     assert sim.pacer.burst <= THRESHOLD
+
+
+@pytest.mark.parametrize("sliced", [True, False])
+def test_a_speed_up_in_the_middle_of_a_long_wait_is_seen_within_a_poll(sliced: bool) -> None:
+    """At 200/s a wait is about 2.3 s: a durable timer without the slices of patch ``publish-rounds``, which
+    consumers ten times faster find the stream empty for; polled in slices, the speed-up ends the slice within a
+    poll interval and the next waits follow the new pace."""
+    sim = Sim(pacer(True, sliced=sliced), rate=200.0)
+    sim.run(5.0)
+    assert sim.waits[-1] is (WaitKind.POLL if sliced else WaitKind.TIMER)
+    sim.change = (sim.t + 0.3, 2_000.0)
+    starved = sim.run(3.0)
+    if sliced:
+        assert starved < 0.05 and set(sim.waits) == {WaitKind.POLL}
+    else:
+        assert starved > 0.1
+
+
+def test_slices_are_for_consumers_that_drain() -> None:
+    """A long wait is a slice of ``POLL_LIMIT_SECONDS`` only while the consumers drain: nobody drained yet, a stop
+    past ``STOPPED_POLL_SECONDS`` and a ``min_wait_seconds`` over the poll limit sleep on a durable timer."""
+    slow = pacer(True, rate=50.0, sliced=True)
+    plan = slow.plan(THRESHOLD, T0)
+    assert (plan.kind, plan.seconds, plan.poll_seconds) == (WaitKind.POLL, POLL_LIMIT_SECONDS, 0.05)
+    assert pacer(True, rate=50.0).plan(THRESHOLD, T0).kind is WaitKind.TIMER  # runs recorded before the patch
+    assert pacer(True, rate=50.0, sliced=True, min_wait=3.0).plan(THRESHOLD, T0).kind is WaitKind.TIMER
+    nobody = Sim(pacer(True, sliced=True), rate=0.0)
+    nobody.run(5.0)
+    assert nobody.pacer.plan(THRESHOLD, nobody.at()).kind is WaitKind.TIMER
+    stopped = Sim(pacer(True, sliced=True))
+    stopped.run(3.0)
+    stopped.rate = 0.0
+    stopped.run(STOPPED_POLL_SECONDS + 15)
+    assert stopped.waits[-1] is WaitKind.TIMER and WaitKind.POLL in stopped.waits[-20:]

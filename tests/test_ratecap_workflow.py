@@ -17,7 +17,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from tests.support.helpers import GROUP, STREAM, consume, hold_tasks, redis_calls, resumption_worker, start, wait_for
 from xmc_resumption.redisclient import ratecap
 from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
-from xmc_resumption.workflows.models import Outcome, Phase, ResumptionInput, ThrottlePolicy
+from xmc_resumption.workflows.models import AUTO_BATCH_SIZE, Outcome, Phase, ResumptionInput, ThrottlePolicy
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 from xmc_resumption.workflows.waits import RATE_CAP
 
@@ -98,7 +98,7 @@ async def test_an_update_changes_the_cap_live(temporal_env, redis, redis_url, ta
         effective = await handle.execute_update(ResumptionWorkflow.set_max_tasks_per_second, 0.2)
         assert effective == EffectiveSettings(
             max_backlog_threshold=500,
-            batch_size=100,
+            batch_size=AUTO_BATCH_SIZE,  # the input left it out: the automatic batch
             throttle_seconds=10.0,
             throttle_policy=ThrottlePolicy.FIXED,
             max_tasks_per_second=0.2,

@@ -87,30 +87,36 @@ async def test_exactly_once_in_order_with_consumers_and_producers(temporal_env, 
 
 
 async def test_continue_as_new_carries_token_and_counters(temporal_env, redis, redis_url, task_queue) -> None:
+    """30 tasks at threshold 4 (a publish moves 4 at most) and two turns a run, against a consumer: the chain of runs
+    goes on with the first run's token and counters."""
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 30)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    async with resumption_worker(temporal_env.client, task_queue, redis_url):
-        handle = await start(temporal_env.client, task_queue, experiment_id=e, batch_size=4, turns_per_run=2)
-        result = await asyncio.wait_for(handle.result(), 60)
-        histories = await chain_histories(temporal_env.client, handle)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+    try:
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
+            handle = await start(
+                temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=4, batch_size=4, turns_per_run=2
+            )
+            result = await asyncio.wait_for(handle.result(), 60)
+            histories = await chain_histories(temporal_env.client, handle)
+    finally:
+        stop.set()
+        await consumer
     kinds = [[k for k, _ in history_calls(h)] for h in histories]
-    # 30 tasks at 4 a turn: 8 publishing turns, 2 turns a run
-    assert (result.outcome, result.replayed, result.turns, result.runs, result.token) == (
-        Outcome.COMPLETED,
-        30,
-        8,
-        4,
-        1,
-    )
+    # 30 tasks at 4 a publish: at least 8 turns, 2 a run
+    assert (result.outcome, result.replayed, result.token) == (Outcome.COMPLETED, 30, 1)
+    assert result.turns >= 8 and result.runs == len(histories) and result.turns <= 2 * result.runs
+    assert seen == names
     assert await stream_tasks(redis) == names
-    assert len(histories) == 4
+    assert len(histories) >= 4
     ends = [h.events[-1].event_type for h in histories]
-    assert ends == [EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW] * 3 + [
+    assert ends == [EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW] * (len(histories) - 1) + [
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
     ]
     # one claim for the whole resumption: later runs go on with the carried token, acquiring nothing
-    assert [k.count("acquire_claim") for k in kinds] == [1, 0, 0, 0]
+    assert [k.count("acquire_claim") for k in kinds] == [1] + [0] * (len(histories) - 1)
     keys = ExperimentKeys(STREAM, e)
     assert await fencing.current_token(redis, keys) == 2  # token 1 issued, then revoked by the release
     assert len(await redis.lrange(keys.acquire_log, 0, -1)) == 1

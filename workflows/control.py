@@ -137,8 +137,10 @@ class EffectiveSettings(BaseModel):
     """What every control Update returns: the settings the replay runs with from now on.
 
     Attributes:
-        max_backlog_threshold, batch_size, throttle_seconds, throttle_policy, max_tasks_per_second:
-            as in ``ResumptionInput``.
+        max_backlog_threshold, throttle_seconds, throttle_policy, max_tasks_per_second: as in
+            ``ResumptionInput``.
+        batch_size: the batch in use (entries): the input's, or the automatic one
+            (``RunState.batch_size``).
         stopping: True once ``pause`` was accepted: the run ends ``paused`` at its next turn.
     """
 
@@ -150,11 +152,11 @@ class EffectiveSettings(BaseModel):
     max_tasks_per_second: float | None = None
 
     @classmethod
-    def of(cls, inp: ResumptionInput, *, stopping: bool) -> EffectiveSettings:
-        """The effective settings of input ``inp``."""
+    def of(cls, inp: ResumptionInput, *, batch_size: int, stopping: bool) -> EffectiveSettings:
+        """The effective settings of input ``inp``, whose batch in use is ``batch_size`` (entries)."""
         return cls(
             max_backlog_threshold=inp.max_backlog_threshold,
-            batch_size=inp.batch_size,
+            batch_size=batch_size,
             throttle_seconds=inp.throttle_seconds,
             throttle_policy=inp.throttle_policy,
             stopping=stopping,

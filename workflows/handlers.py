@@ -111,7 +111,7 @@ class ControlHandlers:
         self._state.stopping = self._state.wake = self._state.progress.stopping = True
         workflow.logger.info("pause requested", extra={"experiment_id": self._state.input.experiment_id})
         self._set_phase(self._state.progress.phase)
-        return EffectiveSettings.of(self._state.input, stopping=True)
+        return EffectiveSettings.of(self._state.input, batch_size=self._state.batch_size, stopping=True)
 
     @pause.validator
     def _check_pause(self, *args: Any) -> None:
@@ -147,7 +147,7 @@ class ControlHandlers:
             extra={"experiment_id": inp.experiment_id, **change.model_dump(mode="json", exclude_none=True)},
         )
         self._set_phase(self._state.progress.phase)
-        return EffectiveSettings.of(inp, stopping=self._state.stopping)
+        return EffectiveSettings.of(inp, batch_size=self._state.batch_size, stopping=self._state.stopping)
 
     @workflow.query
     def progress(self) -> Progress:

@@ -113,6 +113,19 @@ class Carry(BaseModel):
     rate_bucket: TaskBucket | None = None
 
 
+MAX_BATCH_SIZE = 10_000
+"""The largest ``batch_size`` accepted (entries)."""
+
+AUTO_BATCH_SIZE = 1_000
+"""The batch of a replay whose input leaves ``batch_size`` out (entries): large enough that one script fills the
+default threshold's headroom, small enough that a script of small tasks stays near a millisecond of Redis time (the
+byte budget bounds large tasks); docs/pacing.md, "The loop's own cost"."""
+
+LEGACY_BATCH_SIZE = 100
+"""The batch of runs started before patch ``publish-rounds`` whose input left ``batch_size`` out (entries): the
+default then."""
+
+
 class ResumptionInput(BaseModel):
     """Input of ``ResumptionWorkflow``; only ``experiment_id`` is required. Unknown fields are errors.
 
@@ -129,7 +142,11 @@ class ResumptionInput(BaseModel):
             each measurement, so a group created during the replay bounds it from then on. The
             replay waits while the largest backlog among them is at the threshold; the progress
             names the group that holds it back (``limiting_group``; docs/memory.md).
-        batch_size: the most tasks one publish moves (entries, 1..10,000).
+        batch_size: the most tasks one publish script moves (entries, 1..10,000); None (the
+            default): automatic, ``AUTO_BATCH_SIZE`` (runs started before patch ``publish-rounds``
+            without the field keep ``LEGACY_BATCH_SIZE``). Either way a publish moves at most the
+            headroom, in as many scripts as the batch and the byte budget need (docs/pacing.md,
+            "The loop's own cost").
         max_backlog_threshold: at or above this backlog (entries) the replay waits; at most
             100,000, since counting the lag reads up to this many entries inside a Lua script,
             which blocks Redis while it runs.
@@ -187,7 +204,7 @@ class ResumptionInput(BaseModel):
     stream: str = Field(default=DEFAULT_STREAM, min_length=1, max_length=MAX_NAME_LENGTH)
     consumer_group: str = Field(default=DEFAULT_GROUP, min_length=1, max_length=MAX_NAME_LENGTH)
     consumer_groups: list[str] | None = Field(default=None, min_length=1, max_length=MAX_GROUPS)
-    batch_size: int = Field(default=100, ge=1, le=10_000, strict=True)
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE, strict=True)
     max_backlog_threshold: int = Field(default=500, ge=1, le=100_000, strict=True)
     throttle_seconds: float = Field(default=10.0, gt=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False, strict=True)
     throttle_policy: ThrottlePolicy = ThrottlePolicy.ADAPTIVE
@@ -273,7 +290,7 @@ class ResumptionInput(BaseModel):
             f"Replays the held tasks of **{self.experiment_id}** into `{self.stream}`, throttled by the "
             f"largest backlog of {self.groups_text()} (group `{self.consumer_group}` must exist).\n\n"
             f"- threshold: {self.max_backlog_threshold} entries (waits at or above it)\n"
-            f"- batch: up to {self.batch_size} tasks per publish\n"
+            f"- batch: {self._batch_text()}\n"
             f"- pacing: {self._pacing_text()}; claim lease: {self.claim_lease_seconds:g} s\n"
             f"- stalled after {self.stall_window_seconds:g} s without the backlog going down"
             + (f"; ends the run after {self.max_stall_seconds:g} s" if self.max_stall_seconds else "")
@@ -281,6 +298,11 @@ class ResumptionInput(BaseModel):
             f"- missing consumer group: {self.missing_group.value}; continue-as-new every {self.turns_per_run} turns"
             + (f"\n- rate cap: {self.max_tasks_per_second:g} tasks/s" if self.max_tasks_per_second else "")
         )
+
+    def _batch_text(self) -> str:
+        if self.batch_size is None:
+            return f"automatic, up to {AUTO_BATCH_SIZE} tasks per script"
+        return f"up to {self.batch_size} tasks per script"
 
     def _pacing_text(self) -> str:
         if self.throttle_policy is ThrottlePolicy.FIXED:

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         CheckRequest,
         ExperimentRef,
         PublishRequest,
+        PublishRoundsRequest,
         SetAsideRequest,
     )
     from xmc_resumption.activities.resumption import ResumptionActivities
@@ -87,6 +88,23 @@ leaves ``throttle_policy`` out (``RunState.start_pacing``): the adaptive estimat
 and probes upwards, and ``adaptive`` as the default. Runs recorded before it keep the old estimator,
 and an input without the field keeps ``fixed``."""
 
+PUBLISH_ROUNDS = "publish-rounds"
+"""``workflow.patched`` ID of issue 17's loop, asked once as every run begins (``RunState.rounds``): a publish
+is one call of several scripts while headroom is left (``publish_rounds``), the claim and every check are followed by
+the publish with no measurement between (the script measures, atomically with its move), the batch is automatic when
+the input leaves it out, and an adaptive wait while the consumers drain is polled in slices instead of slept.
+Runs recorded before it replay on the old loop."""
+
+ROUNDS_LOCAL_SECONDS = 0.1
+"""How long one ``publish_rounds`` call run as a local activity may start scripts for (seconds)."""
+
+ROUNDS_SECONDS = 0.5
+"""How long one run as a regular activity may (seconds): it does not hold the workflow task open, so a query is
+answered meanwhile; a pause Update is taken once it returns."""
+
+MAX_SCRIPTS_PER_CALL = 1_000
+"""The most publish scripts one ``publish_rounds`` call runs (its time bound usually ends it first)."""
+
 STALL_COUNTS_EVERY_WAIT = "stall-counts-every-wait"
 """``workflow.patched`` ID of the stall rule that every wait the operator did not ask for (backlog,
 missing group, Redis memory) counts against ``max_stall_seconds``: a memory wait no longer starts
@@ -115,6 +133,8 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         """The fleet view's upserts (not carried: each run shows itself afresh)."""
         self.task_budget = TaskBudget()
         """How long the current workflow task has been open: ``call`` keeps it short, for queries."""
+        # here, not in ``run``: an Update delivered with the start is handled before ``run`` begins
+        self._state.start_rounds(workflow.patched(PUBLISH_ROUNDS))
 
     @workflow.run
     async def run(self, inp: ResumptionInput) -> ResumptionResult:
@@ -225,6 +245,8 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         )
         if grant.held == 0 and grant.previous_state is ExperimentState.RUNNING:
             self._state.nothing_held = True
+        elif self._state.rounds:
+            self._state.publish_next = True  # the claim checked the state; the publish checks it all again
 
     async def _stop(self) -> ResumptionResult:
         """The ``pause`` Update: release the claim, experiment back to paused, held tasks kept."""
@@ -246,6 +268,8 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         ended = await self._check()
         if ended is not None:
             return ended
+        if self._state.rounds:
+            return await self._publish()  # the script measures the backlog, in the same step as its move
         reading = await self._measure()
         if self._waits_for_group(reading.status):
             if self._state.progress.remaining == 0:
@@ -330,13 +354,14 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         self._metrics.backlog.set(reading.backlog + moved)
 
     async def _publish(self) -> ResumptionResult | None:
-        """Step 4: publish the next batch through the atomic script.
+        """Step 4: publish the next batch through the atomic script (in rounds, with patch ``publish-rounds``).
 
         Returns the result when the resumption ends (completed, paused, fenced, or stalled during the wait that
         follows).
         """
         inp, p = self._state.input, self._state.progress
-        batch, cap = inp.batch_size, inp.max_tasks_per_second
+        batch, cap = self._state.batch_size, inp.max_tasks_per_second
+        allowed: int | None = None
         if cap is not None:
             allowed = self._state.bucket.allowance(cap, workflow.now())
             if allowed < 1:
@@ -348,45 +373,75 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         # the seq moves on only once a publish has answered: a publish that failed after its script
         # ran in Redis is asked again with the same seq, and returns its recorded result
         seq = self._state.seq + 1
-        result = await call(
-            ResumptionActivities.publish_batch,
-            PublishRequest(
-                ref=self._ref,
-                token=self._state.token,
-                seq=seq,
-                batch_size=batch,
-                threshold=inp.max_backlog_threshold,
-                owner=self._state.owner,
-                lease_ms=inp.lease_ms,
-                missing_group=inp.missing_group,
-                max_bytes=inp.max_bytes_per_call,
-                max_memory_fraction=inp.max_memory_fraction,
-                fair_share=inp.fair_share,
-            ),
-            summary=f"publish up to {min(batch, p.remaining or batch)} tasks",
+        request = PublishRequest(
+            ref=self._ref,
+            token=self._state.token,
+            seq=seq,
+            batch_size=batch,
+            threshold=inp.max_backlog_threshold,
+            owner=self._state.owner,
+            lease_ms=inp.lease_ms,
+            missing_group=inp.missing_group,
+            max_bytes=inp.max_bytes_per_call,
+            max_memory_fraction=inp.max_memory_fraction,
+            fair_share=inp.fair_share,
         )
-        self._state.seq = seq
+        if self._state.rounds:
+            results, moved = await self._publish_rounds(request, allowed)
+        else:
+            result = await call(
+                ResumptionActivities.publish_batch,
+                request,
+                summary=f"publish up to {min(batch, p.remaining or batch)} tasks",
+            )
+            self._state.seq = seq
+            results, moved = [result], result.moved
         self._state.leased(workflow.now())
         if cap is not None:
-            self._state.bucket.take(result.moved)
-        p.stream_rate_limit = result.rate_limit or None
-        self._state.count(result)  # Redis's count (the metric is the activity's: activities/metrics.py)
-        if result.status in (
-            PublishStatus.PUBLISHED,
-            PublishStatus.COMPLETED,
-            PublishStatus.THROTTLED,
-            PublishStatus.MEMORY,
-            PublishStatus.WAITING_FOR_GROUP,
-            PublishStatus.RATE_LIMITED,
-        ):
-            # the script measured the backlog before its move
-            self._observe(result.reading, result.moved)
-        if result.moved:
+            self._state.bucket.take(moved)
+        for result in results:
+            p.stream_rate_limit = result.rate_limit or None
+            self._state.count(result)  # Redis's count (the metric is the activity's: activities/metrics.py)
+            if result.status in (
+                PublishStatus.PUBLISHED,
+                PublishStatus.COMPLETED,
+                PublishStatus.THROTTLED,
+                PublishStatus.MEMORY,
+                PublishStatus.WAITING_FOR_GROUP,
+                PublishStatus.RATE_LIMITED,
+            ):
+                # the script measured the backlog before its move
+                self._observe(result.reading, result.moved)
+        if moved:
             p.throttles_in_a_row = 0
             self._state.pacer.published(workflow.now())
-        if result.poison_id:
-            await self._set_aside(result.poison_id)
-        return await self._after_publish(result, seq)
+        last = results[-1]
+        if last.poison_id:
+            await self._set_aside(last.poison_id)
+        return await self._after_publish(last, self._state.seq)
+
+    async def _publish_rounds(self, request: PublishRequest, allowed: int | None) -> tuple[list[PublishResult], int]:
+        """Publish in rounds (``publish_rounds``) from the request's seq; returns the results to fold and tasks moved.
+
+        At most ``allowed`` tasks in all (the replay's own rate cap; None: no bound but the headroom). The call is a
+        local activity that starts scripts for ``ROUNDS_LOCAL_SECONDS`` while the workflow task's budget allows it,
+        else a regular activity that may for ``ROUNDS_SECONDS``. The seq moves on past every script that answered.
+        """
+        remote = self.task_budget.passed_by(ROUNDS_LOCAL_SECONDS)
+        left = self._state.progress.remaining
+        most = min(x for x in (allowed, left, request.threshold) if x is not None)
+        rounds = await call(
+            ResumptionActivities.publish_rounds,
+            PublishRoundsRequest(
+                **request.model_dump(),
+                max_tasks=allowed,
+                max_scripts=MAX_SCRIPTS_PER_CALL,
+                max_seconds=ROUNDS_SECONDS if remote else ROUNDS_LOCAL_SECONDS,
+            ),
+            summary=f"publish up to {most} tasks, {request.batch_size} a script",
+        )
+        self._state.seq = request.seq + rounds.scripts - 1
+        return rounds.results(), rounds.moved
 
     async def _set_aside(self, entry_id: str) -> None:
         """Move a held task that stopped the publish into the experiment's dead-letter stream.

@@ -27,7 +27,16 @@ from xmc_resumption.redisclient.results import (
 )
 from xmc_resumption.workflows.control import INVALID_CONTROL, RESUMPTION_ENDING, ControlChange, InvalidControlError
 from xmc_resumption.workflows.eta import NetRate, eta_seconds
-from xmc_resumption.workflows.models import Carry, Outcome, Progress, ResumptionInput, ResumptionResult, ThrottlePolicy
+from xmc_resumption.workflows.models import (
+    AUTO_BATCH_SIZE,
+    LEGACY_BATCH_SIZE,
+    Carry,
+    Outcome,
+    Progress,
+    ResumptionInput,
+    ResumptionResult,
+    ThrottlePolicy,
+)
 from xmc_resumption.workflows.ratecap import TaskBucket
 from xmc_resumption.workflows.throttle import Pacer, StallWatch
 
@@ -62,6 +71,7 @@ class RunState:
             activity (a release done now, or recorded before), so the workflow does not count it.
         lease_until: when the claim's lease lapses at the latest, as of the last call that
             extended it (``leased``; workflow time, UTC); None before one in this run.
+        rounds: the loop of patch ``publish-rounds`` (``start_rounds``).
     """
 
     input: ResumptionInput
@@ -84,6 +94,7 @@ class RunState:
     idle_read_at: datetime | None = None
     outcome_counted: bool = False
     lease_until: datetime | None = None
+    rounds: bool = False
 
     @classmethod
     def of(cls, inp: ResumptionInput) -> RunState:
@@ -171,6 +182,24 @@ class RunState:
             self.input = self.input.model_copy(update={"throttle_policy": ThrottlePolicy.FIXED})
             self.pacer.adaptive, self.pacer.max_wait = False, self.input.longest_wait_seconds
             self.progress.policy = ThrottlePolicy.FIXED
+
+    def start_rounds(self, patched: bool) -> None:
+        """Take the loop of patch ``publish-rounds`` when ``patched``: rounds, poll slices, the automatic batch.
+
+        Without it (runs recorded before), the loop those runs recorded: one script a publish, a measurement
+        before it, and a batch of ``LEGACY_BATCH_SIZE`` when the input left the batch out.
+        """
+        self.rounds = self.pacer.sliced = patched
+
+    @property
+    def batch_size(self) -> int:
+        """The most tasks one publish script moves (entries): the input's, else the automatic batch.
+
+        ``AUTO_BATCH_SIZE`` with patch ``publish-rounds``, ``LEGACY_BATCH_SIZE`` (the old default) without.
+        """
+        if self.input.batch_size is not None:
+            return self.input.batch_size
+        return AUTO_BATCH_SIZE if self.rounds else LEGACY_BATCH_SIZE
 
     def leased(self, now: datetime) -> None:
         """Extend the claim's lease after a call answered at workflow time ``now``.

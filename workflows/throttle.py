@@ -162,6 +162,9 @@ class Pacer:
         probing: the estimator of patch ``pacing-probe`` (``_fold_probing``): learns bursts,
             probes upwards after a wait that ended with the stream empty, and polls through a stop.
             False: the estimator runs that started before it recorded (``_fold``), kept for them.
+        sliced: patch ``publish-rounds``: a wait longer than ``POLL_LIMIT_SECONDS`` while the
+            consumers drain is a poll of ``POLL_LIMIT_SECONDS`` (the next turn plans again), not a
+            durable timer, so a change of the consumers is seen within a poll interval.
     """
 
     adaptive: bool
@@ -173,6 +176,7 @@ class Pacer:
     reaction: float | None = None
     burst: int = 0
     probing: bool = False
+    sliced: bool = False
     _last: tuple[int, datetime] | None = field(default=None, init=False, repr=False)
     _in_wait: bool = field(default=False, init=False, repr=False)
     _stopped_since: datetime | None = field(default=None, init=False, repr=False)
@@ -309,6 +313,7 @@ class Pacer:
         longest = max(self.max_wait, WAIT_FLOOR_SECONDS)
         low = self.low_watermark or 0
         since = self._stopped_since if self.probing else None
+        draining = False
         if since is not None and (at - since).total_seconds() >= STOPPED_POLL_SECONDS:
             expected = longest
         elif self.rate is None or since is not None:
@@ -318,9 +323,10 @@ class Pacer:
             expected = longest
         else:
             expected = _clamp((backlog - low) / self.rate, self.min_wait, longest)
-        if expected <= POLL_LIMIT_SECONDS:
+            draining = self.sliced and self.min_wait <= POLL_LIMIT_SECONDS
+        if expected <= POLL_LIMIT_SECONDS or draining:
             bound = min(longest, POLL_LIMIT_SECONDS)
-            poll = _clamp(expected / 10, *POLL_INTERVAL_BOUNDS)
+            poll = _clamp(min(expected, bound) / 10, *POLL_INTERVAL_BOUNDS)
             return WaitPlan(WaitKind.POLL, bound, min(self.min_wait, bound), low, poll)
         timer = max(self.min_wait, expected - TIMER_GRANULARITY_SECONDS) if expected < longest else expected
         return WaitPlan.timer(timer)

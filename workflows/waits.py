@@ -178,6 +178,8 @@ class Waits:
                 poll_seconds=plan.poll_seconds,
                 missing_group=inp.missing_group,
                 max_bytes=inp.max_bytes_per_call,
+                # the poll's turn among the polls of its worker comes when the headroom feeds it
+                take=self._state.progress.remaining if self._state.rounds else None,
             ),
             summary=f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}",
             start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),

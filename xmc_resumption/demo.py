@@ -59,14 +59,14 @@ class DemoOptions:
     """Knobs of the demo.
 
     Tasks (entries), consumer rate (tasks per second, all consumers), threshold (entries), batch
-    (entries), throttle wait (seconds), linger (seconds to keep the services up at the end for the web UI).
+    (entries; None: automatic), throttle wait (seconds), linger (seconds to keep the services up at the end for the web UI).
     """
 
     tasks: int = 5_000
     consumers: int = 4
     rate: float = 400.0
     threshold: int = ResumptionInput.model_fields["max_backlog_threshold"].default
-    batch: int = ResumptionInput.model_fields["batch_size"].default
+    batch: int | None = ResumptionInput.model_fields["batch_size"].default
     throttle_seconds: float = 2.0
     """The demo's own: shorter than ``ResumptionInput``'s, so that its waits show in a short run."""
     policy: str = ResumptionInput.model_fields["throttle_policy"].default.value
@@ -149,7 +149,7 @@ async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> 
         handle = await start_resumption(client, inp, settings.task_queue)
         print(
             f"started workflow {handle.id} on task queue {settings.task_queue} "
-            f"(threshold {opts.threshold}, batch {opts.batch}, {opts.policy} throttle {opts.throttle_seconds:g} s, "
+            f"(threshold {opts.threshold}, batch {opts.batch or 'automatic'}, {opts.policy} throttle {opts.throttle_seconds:g} s, "
             f"consumers {opts.rate:g} tasks/s)"
         )
         result_task: asyncio.Task[ResumptionResult] = asyncio.create_task(handle.result())

@@ -169,7 +169,9 @@ or ("timer", seconds)."""
 def history_calls(history: WorkflowHistory) -> list[Call]:
     """Every local activity, regular activity (a call past the workflow task's budget,
     ``workflows/calls.py``) and durable timer of one run's history, in order (a regular activity
-    where it completed; one that failed for good shows with result None)."""
+    where it completed; one that failed for good shows with result None). A ``publish_rounds`` call reads as the
+    ``publish_batch`` results of its first script and, when more ran, its last (every script between them
+    published and left headroom); the last carries the call's ``rounds`` (its scripts, tasks moved)."""
     calls: list[Call] = []
     scheduled: dict[int, str] = {}
     for e in history.events:
@@ -178,7 +180,7 @@ def history_calls(history: WorkflowHistory) -> list[Call]:
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             done = e.activity_task_completed_event_attributes
             payloads = done.result.payloads
-            calls.append((scheduled[done.scheduled_event_id], json.loads(payloads[0].data) if payloads else None))
+            _add_call(calls, scheduled[done.scheduled_event_id], json.loads(payloads[0].data) if payloads else None)
         elif e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
             attributes = (
                 e.activity_task_failed_event_attributes
@@ -196,8 +198,17 @@ def history_calls(history: WorkflowHistory) -> list[Call]:
                 continue  # a patch marker
             data = json.loads(details["data"].payloads[0].data)
             result = details["result"].payloads[0].data if "result" in details else b"null"
-            calls.append((data["activity_type"], json.loads(result)))
+            _add_call(calls, data["activity_type"], json.loads(result))
     return calls
+
+
+def _add_call(calls: list[Call], kind: str, result: Any) -> None:
+    if kind != "publish_rounds" or result is None:
+        calls.append((kind, result))
+        return
+    scripts = [result["first"]] + ([result["last"]] if result["last"] else [])
+    totals = {"scripts": result["scripts"], "moved": result["moved"]}
+    calls += [("publish_batch", r) for r in scripts[:-1]] + [("publish_batch", scripts[-1] | {"rounds": totals})]
 
 
 async def redis_calls(handle: WorkflowHandle) -> list[Call]:
@@ -230,11 +241,13 @@ def assert_checked_after_every_wait(calls: list[Call]) -> None:
 
 
 def assert_waited_at_the_threshold(calls: list[Call]) -> None:
-    """A measurement at or over the threshold (headroom 0) is followed by a wait (or, when a stall
-    ended the run, the release), never by a publish; a stalled replay reads its idle consumers
+    """A measurement at or over the threshold (headroom 0), or a publish that found none (throttled), is followed by
+    a wait (or, when a stall ended the run, the release), never by a publish; a stalled replay reads its idle consumers
     (``idle_consumers``) just before the wait."""
     for (kind, reading), (after, _) in itertools.pairwise([c for c in calls if c[0] != "idle_consumers"]):
-        if kind == "measure_backlog" and reading["headroom"] == 0:
+        if (kind == "measure_backlog" and reading["headroom"] == 0) or (
+            kind == "publish_batch" and reading["status"] == "throttled"
+        ):
             assert after in ("timer", "wait_for_drain", "release_claim"), f"{after} after {reading}"
     for (kind, _), (after, _) in itertools.pairwise(calls):
         if kind == "idle_consumers":

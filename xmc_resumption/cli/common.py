@@ -142,7 +142,7 @@ INPUT_OPTIONS = (
         "the groups whose largest backlog bounds the replay, comma-separated, --group among them",
         "every group of the stream",
     ),
-    InputOption("--batch", "batch_size", "most tasks one publish moves (entries)"),
+    InputOption("--batch", "batch_size", "most tasks one publish script moves (entries)", "automatic"),
     InputOption("--threshold", "max_backlog_threshold", "at or above this backlog the replay waits"),
     InputOption("--throttle-seconds", "throttle_seconds", "one fixed throttle wait (seconds)"),
     InputOption("--policy", "throttle_policy", "fixed waits, or adaptive to the measured drain rate"),

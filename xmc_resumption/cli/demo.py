@@ -51,7 +51,7 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
     type=field_type(ResumptionInput, "batch_size"),
     default=DEFAULTS["batch"],
     show_default=True,
-    help="most tasks one publish moves",
+    help="most tasks one publish script moves (default: automatic)",
 )
 @click.option(
     "--throttle-seconds",

@@ -1,0 +1,101 @@
+"""The loop of patch ``publish-rounds`` (time-skipping server, real redis-server): the claim is followed by the
+publish, every later turn is the check then the publish (no measurement between), a publish fills the headroom in
+scripts of the batch in one call, and an input without a batch gets the automatic one."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+
+from tests.support.helpers import (
+    GROUP,
+    STREAM,
+    assert_checked_after_every_wait,
+    assert_never_over,
+    assert_waited_at_the_threshold,
+    consume,
+    hold_tasks,
+    redis_calls,
+    resumption_worker,
+    start,
+    stream_tasks,
+    throttled,
+    wait_for,
+)
+from xmc_resumption.workflows.models import AUTO_BATCH_SIZE, Outcome
+from xmc_resumption.workflows.resumption import PUBLISH_ROUNDS, ResumptionWorkflow
+
+
+def experiment() -> str:
+    return f"E{uuid.uuid4().hex[:6]}"
+
+
+async def test_a_turn_is_the_check_then_the_publish_in_rounds(temporal_env, redis, redis_url, task_queue) -> None:
+    """20 tasks at threshold 8, batch 3, against a consumer: the claim's first publish call fills the headroom in
+    scripts of 3 (3 + 3 + 2), nothing measures the backlog apart from the publishes and the polls, and after every
+    wait the check comes first."""
+    e = experiment()
+    names = await hold_tasks(redis, e, 20)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    stop, seen = asyncio.Event(), []
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=8, batch_size=3)
+        await wait_for(handle, throttled)  # the consumer starts once the first publish call filled the stream
+        consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=4, rate=200))
+        try:
+            result = await handle.result()
+        finally:
+            stop.set()
+            await consumer
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 20, 0)
+    assert await stream_tasks(redis) == names and seen == names
+    calls = await redis_calls(handle)
+    kinds = [k for k, _ in calls]
+    assert kinds[:2] == ["acquire_claim", "publish_batch"] and "measure_backlog" not in kinds
+    first = calls[1:3]
+    assert [(r["moved"], r.get("rounds")) for _, r in first] == [(3, None), (2, {"scripts": 3, "moved": 8})]
+    # the two results of the call: its first script's and its last's (the one between moved 3 too)
+    assert [r["backlog"] for _, r in calls[1:3]] == [0, 6]
+    for (kind, _), (after, _) in itertools.pairwise(calls):
+        if kind == "check_claim":
+            assert after in ("publish_batch", "release_claim"), kinds
+    assert all(r["moved"] <= 3 for k, r in calls if k == "publish_batch")
+    assert_checked_after_every_wait(calls)
+    assert_waited_at_the_threshold(calls)
+    assert_never_over(calls, 8)
+    assert PUBLISH_ROUNDS in str(await handle.fetch_history())  # its patch marker
+
+
+async def test_an_input_without_a_batch_gets_the_automatic_one(temporal_env, redis, redis_url, task_queue) -> None:
+    """Threshold 2,500 and 2,500 held: one publish call moves them all in scripts of ``AUTO_BATCH_SIZE``
+    (1,000 + 1,000 + 500) and completes."""
+    e = experiment()
+    names = await hold_tasks(redis, e, 2_500)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=2_500)
+        result = await handle.result()
+    assert (result.outcome, result.replayed, result.turns) == (Outcome.COMPLETED, 2_500, 1)
+    assert await stream_tasks(redis) == names
+    publishes = [r for k, r in await redis_calls(handle) if k == "publish_batch"]
+    assert AUTO_BATCH_SIZE == 1_000
+    assert [(r["moved"], r["status"]) for r in publishes] == [(1_000, "published"), (500, "completed")]
+    assert publishes[1]["rounds"] == {"scripts": 3, "moved": 2_500}
+
+
+async def test_an_update_reports_the_automatic_batch_in_use(temporal_env, redis, redis_url, task_queue) -> None:
+    e = experiment()
+    await hold_tasks(redis, e, 10)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    for i in range(5):
+        await redis.xadd(STREAM, {"task": f"ahead{i}"})
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
+        effective = await handle.execute_update(ResumptionWorkflow.set_threshold, 6)
+        assert (effective.max_backlog_threshold, effective.batch_size) == (6, AUTO_BATCH_SIZE)
+        changed = await handle.execute_update(ResumptionWorkflow.set_batch_size, 7)
+        assert changed.batch_size == 7
+        await handle.execute_update(ResumptionWorkflow.pause)
+        result = await handle.result()
+    assert result.outcome is Outcome.PAUSED
