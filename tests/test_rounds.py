@@ -15,9 +15,7 @@ from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishStatus
 
 async def rounds(redis: Redis, token: int, seq: int, **kw):  # type: ignore[no-untyped-def]
     args = {"batch_size": 10, "max_tasks": None, "max_scripts": 100, "max_seconds": 5.0, "threshold": 100}
-    return await publish_rounds(
-        redis, KEYS, GROUP, token=token, seq=seq, owner="me", lease_ms=60_000, **(args | kw)
-    )
+    return await publish_rounds(redis, KEYS, GROUP, token=token, seq=seq, owner="me", lease_ms=60_000, **(args | kw))
 
 
 async def claimed(redis: Redis, tasks: int) -> int:

@@ -59,7 +59,8 @@ class DemoOptions:
     """Knobs of the demo.
 
     Tasks (entries), consumer rate (tasks per second, all consumers), threshold (entries), batch
-    (entries; None: automatic), throttle wait (seconds), linger (seconds to keep the services up at the end for the web UI).
+    (entries; None: automatic), throttle wait (seconds), linger (seconds to keep the services up at the end for the
+    web UI).
     """
 
     tasks: int = 5_000
@@ -149,7 +150,8 @@ async def _run(settings: Settings, opts: DemoOptions, temporal_address: str) -> 
         handle = await start_resumption(client, inp, settings.task_queue)
         print(
             f"started workflow {handle.id} on task queue {settings.task_queue} "
-            f"(threshold {opts.threshold}, batch {opts.batch or 'automatic'}, {opts.policy} throttle {opts.throttle_seconds:g} s, "
+            f"(threshold {opts.threshold}, batch {opts.batch or 'automatic'}, "
+            f"{opts.policy} throttle {opts.throttle_seconds:g} s, "
             f"consumers {opts.rate:g} tasks/s)"
         )
         result_task: asyncio.Task[ResumptionResult] = asyncio.create_task(handle.result())

@@ -33,7 +33,6 @@ MAX_POLL_SECONDS = 60.0
 """The longest bounded poll ``BacklogWatches.wait_for_drain`` takes (seconds): a poll runs inside one activity."""
 
 
-
 @dataclass(frozen=True)
 class _Measurement:
     """What one reading measures; polls of the same measurement share their readings."""
