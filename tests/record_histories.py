@@ -54,6 +54,16 @@ async def completed(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await consumer
 
 
+async def continued(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """As ``completed``, with a consumer slow enough (20 tasks/s) that no turn moves the rest at once."""
+    await wait_for(handle, throttled)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=2, rate=20))
+    await handle.result()
+    stop.set()
+    await consumer
+
+
 async def paused(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await wait_for(handle, throttled)
     await held.pause(redis, ExperimentKeys(STREAM, e))
@@ -167,13 +177,13 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
         {"max_backlog_threshold": 5, "batch_size": 4, "throttle_seconds": 0.5, "throttle_policy": "fixed"},
     ),
     "continued_as_new": (
-        completed,
+        continued,
         {
             "max_backlog_threshold": 5,
             "batch_size": 2,
             "throttle_seconds": 0.3,
             "throttle_policy": "fixed",
-            "turns_per_run": 3,
+            "turns_per_run": 2,
         },
     ),
     "controlled_by_update": (
