@@ -1,8 +1,9 @@
 """Figure d: the worker's peak RSS replaying 1e4 and 1e6 held tasks (no throttling, batch 1,000).
 
 A fresh ``python -m worker`` per size; its ``VmHWM`` (``/proc/<pid>/status``) is read once it polls
-and again after the replay's result. No consumer group on the stream and the maximum threshold, so
-nothing throttles; the held stream is filled by pipelined XADDs.
+and again after the replay's result. A consumer group kept caught up (``throughput.caught_up``) and the
+maximum threshold, so nothing throttles (with no group at all the replay would wait for one, the
+default ``missing_group: wait``); the held stream is filled by pipelined XADDs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from bench.env import BenchEnv, worker_process
 from bench.replay import build_input, run_resumption
 from bench.tasks import check_replay, hold_tasks
-from bench.throughput import MAX_THRESHOLD
+from bench.throughput import MAX_THRESHOLD, caught_up
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM, ExperimentKeys
 
 BATCH = 1_000
@@ -29,7 +30,7 @@ async def memory_run(env: BenchEnv, count: int) -> dict[str, Any]:
     inp = build_input(
         {"experiment_id": keys.experiment_id, "batch_size": BATCH, "max_backlog_threshold": MAX_THRESHOLD}
     )
-    async with worker_process(env, name=f"worker-d-{count}") as worker:
+    async with worker_process(env, name=f"worker-d-{count}") as worker, caught_up(env.redis, keys.stream):
         idle_mib = worker.peak_rss_mib()
         run = await run_resumption(env, inp)
         peak_mib = worker.peak_rss_mib()
