@@ -170,7 +170,7 @@ async def test_changed_settings_survive_continue_as_new(temporal_env, redis, red
         await consumer
     assert (effective.max_backlog_threshold, effective.batch_size) == (12, 7)
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 30)
-    assert result.runs >= 3
+    assert result.runs >= 2  # the change was accepted in the first run: the last one has it by its carry
     assert (progress.threshold, progress.policy, progress.runs) == (12, ThrottlePolicy.ADAPTIVE, result.runs)
     assert (await stream_tasks(redis))[5:] == names
     # the last run's publishes moved 7 at most (its own history: only the last run's events)

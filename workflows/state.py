@@ -187,19 +187,17 @@ class RunState:
         """Take the loop of patch ``publish-rounds`` when ``patched``: rounds, poll slices, the automatic batch.
 
         Without it (runs recorded before), the loop those runs recorded: one script a publish, a measurement
-        before it, and a batch of ``LEGACY_BATCH_SIZE`` when the input left the batch out.
+        before it, and ``LEGACY_BATCH_SIZE`` for an input that left the batch out, written into the input so that
+        the runs it continues as new keep it too.
         """
         self.rounds = self.pacer.sliced = patched
+        if not patched and self.input.batch_size is None:
+            self.input = self.input.model_copy(update={"batch_size": LEGACY_BATCH_SIZE})
 
     @property
     def batch_size(self) -> int:
-        """The most tasks one publish script moves (entries): the input's, else the automatic batch.
-
-        ``AUTO_BATCH_SIZE`` with patch ``publish-rounds``, ``LEGACY_BATCH_SIZE`` (the old default) without.
-        """
-        if self.input.batch_size is not None:
-            return self.input.batch_size
-        return AUTO_BATCH_SIZE if self.rounds else LEGACY_BATCH_SIZE
+        """The most tasks one publish script moves (entries): the input's, else ``AUTO_BATCH_SIZE``."""
+        return AUTO_BATCH_SIZE if self.input.batch_size is None else self.input.batch_size
 
     def leased(self, now: datetime) -> None:
         """Extend the claim's lease after a call answered at workflow time ``now``.
