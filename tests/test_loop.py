@@ -23,8 +23,9 @@ from tests.support.helpers import (
     throttled,
     wait_for,
 )
-from xmc_resumption.workflows.models import AUTO_BATCH_SIZE, Outcome
+from xmc_resumption.workflows.models import AUTO_BATCH_SIZE, LEGACY_BATCH_SIZE, Outcome, ResumptionInput
 from xmc_resumption.workflows.resumption import PUBLISH_ROUNDS, ResumptionWorkflow
+from xmc_resumption.workflows.state import RunState
 
 
 def experiment() -> str:
@@ -99,3 +100,19 @@ async def test_an_update_reports_the_automatic_batch_in_use(temporal_env, redis,
         await handle.execute_update(ResumptionWorkflow.pause)
         result = await handle.result()
     assert result.outcome is Outcome.PAUSED
+
+
+def test_the_batch_of_runs_with_and_without_the_patch_survives_continue_as_new() -> None:
+    """An input without ``batch_size``: the automatic batch with patch ``publish-rounds`` (the input keeps None, so
+    the next run decides again); without it, 100 written into the input, so the runs it continues as new keep it."""
+    inp = ResumptionInput(experiment_id="E1")
+    with_patch = RunState.of(inp)
+    with_patch.start_rounds(True)
+    without = RunState.of(inp)
+    without.start_rounds(False)
+    assert (with_patch.batch_size, with_patch.input.batch_size) == (AUTO_BATCH_SIZE, None)
+    assert (without.batch_size, without.input.batch_size) == (LEGACY_BATCH_SIZE, 100)
+    explicit = RunState.of(ResumptionInput(experiment_id="E1", batch_size=7))
+    explicit.start_rounds(False)
+    assert explicit.batch_size == 7 and (explicit.rounds, explicit.pacer.sliced) == (False, False)
+    assert (with_patch.rounds, with_patch.pacer.sliced) == (True, True)

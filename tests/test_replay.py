@@ -102,7 +102,7 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
     scheduled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     # (and, in the loop of publish-rounds, a rate wait's poll)
     rate_poll = name == "rate_limited" and not versioned
-    assert bool(scheduled) == (name in polled) or rate_poll
+    assert bool(scheduled) == (name in polled or rate_poll)
     calls = history_calls(history)
     kinds = [k for k, _ in calls]
     assert kinds[0] == "acquire_claim"

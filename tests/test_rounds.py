@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from tests.test_publish import GROUP, KEYS, hold, stream_tasks
 from xmc_resumption.redisclient import fencing
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key
 from xmc_resumption.redisclient.publish import publish_batch, publish_rounds
 from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishStatus
 
@@ -91,6 +92,35 @@ async def test_a_fault_after_a_script_answered_ends_them_with_what_answered(redi
     nxt = await rounds(redis, token, 3, max_scripts=1)
     assert (nxt.moved, nxt.first.repeated) == (10, False)
     assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(30)]
+
+
+async def test_a_call_asked_again_after_a_lost_reply_returns_its_last_scripts_result(redis: Redis) -> None:
+    """The reply of a call that ran seqs 1..3 was lost: asked again from seq 1, its first script is older than the
+    record's (stale), so the call returns the recorded result of seq 3 and runs no more."""
+    token = await claimed(redis, 40)
+    done = await rounds(redis, token, 1, threshold=30)
+    assert (done.scripts, done.moved) == (3, 30)
+    again = await rounds(redis, token, 1, threshold=30)
+    assert (again.scripts, again.moved, again.fresh_moved, again.last) == (3, 10, 0, None)
+    assert again.first.repeated and again.first.status is PublishStatus.PUBLISHED
+    assert (again.first.total_moved, again.first.remaining) == (30, 10)
+    # a reset further back than one call (more seqs than it may use) is stale, as a single publish is
+    older = await rounds(redis, token, 1, threshold=30, max_scripts=2)
+    assert (older.first.status, older.first.last_seq, older.scripts) == (PublishStatus.STALE, 3, 1)
+    assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(30)]
+
+
+async def test_with_the_fair_share_one_call_takes_one_share(redis: Redis) -> None:
+    """Two fair-share replayers of one stream: a call whose scripts are cut short by the batch takes the first
+    script's share, not a fresh share of what each script leaves."""
+    token = await claimed(redis, 100)
+    other = ExperimentKeys(KEYS.stream, "E2")
+    seconds, micros = await redis.time()
+    lease_end = seconds * 1000 + micros // 1000 + 60_000
+    await redis.zadd(replayers_key(KEYS.stream), {other.experiment_id: lease_end})  # a live replayer besides us
+    shared = await rounds(redis, token, 1, threshold=100, fair_share=True)
+    assert shared.first.reading.headroom == 50  # half of 100
+    assert (shared.moved, shared.scripts) == (50, 5)
 
 
 async def test_a_fault_in_the_first_script_is_raised(redis: Redis) -> None:

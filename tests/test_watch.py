@@ -118,9 +118,33 @@ async def test_a_cancelled_poll_leaves_its_watch(redis: Redis) -> None:
         await task
     assert watches.polling() == 0
     await asyncio.sleep(0.05)
+    assert not watches._watches  # the watch ended and left
     readings = watches.readings
     await asyncio.sleep(0.05)
     assert watches.readings == readings  # nobody waits: nothing is read
+
+
+async def test_polls_without_a_take_take_no_turn(redis: Redis) -> None:
+    """A poll without a ``take`` (runs recorded before patch ``publish-rounds``) ends at its watermark whatever the
+    others do, as a poll of its own did; one that takes its turn still promises what it takes."""
+    await backlog_of(redis, 40)
+    watches = BacklogWatches()
+    waits = await asyncio.gather(poll(watches, redis, 50, take=60), poll(watches, redis, 50), poll(watches, redis, 50))
+    assert [w.polls for w in waits] == [1, 1, 1]
+    late = await asyncio.gather(poll(watches, redis, 50, take=60), poll(watches, redis, 50, take=1))
+    assert [w.polls for w in late] == [1, 2]
+
+
+async def test_a_watch_that_stops_fails_the_polls_waiting_on_it(redis: Redis) -> None:
+    await backlog_of(redis, 80)
+    watches = BacklogWatches()
+    polls = [asyncio.create_task(poll(watches, redis, 10, max_seconds=5.0)) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    (watch_task,) = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_run"]  # type: ignore[union-attr]
+    watch_task.cancel()
+    outcomes = await asyncio.gather(*polls, return_exceptions=True)
+    assert all(isinstance(o, RuntimeError) and "the backlog watch stopped" in str(o) for o in outcomes)
+    assert watches.polling() == 0 and not watches._watches
 
 
 @pytest.mark.parametrize(

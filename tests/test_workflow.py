@@ -286,8 +286,9 @@ class LostReplies(ResumptionActivities):
 
 
 async def test_publishes_whose_replies_were_lost_are_counted_once(temporal_env, redis, redis_url, task_queue) -> None:
-    """Every attempt of the first publish loses its reply (the turn then waits for Redis and starts
-    over): the batch moved once, and the same seq asked again returns its recorded result."""
+    """Every attempt of the first publish call loses its reply (the turn then waits for Redis and starts
+    over): its three scripts (12 tasks, batch 5) moved once, and the call asked again from the same seq returns the
+    recorded result of the last script it ran, never ``stale``."""
     e = experiment()
     names = await hold_tasks(redis, e, 12)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
@@ -306,6 +307,9 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(temporal_env, 
     assert (result.outcome, result.replayed, result.remaining) == (Outcome.COMPLETED, 12, 0)
     assert await stream_tasks(redis) == names
     assert progress.redis_waits == 1
+    publishes = [r for k, r in await redis_calls(handle) if k == "publish_batch"]
+    assert [(r["status"], r["moved"], r.get("repeated", False)) for r in publishes] == [("completed", 2, True)]
+    assert publishes[0]["rounds"] == {"scripts": 3, "moved": 2}
 
 
 async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshold(

@@ -24,7 +24,7 @@ class ControlChange(BaseModel):
 
     Attributes:
         max_backlog_threshold: the backlog bound (entries, 1..100,000).
-        batch_size: the most tasks one publish moves (entries, 1..10,000).
+        batch_size: the most tasks one publish script moves (entries, 1..10,000).
         throttle_seconds: the fixed policy's wait and the adaptive one's default longest (seconds).
         throttle_policy: ``fixed`` or ``adaptive``.
         max_tasks_per_second: the replay's rate cap (tasks/s, 0.001..1,000,000); 0 removes it.

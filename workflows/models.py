@@ -184,7 +184,8 @@ class ResumptionInput(BaseModel):
         fair_share: take at most this experiment's weighted share of the headroom among the
             replays of the stream that set it too (weights in ``{S}:weights``, default 1; see
             ``redisclient.weights``), so one replay cannot take the shared threshold's headroom
-            from the others; off: a publish takes up to ``batch_size`` of it.
+            from the others (one publish call takes one share); off: a publish takes up to all of it,
+            ``batch_size`` a script.
         max_tasks_per_second: when set, the replay moves at most this many tasks per second
             (0.001..1,000,000; a token bucket of one second's worth, at least one task, on
             workflow time: ``workflows/ratecap.py``); None, no cap of its own. A stream-wide cap

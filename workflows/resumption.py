@@ -2,19 +2,20 @@
 
 Throttled by the consumer groups' backlog (docs/contract.md, "The loop"; docs/memory.md).
 
-Each turn of the loop:
+Each turn of the loop (with patch ``publish-rounds``; runs recorded before it replay on the old loop, which
+measured the backlog between 1 and 2):
   1. check the pause state and the fencing token, extending the claim's lease;
-  2. measure the backlog (the largest pending + lag among the consumer groups); a missing stream
-     or required group under ``missing_group: wait`` is waited for (``waiting_for_group``);
+  2. publish through the atomic script, in rounds: each script re-checks token, pause state and
+     backlog itself (the largest pending + lag among the consumer groups) and moves at most
+     ``min(batch_size, threshold - backlog)`` tasks, and one call runs scripts while headroom is
+     left (``publish_rounds``); a missing stream or required group under ``missing_group: wait``
+     is waited for (``waiting_for_group``);
   3. wait while the backlog is at or over ``max_backlog_threshold`` (how long and how is the
      throttle policy's choice, ``workflows/throttle.py``), then back to 1, so pause and fencing
-     are re-checked before anything is replayed;
-  4. publish the next batch through the atomic script, which re-checks token, pause state and
-     backlog itself and moves at most ``min(batch_size, threshold - backlog)`` tasks.
-A publish that left headroom is followed at once by the next publish: the script re-checks
-everything 1, 2 and 4 need in the same step as its move, so such a turn is one Redis call. Under
-the adaptive policy a publish that filled the headroom goes straight to the wait, which measures
-the drain itself; under the fixed one the next turn measures again, as the seed's rule does.
+     are re-checked before anything is replayed.
+The claim is followed by a publish at once. A publish that left headroom is followed at once by the
+next publish. Under the adaptive policy a publish that filled the headroom goes straight to the
+wait, which measures the drain itself; under the fixed one the next turn's publish measures again.
 
 The Redis calls are local activities (``workflows/calls.py``). The run's state is one ``RunState``
 (``workflows/state.py``), handed on as its ``Carry`` when the run continues as new after
@@ -254,7 +255,7 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         return self._finish(Outcome.PAUSED, detail="stopped by the pause Update")
 
     async def _turn(self) -> ResumptionResult | None:
-        """One turn: check, measure, wait or publish (a turn right after a publish that left headroom only publishes).
+        """One turn: check, then publish or wait (right after the claim or a publish that left headroom: publish).
 
         Returns the result when the resumption ends, else None.
         """
@@ -397,8 +398,7 @@ class ResumptionWorkflow(ControlHandlers, Waits):
             self._state.seq = seq
             results, moved = [result], result.moved
         self._state.leased(workflow.now())
-        if cap is not None:
-            self._state.bucket.take(moved)
+        replayed_before = p.replayed
         for result in results:
             p.stream_rate_limit = result.rate_limit or None
             self._state.count(result)  # Redis's count (the metric is the activity's: activities/metrics.py)
@@ -412,6 +412,10 @@ class ResumptionWorkflow(ControlHandlers, Waits):
             ):
                 # the script measured the backlog before its move
                 self._observe(result.reading, result.moved)
+        if self._state.rounds:  # a call asked again after a lost reply moved what Redis counted then
+            moved = max(moved, p.replayed - replayed_before)
+        if cap is not None:
+            self._state.bucket.take(moved)
         if moved:
             p.throttles_in_a_row = 0
             self._state.pacer.published(workflow.now())

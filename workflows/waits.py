@@ -218,6 +218,7 @@ class Waits:
                     poll_seconds=min(1.0, seconds),
                     missing_group=inp.missing_group,
                     max_bytes=inp.max_bytes_per_call,
+                    take=0 if self._state.rounds else None,  # it waits for a bucket: no turn of the headroom
                 ),
                 summary=f"rate limited {seconds:.3g}s: {reason}",
                 start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=seconds),

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, groups_arg, validate_byte_budget, validate_threshold
-from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.connection import RedisClient, drop_stale_connections
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.fencing import validate_lease
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key, weights_key
@@ -149,10 +149,14 @@ async def publish_rounds(
     script blocks Redis no longer than one ``publish_batch`` (its batch and byte budget bound it),
     and other clients run between two of them. The next script runs only while the last one
     ``published`` and left headroom (``headroom_left``), set nothing aside, was not cut short by
-    the stream's rate cap, fewer than ``max_tasks`` moved in all, fewer than ``max_scripts`` ran
-    and ``max_seconds`` have not passed since the first began. A fault after at least one
-    script answered ends the rounds with what answered: the caller's next seq is that of the
-    failed script, which returns its recorded result if it ran in Redis after all.
+    the stream's rate cap, fewer than ``max_tasks`` moved in all (with ``fair_share``, fewer than
+    the first script's share: one call takes one share), fewer than ``max_scripts`` ran and
+    ``max_seconds`` have not passed since the first began. A fault after at least one script
+    answered ends the rounds with what answered (the pool's stale connections dropped first): the
+    caller's next seq is that of the failed script, which returns its recorded result if it ran
+    in Redis after all. A call asked again after its reply was lost (its first seq is older than
+    the record's, within ``max_scripts``) returns the recorded result of the script it ran last,
+    and runs no more.
 
     Args:
         seq: the first script's seq (>= 1); the rounds use ``seq .. seq + scripts - 1``.
@@ -183,34 +187,49 @@ async def publish_rounds(
         raise ValueError(f"max_tasks must be >= 1 entry or None, got {max_tasks}")
     results: list[PublishResult] = []
     moved = moved_bytes = fresh = 0
-    started = time.monotonic()
+    next_seq, started = seq, time.monotonic()
+
+    async def script(seq: int, batch: int) -> PublishResult:
+        return await publish_batch(
+            client,
+            keys,
+            group,
+            token=token,
+            seq=seq,
+            batch_size=batch,
+            threshold=threshold,
+            owner=owner,
+            lease_ms=lease_ms,
+            missing_group=missing_group,
+            max_bytes=max_bytes,
+            max_memory_fraction=max_memory_fraction,
+            fair_share=fair_share,
+            groups=groups,
+        )
+
     while True:
         batch = batch_size if max_tasks is None else min(batch_size, max_tasks - moved)
         try:
-            result = await publish_batch(
-                client,
-                keys,
-                group,
-                token=token,
-                seq=seq + len(results),
-                batch_size=batch,
-                threshold=threshold,
-                owner=owner,
-                lease_ms=lease_ms,
-                missing_group=missing_group,
-                max_bytes=max_bytes,
-                max_memory_fraction=max_memory_fraction,
-                fair_share=fair_share,
-                groups=groups,
-            )
+            result = await script(next_seq, batch)
+            if not results and result.status is PublishStatus.STALE and seq < result.last_seq < seq + max_scripts:
+                # this call ran before and its reply was lost (a retry): the recorded result of its last script,
+                # and no more scripts (what that call moved is Redis's count: ``replayed``, ``total_moved``)
+                next_seq = result.last_seq
+                result = await script(next_seq, batch)
+                results.append(result)
+                moved += result.moved
+                moved_bytes += result.moved_bytes
+                break
         except Exception as err:  # (a cancel is no Exception: it propagates)
             if not results:
                 raise
+            await drop_stale_connections(client, err)
             log.warning(
                 "publish rounds ended early by a fault; the next publish asks its seq again",
-                extra={"stream": keys.stream, "experiment_id": keys.experiment_id, "seq": seq + len(results),
+                extra={"stream": keys.stream, "experiment_id": keys.experiment_id, "seq": next_seq,
                        "scripts": len(results), "error": f"{type(err).__name__}: {err}"},
             )  # fmt: skip
+            next_seq -= 1
             break
         results.append(result)
         moved += result.moved
@@ -222,14 +241,17 @@ async def publish_rounds(
             or result.poison_id
             or result.rate_limited
             or (max_tasks is not None and moved >= max_tasks)
-            or len(results) >= max_scripts
+            # with the fair share on, a script's headroom is the caller's share: one call takes one share
+            or (fair_share and moved >= results[0].reading.headroom)
+            or next_seq - seq + 1 >= max_scripts
             or time.monotonic() - started >= max_seconds
         ):
             break
+        next_seq += 1
     return PublishRounds(
         first=results[0],
         last=results[-1] if len(results) > 1 else None,
-        scripts=len(results),
+        scripts=next_seq - seq + 1,
         moved=moved,
         moved_bytes=moved_bytes,
         fresh_moved=fresh,

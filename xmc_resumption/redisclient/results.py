@@ -321,11 +321,12 @@ class PublishRounds(BaseModel):
     """What ``publish.publish_rounds`` did: several publish scripts in one call.
 
     Attributes:
-        first: the first script's result.
+        first: the first script's result (for a call asked again after its reply was lost: the
+            recorded result of the last script it ran then).
         last: the last script's result when more than one ran, else None. Every script between
             them ``published`` and left headroom; only the last may have another status, a
             ``poison_id`` or ``rate_limited``.
-        scripts: how many scripts answered (>= 1); they used seqs ``seq .. seq + scripts - 1``.
+        scripts: the seqs the call used (>= 1): ``seq .. seq + scripts - 1``.
         moved, moved_bytes: tasks (entries) and their bytes moved by all of them together.
         fresh_moved: of ``moved``, the tasks moved now (a recorded result returned again moved
             nothing now).
@@ -353,7 +354,7 @@ class PublishRounds(BaseModel):
 
 
 class DrainWait(BaseModel):
-    """What a bounded poll of the backlog saw (``backlog.wait_for_drain``).
+    """What a bounded poll of the backlog saw (``watch.BacklogWatches.wait_for_drain``).
 
     Attributes:
         reading: the last reading.

@@ -135,7 +135,9 @@ class _Watch:
 
         A waiter ends at its bound, or once the reading reaches its low watermark past its least
         time, first come first served, while the reading's headroom is not yet promised to the
-        waiters it woke before (``take`` each; None: all of it).
+        waiters that ended before it at their watermark (``take`` each: their replays publish
+        next). A waiter without a ``take`` (None) takes no turn: it ends at its watermark whatever
+        the others do, as a poll of its own would.
         """
         promised = 0
         for waiter in list(self.waiters):
@@ -143,11 +145,10 @@ class _Watch:
                 self.waiters.remove(waiter)
                 continue
             reached = waiter.see(reading, at)
-            over = at >= waiter.max_until
-            woken = reached and at >= waiter.min_until and promised < reading.headroom
-            if over or woken:
-                if woken:
-                    promised += reading.headroom if waiter.take is None else waiter.take
+            turn = waiter.take is None or promised < reading.headroom
+            if at >= waiter.max_until or (reached and at >= waiter.min_until and turn):
+                if reached and waiter.take is not None:
+                    promised += waiter.take  # its replay publishes next
                 waiter.finish(reading, reached, at)
                 self.waiters.remove(waiter)
 
@@ -195,7 +196,8 @@ class BacklogWatches:
             min_seconds, max_seconds: bounds of the poll (seconds, 0 <= min <= max <= 60).
             poll_seconds: the longest interval between two readings (seconds, 0 < poll_seconds <= 1).
             take: how many entries the caller means to publish once woken (>= 0), so that one
-                reading wakes no more waiters than its headroom feeds; None: all of it.
+                reading wakes no more waiters than its headroom feeds; None: no turn (woken at the
+                watermark whatever the others do).
 
         Raises:
             ValueError: an argument out of its bounds (or not finite).
@@ -245,5 +247,11 @@ class BacklogWatches:
         try:
             await watch.run(self)
         finally:
-            if not watch.waiters and self._watches.get(watch.measurement) is watch:
+            # ended by something other than a reading's fault (cancelled, or a fault of its own): no poll waits for
+            # a reading that will not come
+            for waiter in watch.waiters:
+                if not waiter.done.done():
+                    waiter.done.set_exception(RuntimeError("the backlog watch stopped; poll again"))
+            watch.waiters.clear()
+            if self._watches.get(watch.measurement) is watch:
                 del self._watches[watch.measurement]
