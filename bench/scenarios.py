@@ -235,8 +235,14 @@ async def scenarios(env: BenchEnv) -> dict[str, Any]:
         rows.append(await case_run(env, case, RATE if case.burst else rate))
     print(f"p: batches {BATCHES}, {BATCH_TASKS} tasks", flush=True)
     batches = await throughput.throughput(env, BATCH_TASKS, BATCHES, 1)
-    return {"rows": rows, "batches": [{k: r[k] for k in ("batch", "tasks", "ratio", "workflow_ms_per_turn",
-                                                         "exactly_once")} for r in batches]}  # fmt: skip
+    keep = ("batch", "tasks", "ratio", "workflow_ms_per_turn", "exactly_once")
+    return {
+        "rows": rows,
+        "batches": [
+            {k: r[k] for k in keep} | {"events_per_1000_tasks": r["workflow_runs"][0]["events"] / r["tasks"] * 1000}  # type: ignore[index]
+            for r in batches
+        ],
+    }
 
 
 async def replays(env: BenchEnv) -> list[dict[str, Any]]:
@@ -265,8 +271,9 @@ def lines(p: dict[str, Any]) -> list[str]:
             f"{'yes' if r['exactly_once'] else 'NO':>4}"
         )
     for r in p["batches"]:
+        events = f", {r['events_per_1000_tasks']:.1f} events / 1k tasks" if "events_per_1000_tasks" in r else ""
         out.append(f"{'batch ' + str(r['batch']):>12} unthrottled workflow / bare atomic move: {r['ratio']:.2f} "
-                   f"({r['workflow_ms_per_turn']:.2f} ms a publish turn, {r['tasks']} tasks)")  # fmt: skip
+                   f"({r['workflow_ms_per_turn']:.2f} ms a turn, {r['tasks']} tasks{events})")  # fmt: skip
     for r in p.get("replays", []):
         out.append(
             f"{r['row']:>12} x ideal {r['over_ideal']:.2f}, wall/ideal {r['wall_over_ideal']:.2f}, "
