@@ -133,6 +133,23 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
 
 
+def _publishing(req: PublishRequest) -> dict[str, Any]:
+    """The keyword arguments of ``publish.publish_batch`` in a publish request (``publish_rounds`` takes them too)."""
+    return {
+        "token": req.token,
+        "seq": req.seq,
+        "batch_size": req.batch_size,
+        "threshold": req.threshold,
+        "owner": req.owner,
+        "lease_ms": req.lease_ms,
+        "missing_group": req.missing_group,
+        "max_bytes": req.max_bytes,
+        "max_memory_fraction": req.max_memory_fraction,
+        "fair_share": req.fair_share,
+        "groups": req.ref.consumer_groups,
+    }
+
+
 class HeldRemaining:
     """The worker's ``xmc_resumption_held_remaining`` gauge.
 
@@ -328,22 +345,7 @@ class ResumptionActivities:
     async def publish_batch(self, req: PublishRequest) -> PublishResult:
         """Atomically move the next batch of held tasks into the task stream."""
         async with _classified(self.redis):
-            result = await publish.publish_batch(
-                self.redis,
-                _keys(req.ref),
-                req.ref.consumer_group,
-                token=req.token,
-                seq=req.seq,
-                batch_size=req.batch_size,
-                threshold=req.threshold,
-                owner=req.owner,
-                lease_ms=req.lease_ms,
-                missing_group=req.missing_group,
-                max_bytes=req.max_bytes,
-                max_memory_fraction=req.max_memory_fraction,
-                fair_share=req.fair_share,
-                groups=req.ref.consumer_groups,
-            )
+            result = await publish.publish_batch(self.redis, _keys(req.ref), req.ref.consumer_group, **_publishing(req))
         self._published(req, result, 0 if result.repeated else result.moved)
         return result
 
@@ -355,20 +357,10 @@ class ResumptionActivities:
                 self.redis,
                 _keys(req.ref),
                 req.ref.consumer_group,
-                token=req.token,
-                seq=req.seq,
-                batch_size=req.batch_size,
                 max_tasks=req.max_tasks,
                 max_scripts=req.max_scripts,
                 max_seconds=req.max_seconds,
-                threshold=req.threshold,
-                owner=req.owner,
-                lease_ms=req.lease_ms,
-                missing_group=req.missing_group,
-                max_bytes=req.max_bytes,
-                max_memory_fraction=req.max_memory_fraction,
-                fair_share=req.fair_share,
-                groups=req.ref.consumer_groups,
+                **_publishing(req),
             )
         self._published(req, rounds.final, rounds.fresh_moved)
         return rounds
