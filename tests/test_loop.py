@@ -23,7 +23,15 @@ from tests.support.helpers import (
     throttled,
     wait_for,
 )
-from xmc_resumption.workflows.models import AUTO_BATCH_SIZE, LEGACY_BATCH_SIZE, Outcome, ResumptionInput
+from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.workflows.models import (
+    AUTO_BATCH_SIZE,
+    AUTO_SCRIPT_BYTES,
+    LEGACY_BATCH_SIZE,
+    Outcome,
+    ResumptionInput,
+)
 from xmc_resumption.workflows.resumption import PUBLISH_ROUNDS, ResumptionWorkflow
 from xmc_resumption.workflows.state import RunState
 
@@ -69,20 +77,39 @@ async def test_a_turn_is_the_check_then_the_publish_in_rounds(temporal_env, redi
 
 
 async def test_an_input_without_a_batch_gets_the_automatic_one(temporal_env, redis, redis_url, task_queue) -> None:
-    """Threshold 2,500 and 2,500 held: one publish call moves them all in scripts of ``AUTO_BATCH_SIZE``
-    (1,000 + 1,000 + 500) and completes."""
+    """Tasks of about 1 KiB, threshold 600, a consumer: the first publish call moves scripts of 100 (nothing measured
+    yet), the later ones scripts of about ``AUTO_SCRIPT_BYTES`` of such tasks (252 of them)."""
     e = experiment()
-    names = await hold_tasks(redis, e, 2_500)
+    keys = ExperimentKeys(STREAM, e)
+    await held.pause(redis, keys)
+    for i in range(2_000):
+        await held.enqueue_task(redis, keys, {"task": f"t{i}", "payload": "x" * 1_000})
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    async with resumption_worker(temporal_env.client, task_queue, redis_url):
-        handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=2_500)
-        result = await handle.result()
-    assert (result.outcome, result.replayed, result.turns) == (Outcome.COMPLETED, 2_500, 1)
-    assert await stream_tasks(redis) == names
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen, per_read=100))
+    try:
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
+            handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=600)
+            result = await handle.result()
+    finally:
+        stop.set()
+        await consumer
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 2_000)
+    assert seen == [f"t{i}".encode() for i in range(2_000)]
     publishes = [r for k, r in await redis_calls(handle) if k == "publish_batch"]
-    assert AUTO_BATCH_SIZE == 1_000
-    assert [(r["moved"], r["status"]) for r in publishes] == [(1_000, "published"), (500, "completed")]
-    assert publishes[1]["rounds"] == {"scripts": 3, "moved": 2_500}
+    task_bytes = publishes[0]["moved_bytes"] / publishes[0]["moved"]
+    learned = int(AUTO_SCRIPT_BYTES // task_bytes)
+    assert publishes[0]["moved"] == LEGACY_BATCH_SIZE and 240 <= learned <= 256
+    assert max(r["moved"] for r in publishes) == learned  # a later script took a whole automatic batch
+
+
+def test_the_automatic_batch_is_about_its_bytes_of_the_tasks_last_moved() -> None:
+    state = RunState.of(ResumptionInput(experiment_id="E1"))
+    state.start_rounds(True)
+    assert state.batch_size == LEGACY_BATCH_SIZE  # nothing moved yet
+    for task_bytes, batch in ((1_024.0, 256), (10.0, AUTO_BATCH_SIZE), (10 * 1024 * 1024.0, 1), (0.5, AUTO_BATCH_SIZE)):
+        state.task_bytes = task_bytes
+        assert state.batch_size == batch
 
 
 async def test_an_update_reports_the_automatic_batch_in_use(temporal_env, redis, redis_url, task_queue) -> None:
@@ -94,7 +121,8 @@ async def test_an_update_reports_the_automatic_batch_in_use(temporal_env, redis,
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
         effective = await handle.execute_update(ResumptionWorkflow.set_threshold, 6)
-        assert (effective.max_backlog_threshold, effective.batch_size) == (6, AUTO_BATCH_SIZE)
+        # the batch in use: nothing has moved yet, so the automatic batch is still the first one
+        assert (effective.max_backlog_threshold, effective.batch_size) == (6, LEGACY_BATCH_SIZE)
         changed = await handle.execute_update(ResumptionWorkflow.set_batch_size, 7)
         assert changed.batch_size == 7
         await handle.execute_update(ResumptionWorkflow.pause)
@@ -110,7 +138,7 @@ def test_the_batch_of_runs_with_and_without_the_patch_survives_continue_as_new()
     with_patch.start_rounds(True)
     without = RunState.of(inp)
     without.start_rounds(False)
-    assert (with_patch.batch_size, with_patch.input.batch_size) == (AUTO_BATCH_SIZE, None)
+    assert (with_patch.batch_size, with_patch.input.batch_size) == (LEGACY_BATCH_SIZE, None)
     assert (without.batch_size, without.input.batch_size) == (LEGACY_BATCH_SIZE, 100)
     explicit = RunState.of(ResumptionInput(experiment_id="E1", batch_size=7))
     explicit.start_rounds(False)

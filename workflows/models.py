@@ -117,9 +117,12 @@ MAX_BATCH_SIZE = 10_000
 """The largest ``batch_size`` accepted (entries)."""
 
 AUTO_BATCH_SIZE = 1_000
-"""The batch of a replay whose input leaves ``batch_size`` out (entries): large enough that one script fills the
-default threshold's headroom, small enough that a script of small tasks stays near a millisecond of Redis time (the
-byte budget bounds large tasks); docs/pacing.md, "The loop's own cost"."""
+"""The largest automatic batch (entries): the batch of a replay whose input leaves ``batch_size`` out is about
+``AUTO_SCRIPT_BYTES`` of its tasks, at most this many; docs/pacing.md, "The loop's own cost"."""
+
+AUTO_SCRIPT_BYTES = 256 * 1024
+"""What one script of an automatic batch moves, about (bytes, as the publish script counts them: ``moved_bytes``):
+about a millisecond of Redis time on Redis 7.0 (4.5 ms per MiB moved: docs/benchmarks.md, "Backlog cost")."""
 
 LEGACY_BATCH_SIZE = 100
 """The batch of runs started before patch ``publish-rounds`` whose input left ``batch_size`` out (entries): the
@@ -143,10 +146,11 @@ class ResumptionInput(BaseModel):
             replay waits while the largest backlog among them is at the threshold; the progress
             names the group that holds it back (``limiting_group``; docs/memory.md).
         batch_size: the most tasks one publish script moves (entries, 1..10,000); None (the
-            default): automatic, ``AUTO_BATCH_SIZE`` (runs started before patch ``publish-rounds``
-            without the field keep ``LEGACY_BATCH_SIZE``). Either way a publish moves at most the
-            headroom, in as many scripts as the batch and the byte budget need (docs/pacing.md,
-            "The loop's own cost").
+            default): automatic, about ``AUTO_SCRIPT_BYTES`` of tasks as the last publish measured
+            them, 1..``AUTO_BATCH_SIZE`` (``LEGACY_BATCH_SIZE`` before a publish moved any; runs
+            started before patch ``publish-rounds`` without the field keep ``LEGACY_BATCH_SIZE``).
+            Either way a publish moves at most the headroom, in as many scripts as the batch and
+            the byte budget need (docs/pacing.md, "The loop's own cost").
         max_backlog_threshold: at or above this backlog (entries) the replay waits; at most
             100,000, since counting the lag reads up to this many entries inside a Lua script,
             which blocks Redis while it runs.
@@ -302,7 +306,7 @@ class ResumptionInput(BaseModel):
 
     def _batch_text(self) -> str:
         if self.batch_size is None:
-            return f"automatic, up to {AUTO_BATCH_SIZE} tasks per script"
+            return f"automatic, about {AUTO_SCRIPT_BYTES // 1024} KiB of tasks (at most {AUTO_BATCH_SIZE}) per script"
         return f"up to {self.batch_size} tasks per script"
 
     def _pacing_text(self) -> str:

@@ -29,6 +29,7 @@ from xmc_resumption.workflows.control import INVALID_CONTROL, RESUMPTION_ENDING,
 from xmc_resumption.workflows.eta import NetRate, eta_seconds
 from xmc_resumption.workflows.models import (
     AUTO_BATCH_SIZE,
+    AUTO_SCRIPT_BYTES,
     LEGACY_BATCH_SIZE,
     Carry,
     Outcome,
@@ -72,6 +73,8 @@ class RunState:
         lease_until: when the claim's lease lapses at the latest, as of the last call that
             extended it (``leased``; workflow time, UTC); None before one in this run.
         rounds: the loop of patch ``publish-rounds`` (``start_rounds``).
+        task_bytes: the mean bytes of a task the last publish moved (its ``moved_bytes`` over
+            ``moved``), for the automatic batch; None before one moved any in this run.
     """
 
     input: ResumptionInput
@@ -95,6 +98,7 @@ class RunState:
     outcome_counted: bool = False
     lease_until: datetime | None = None
     rounds: bool = False
+    task_bytes: float | None = None
 
     @classmethod
     def of(cls, inp: ResumptionInput) -> RunState:
@@ -196,8 +200,16 @@ class RunState:
 
     @property
     def batch_size(self) -> int:
-        """The most tasks one publish script moves (entries): the input's, else ``AUTO_BATCH_SIZE``."""
-        return AUTO_BATCH_SIZE if self.input.batch_size is None else self.input.batch_size
+        """The most tasks one publish script moves (entries): the input's, else the automatic batch.
+
+        The automatic batch is about ``AUTO_SCRIPT_BYTES`` of tasks of the size the last publish moved
+        (``task_bytes``), 1..``AUTO_BATCH_SIZE``; ``LEGACY_BATCH_SIZE`` before a publish of this run moved any.
+        """
+        if self.input.batch_size is not None:
+            return self.input.batch_size
+        if self.task_bytes is None:
+            return LEGACY_BATCH_SIZE
+        return max(1, min(AUTO_BATCH_SIZE, int(AUTO_SCRIPT_BYTES // max(1.0, self.task_bytes))))
 
     def leased(self, now: datetime) -> None:
         """Extend the claim's lease after a call answered at workflow time ``now``.
@@ -294,9 +306,12 @@ class RunState:
 
         Redis's count is the authority: the resume's (``replayed``: every claim's moves, a reset workflow's too), else
         the claim's (``total_moved``), else (results recorded before either existed) the run's own sum. Publishes whose
-        history was lost are in it too (a stale reply after a lost history adds what this run never saw).
+        history was lost are in it too (a stale reply after a lost history adds what this run never saw). The size of
+        the tasks it moved sets ``task_bytes``.
         """
         p = self.progress
+        if result.moved > 0 and result.moved_bytes > 0:
+            self.task_bytes = result.moved_bytes / result.moved
         if result.replayed is not None:
             p.replayed = result.replayed
         elif result.total_moved is not None:
