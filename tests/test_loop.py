@@ -78,7 +78,7 @@ async def test_a_turn_is_the_check_then_the_publish_in_rounds(temporal_env, redi
 
 async def test_an_input_without_a_batch_gets_the_automatic_one(temporal_env, redis, redis_url, task_queue) -> None:
     """Tasks of about 1 KiB, threshold 600, a consumer: the first publish call moves scripts of 100 (nothing measured
-    yet), the later ones scripts of about ``AUTO_SCRIPT_BYTES`` of such tasks (252 of them)."""
+    yet), the later ones scripts of about ``AUTO_SCRIPT_BYTES`` of such tasks (126 of them)."""
     e = experiment()
     keys = ExperimentKeys(STREAM, e)
     await held.pause(redis, keys)
@@ -99,7 +99,7 @@ async def test_an_input_without_a_batch_gets_the_automatic_one(temporal_env, red
     publishes = [r for k, r in await redis_calls(handle) if k == "publish_batch"]
     task_bytes = publishes[0]["moved_bytes"] / publishes[0]["moved"]
     learned = int(AUTO_SCRIPT_BYTES // task_bytes)
-    assert publishes[0]["moved"] == LEGACY_BATCH_SIZE and 240 <= learned <= 256
+    assert publishes[0]["moved"] == LEGACY_BATCH_SIZE and 120 <= learned <= 128
     assert max(r["moved"] for r in publishes) == learned  # a later script took a whole automatic batch
 
 
@@ -107,7 +107,7 @@ def test_the_automatic_batch_is_about_its_bytes_of_the_tasks_last_moved() -> Non
     state = RunState.of(ResumptionInput(experiment_id="E1"))
     state.start_rounds(True)
     assert state.batch_size == LEGACY_BATCH_SIZE  # nothing moved yet
-    for task_bytes, batch in ((1_024.0, 256), (10.0, AUTO_BATCH_SIZE), (10 * 1024 * 1024.0, 1), (0.5, AUTO_BATCH_SIZE)):
+    for task_bytes, batch in ((1_024.0, 128), (10.0, AUTO_BATCH_SIZE), (10 * 1024 * 1024.0, 1), (0.5, AUTO_BATCH_SIZE)):
         state.task_bytes = task_bytes
         assert state.batch_size == batch
 

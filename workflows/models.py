@@ -116,13 +116,13 @@ class Carry(BaseModel):
 MAX_BATCH_SIZE = 10_000
 """The largest ``batch_size`` accepted (entries)."""
 
-AUTO_BATCH_SIZE = 1_000
-"""The largest automatic batch (entries): the batch of a replay whose input leaves ``batch_size`` out is about
-``AUTO_SCRIPT_BYTES`` of its tasks, at most this many; docs/pacing.md, "The loop's own cost"."""
+AUTO_BATCH_SIZE = 500
+"""The largest automatic batch (entries; one script fills the default threshold's headroom): the batch of a replay
+whose input leaves ``batch_size`` out is about ``AUTO_SCRIPT_BYTES`` of its tasks, at most this many."""
 
-AUTO_SCRIPT_BYTES = 256 * 1024
+AUTO_SCRIPT_BYTES = 128 * 1024
 """What one script of an automatic batch moves, about (bytes, as the publish script counts them: ``moved_bytes``):
-about a millisecond of Redis time on Redis 7.0 (4.5 ms per MiB moved: docs/benchmarks.md, "Backlog cost")."""
+with tasks of 1 KiB about the old default batch of 100 (docs/pacing.md, "The loop's own cost")."""
 
 LEGACY_BATCH_SIZE = 100
 """The batch of runs started before patch ``publish-rounds`` whose input left ``batch_size`` out (entries): the
