@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from tests.support.helpers import (
@@ -121,6 +122,19 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
     }
 
 
+async def settled_history(handle: Any) -> list[Any]:
+    """The run's events once its throttle timer has started and two readings 0.2 s apart agree."""
+    events: list[Any] = []
+    for _ in range(100):
+        now = list((await handle.fetch_history()).events)
+        started = any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in now)
+        if started and len(now) == len(events):
+            return now
+        events = now
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the history did not settle: {len(events)} events")
+
+
 async def test_a_rejected_update_leaves_nothing_in_the_history(temporal_env, redis, redis_url, task_queue) -> None:
     """On a real server the validator runs in a speculative workflow task: a rejection adds no event,
     whether the Update came from the SDK or the Temporal CLI."""
@@ -137,7 +151,7 @@ async def test_a_rejected_update_leaves_nothing_in_the_history(temporal_env, red
             throttle_policy="fixed",
         )
         await wait_for(handle, throttled)
-        before = (await handle.fetch_history()).events
+        before = await settled_history(handle)  # the 60 s timer started, nothing else to come before it fires
         with pytest.raises(WorkflowUpdateFailedError) as raised:
             await handle.execute_update(ResumptionWorkflow.set_throttle_seconds, 600.0)
         # typed at the Temporal CLI: JSON true is no threshold (it was taken as 1 once)

@@ -357,9 +357,10 @@ async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(
     temporal_env, redis, redis_url, task_queue
 ) -> None:
     """As after a workflow reset: the publish record already holds a later seq of the run's own
-    token (here a hand-made record claiming 7 tasks). The run's publishes are refused as stale, it
-    goes on from the recorded seq, and the recorded result is never counted: ``replayed`` is what
-    the run moved."""
+    token (here a hand-made record claiming 7 tasks, without Redis's counts). The run's next publish
+    call finds its seq older than the record's: it takes the recorded result (as a call asked again
+    after a lost reply does), goes on from the recorded seq, and the recorded result is never
+    counted: ``replayed`` is what the run moved."""
     async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
         recorded = PublishResult(
             status=PublishStatus.PUBLISHED,
@@ -370,7 +371,9 @@ async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(
             lag=0,
             group_status=GroupStatus.OK,
         )
-        await redis.hset(run.keys.publish, mapping={"token": 1, "seq": 5, "result": recorded.model_dump_json()})
+        # as the script records a result: without ``repeated`` (it marks the result so when it returns it again)
+        record = recorded.model_dump_json(exclude={"repeated"})
+        await redis.hset(run.keys.publish, mapping={"token": 1, "seq": 5, "result": record})
         await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone
         stop, seen = asyncio.Event(), []
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
@@ -378,10 +381,10 @@ async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(
         stop.set()
         await consumer
     publishes = [r for k, r in await redis_calls(run.handle) if k == "publish_batch"]
-    stale = next(i for i, r in enumerate(publishes) if r["status"] == "stale")
+    taken = next(i for i, r in enumerate(publishes) if r.get("repeated"))
     assert (result.outcome, result.remaining, result.token) == (Outcome.COMPLETED, 0, 1)
-    assert all(r["moved"] == 0 for r in publishes[:stale])  # throttled before the record was written
-    assert (publishes[stale]["moved"], publishes[stale]["last_seq"]) == (0, 5)
+    assert all(r["moved"] == 0 for r in publishes[:taken])  # throttled before the record was written
+    assert (publishes[taken]["moved"], publishes[taken]["rounds"]["scripts"]) == (7, 4)  # seqs 2..5
     assert result.replayed == 10, "replayed counts only the tasks this run moved"
     assert await redis.xlen(STREAM) == 5 + 10
     assert (await stream_tasks(redis))[5:] == run.names

@@ -316,7 +316,7 @@ class RunState:
             p.replayed = result.replayed
         elif result.total_moved is not None:
             p.replayed = result.total_moved
-        else:
+        elif not result.repeated:  # (a recorded result returned again moved nothing now)
             p.replayed += result.moved
         p.remaining = result.remaining
 
