@@ -13,7 +13,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.requests import ExperimentRef, ReleaseRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
-    from xmc_resumption.errors import one_line
+    from xmc_resumption.redisclient.text import one_line
     from xmc_resumption.workflows.calls import FAILED_CALL, RELEASE_RETRY, call, failure_text, permanent
     from xmc_resumption.workflows.models import Outcome
     from xmc_resumption.workflows.state import RunState

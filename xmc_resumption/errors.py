@@ -26,6 +26,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from xmc_resumption.redisclient.acl import denial_message
+from xmc_resumption.redisclient.text import MAX_DETAIL_CHARS, one_line
 from xmc_resumption.search_attributes import SearchAttributesMissingError
 from xmc_resumption.settings import Settings, TemporalUnreachableError, redacted_url, redis_db_of, temporal_target
 
@@ -39,9 +40,6 @@ terminated, cancelled or timed out (``RunFailedError``)."""
 EXIT_BROKEN_PIPE = 141
 """Exit code when stdout's reader went away (``xmc status E | head``): 128 + SIGPIPE, as a shell
 reports a command that SIGPIPE ended; nothing is printed."""
-
-MAX_DETAIL_CHARS = 300
-"""Longest detail (a server's reply, a validation message) one line carries."""
 
 
 class OperatorError(Exception):
@@ -60,12 +58,6 @@ class KeyContentError(OperatorError):
 
     The wrong type, or a value that is no state / no integer (docs/contract.md, "Redis keys").
     """
-
-
-def one_line(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
-    """``text`` on one line (line breaks become ``; ``), cut at ``limit`` characters."""
-    flat = "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def validation_message(err: ValidationError) -> str:

@@ -23,7 +23,7 @@ from temporalio.client import (
 from temporalio.common import TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from xmc_resumption.errors import KeyContentError, OperatorError, one_line, update_failure_message
+from xmc_resumption.errors import KeyContentError, OperatorError, update_failure_message
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.acl import acl_user, denial_message
 from xmc_resumption.redisclient.backlog import measure_backlog
@@ -32,6 +32,7 @@ from xmc_resumption.redisclient.consumers import idle_consumers
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, validate_name
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.redisclient.results import ExperimentState, GroupStatus
+from xmc_resumption.redisclient.text import one_line
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.control import Control, EffectiveSettings
 from xmc_resumption.workflows.models import WORKFLOW_TYPE, Progress, ResumptionInput, ResumptionResult, workflow_id_for

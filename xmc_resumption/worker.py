@@ -33,12 +33,13 @@ from temporalio import activity, workflow
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from xmc_resumption.errors import EXIT_OPERATOR_ERROR, is_certificate_refused, one_line, operator_message, redis_message
+from xmc_resumption.errors import EXIT_OPERATOR_ERROR, is_certificate_refused, operator_message, redis_message
 from xmc_resumption.plugin import ResumptionPlugin
 from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.redisclient.memory import read_memory
+from xmc_resumption.redisclient.text import one_line
 from xmc_resumption.settings import Settings, connect_temporal
 
 log = logging.getLogger("xmc.worker")

@@ -26,10 +26,10 @@ from xmc_resumption.errors import (
     EXIT_OPERATOR_ERROR,
     EXIT_RUN_FAILED,
     RunFailedError,
-    one_line,
     operator_message,
 )
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
+from xmc_resumption.redisclient.text import one_line
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import ResumptionInput, duration_text
 

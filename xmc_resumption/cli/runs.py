@@ -41,7 +41,6 @@ from xmc_resumption.errors import (
     EXIT_RUN_FAILED,
     OperatorError,
     RunFailedError,
-    one_line,
     workflow_failure_message,
 )
 from xmc_resumption.ops import (
@@ -51,6 +50,7 @@ from xmc_resumption.ops import (
 )
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND
+from xmc_resumption.redisclient.text import one_line
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
 from xmc_resumption.workflows.models import TASK_QUEUE, ResumptionInput, workflow_id_for

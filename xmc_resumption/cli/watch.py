@@ -22,9 +22,10 @@ from temporalio.client import (
 from temporalio.service import RPCError
 
 from xmc_resumption.cli.common import QUERY_TIMEOUT_SECONDS, eta_text, or_missing
-from xmc_resumption.errors import RunFailedError, one_line, workflow_failure_message
+from xmc_resumption.errors import RunFailedError, workflow_failure_message
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import as_text
+from xmc_resumption.redisclient.text import one_line
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import Phase, Progress, ResumptionInput, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow

@@ -20,7 +20,7 @@ from xmc_resumption.client.views import (
     ResumptionHandle,
     Stopping,
 )
-from xmc_resumption.errors import one_line, operator_message
+from xmc_resumption.errors import operator_message
 from xmc_resumption.ops import (
     DEFAULT_IDLE_SECONDS,
     MAX_LISTED,
@@ -49,6 +49,7 @@ from xmc_resumption.redisclient.held import (
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.redisclient.text import one_line
 from xmc_resumption.settings import Settings, connect_temporal
 from xmc_resumption.workflows.control import Control, ControlChange, EffectiveSettings
 from xmc_resumption.workflows.models import TASK_QUEUE, ResumptionInput

@@ -8,5 +8,6 @@ of ``lua/``), ``connection`` (the client, and dropping pooled connections after 
 enqueue), ``publish`` (the atomic move of held tasks into the task stream), ``deadletter`` (held
 tasks set aside, retried or dropped), ``memory`` (Redis's memory limit and eviction policy),
 ``weights`` (fair-share weights of a stream's replays), ``ratecap`` (the stream-wide rate cap),
-``consumers`` (idle consumers holding pending entries), ``acl`` (the ACL user and its denials).
+``consumers`` (idle consumers holding pending entries), ``acl`` (the ACL user and its denials),
+``text`` (one-line messages).
 """
