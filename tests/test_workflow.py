@@ -193,7 +193,7 @@ async def fails_at_once_naming(
 NUMERIC_FIELDS = [
     "batch_size", "max_backlog_threshold", "throttle_seconds", "min_wait_seconds", "max_wait_seconds",
     "claim_lease_seconds", "redis_retry_seconds", "stall_window_seconds", "max_stall_seconds",
-    "max_bytes_per_call", "turns_per_run",
+    "max_bytes_per_call", "turns_per_run", "max_run_seconds",
 ]  # fmt: skip
 RAW_BAD_INPUTS = [
     # what the Temporal CLI sends for --input, as JSON text: wrong types for the whole input

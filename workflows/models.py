@@ -31,6 +31,9 @@ TASK_QUEUE = "xmc-resumption"
 MAX_WAIT_SECONDS = 86_400.0
 """The longest single wait (seconds): one day; a longer durable timer is never what an operator means."""
 
+MAX_RUN_SECONDS = 7 * 86_400.0
+"""The longest ``max_run_seconds`` (seconds): a week."""
+
 MAX_LEASE_SECONDS = MAX_LEASE_MS / 1000
 """The longest claim lease (seconds): a week (``redisclient.fencing.MAX_LEASE_MS``)."""
 
@@ -180,6 +183,11 @@ class ResumptionInput(BaseModel):
             the run.
         turns_per_run: continue-as-new after this many turns (or earlier when Temporal suggests it)
             to keep each run's history small.
+        max_run_seconds: continue-as-new once a run has lasted this long (seconds of workflow time
+            from the run's start, checked between turns, so a run lasts at most this plus one
+            turn; 0 < s <= 7 days, default an hour). With Worker Versioning the next run starts on
+            the current Worker Deployment Version, so no run stays on an older release for longer
+            (docs/operating.md, "Rolling out a release").
         carry: set by the workflow itself when it continues as new.
         max_memory_fraction: with headroom left, the replay waits (a durable timer of
             ``throttle_seconds``, whatever the policy) while Redis's used memory is at or above this
@@ -224,6 +232,7 @@ class ResumptionInput(BaseModel):
     max_bytes_per_call: int = Field(default=DEFAULT_BYTE_BUDGET, ge=64 * 1024, le=64 * 1024 * 1024, strict=True)
     missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT
     turns_per_run: int = Field(default=500, ge=1, le=10_000, strict=True)
+    max_run_seconds: float = Field(default=3_600.0, gt=0, le=MAX_RUN_SECONDS, allow_inf_nan=False, strict=True)
     carry: Carry | None = None
     max_memory_fraction: float | None = Field(
         default=DEFAULT_MEMORY_FRACTION, gt=0, le=1, allow_inf_nan=False, strict=True
@@ -300,7 +309,8 @@ class ResumptionInput(BaseModel):
             f"- stalled after {self.stall_window_seconds:g} s without the backlog going down"
             + (f"; ends the run after {self.max_stall_seconds:g} s" if self.max_stall_seconds else "")
             + "\n"
-            f"- missing consumer group: {self.missing_group.value}; continue-as-new every {self.turns_per_run} turns"
+            f"- missing consumer group: {self.missing_group.value}; continue-as-new every {self.turns_per_run} turns "
+            f"or {self.max_run_seconds:g} s"
             + (f"\n- rate cap: {self.max_tasks_per_second:g} tasks/s" if self.max_tasks_per_second else "")
         )
 

@@ -171,6 +171,11 @@ INPUT_OPTIONS = (
     InputOption("--max-bytes-per-call", "max_bytes_per_call", "byte budget of one Redis script"),
     InputOption("--turns-per-run", "turns_per_run", "continue-as-new after this many turns"),
     InputOption(
+        "--max-run-seconds",
+        "max_run_seconds",
+        "continue-as-new once a run has lasted this long (seconds): how long a release takes to reach the replay",
+    ),
+    InputOption(
         "--max-memory-fraction",
         "max_memory_fraction",
         "wait while Redis's used memory is at or above this share of maxmemory",
