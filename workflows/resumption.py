@@ -18,8 +18,8 @@ next publish. Under the adaptive policy a publish that filled the headroom goes 
 wait, which measures the drain itself; under the fixed one the next turn's publish measures again.
 
 The Redis calls are local activities (``workflows/calls.py``). The run's state is one ``RunState``
-(``workflows/state.py``), handed on as its ``Carry`` when the run continues as new after
-``turns_per_run`` turns or when Temporal suggests it. Beside the loop: the Updates, signal and
+(``workflows/state.py``), handed on as its ``Carry`` when the run continues as new (``_loop`` says
+when; the next run starts on the current Worker Deployment Version). Beside the loop: the Updates, signal and
 query (``workflows/handlers.py``), the waits (``workflows/waits.py``), the hand-back
 (``workflows/release.py``), the fleet view's upserts (``workflows/fleet.py``) and the metrics
 (``workflows/metrics.py``).
@@ -190,15 +190,23 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         """Take the claim, then turn until the resumption ends.
 
         A Redis fault that outlasts a call's retries waits on a durable timer and starts the step over; the run
-        continues as new after ``turns_per_run`` turns, or as many tries of the claim, or when Temporal suggests it
-        (before the claim too, carrying token 0).
+        continues as new after ``turns_per_run`` turns, or as many tries of the claim, once it has lasted
+        ``max_run_seconds``, when Temporal suggests it, or when the task queue's target Worker Deployment Version
+        changed (before the claim too, carrying token 0).
         """
         inp, p = self._state.input, self._state.progress
         claim_tries = turns_this_run = 0
+        run_started = workflow.now()
         while True:
             if self._state.stopping:
                 return await self._stop()
-            if max(claim_tries, turns_this_run) >= inp.turns_per_run or workflow.info().is_continue_as_new_suggested():
+            info = workflow.info()
+            if (
+                max(claim_tries, turns_this_run) >= inp.turns_per_run
+                or (workflow.now() - run_started).total_seconds() >= inp.max_run_seconds
+                or info.is_continue_as_new_suggested()
+                or info.is_target_worker_deployment_version_changed()
+            ):
                 await self._continue_as_new()
                 continue  # it returns only when a pause was accepted meanwhile: stop instead
             try:
@@ -532,7 +540,11 @@ class ResumptionWorkflow(ControlHandlers, Waits):
         if self._state.stopping:
             return  # the pause Update was accepted while the handlers finished: stop, do not carry on
         workflow.logger.info("continuing as new", extra={"experiment_id": p.experiment_id, "turns": p.turns})
-        workflow.continue_as_new(self._state.next_input())
+        # pinned to its Worker Deployment Version, the run hands over to the task queue's current one (a no-op on
+        # unversioned workers): a release reaches the replay here, with no patch (docs/operating.md)
+        workflow.continue_as_new(
+            self._state.next_input(), initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
+        )
 
     async def _release(self, *, back_to_paused: bool, outcome: str) -> None:
         """Release the claim, recording ``outcome`` with it.
