@@ -113,7 +113,11 @@ the stall window again (runs recorded before it replay with the restart). A rate
 operator's own request (``max_tasks_per_second``, ``{S}:rate``) and still starts it again."""
 
 
-@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError, TypeError])
+FAILURE_EXCEPTION_TYPES = [ValidationError, TypeError]
+"""What fails a run instead of retrying its workflow task: a bad input (see ``ResumptionWorkflow``)."""
+
+
+@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
 class ResumptionWorkflow(ControlHandlers, Waits):
     """Replays held tasks of one experiment; see the module docstring.
 

@@ -1,0 +1,29 @@
+"""``PinnedResumptionWorkflow``: ``ResumptionWorkflow`` declared pinned, for workers with Worker Versioning.
+
+Each run stays on the Worker Deployment Version it started on and hands over to the task queue's current
+one when it continues as new (``ResumptionWorkflow._continue_as_new``), so a release needs no patch.
+``ResumptionWorkflow`` itself declares no versioning behavior: a Temporal server refuses every workflow task
+that a worker without Worker Versioning completes with one (docs/operating.md, "Rolling out a release").
+``ResumptionPlugin`` registers the class that fits the worker.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.common import VersioningBehavior
+
+with workflow.unsafe.imports_passed_through():
+    from xmc_resumption.workflows.models import WORKFLOW_TYPE, ResumptionInput, ResumptionResult
+    from xmc_resumption.workflows.resumption import FAILURE_EXCEPTION_TYPES, ResumptionWorkflow
+
+
+@workflow.defn(
+    name=WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES, versioning_behavior=VersioningBehavior.PINNED
+)
+class PinnedResumptionWorkflow(ResumptionWorkflow):
+    """``ResumptionWorkflow`` pinned to its Worker Deployment Version: the same type, input, result and handlers."""
+
+    @workflow.run
+    async def run(self, inp: ResumptionInput) -> ResumptionResult:
+        """Run the resumption loop (``ResumptionWorkflow.run``)."""
+        return await super().run(inp)
