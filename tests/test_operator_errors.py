@@ -123,6 +123,11 @@ def test_bad_resume_input_names_the_field() -> None:
         ({"XMC_REDIS_URL": "redis://127.0.0.1/0?db=x"}, "XMC_REDIS_URL: Invalid value for 'db' in connection URL"),
         ({"XMC_METRICS_BIND": "9090"}, "XMC_METRICS_BIND: must be host:port with a port in 1..65535"),
         ({"XMC_TASK_QUEUE": ""}, "XMC_TASK_QUEUE: String should have at least 1 character"),
+        ({"XMC_BUILD_ID": "b7"}, "XMC_DEPLOYMENT_NAME and XMC_BUILD_ID go together (a Worker Deployment Version)"),
+        ({"XMC_DEPLOYMENT_NAME": "x.y", "XMC_BUILD_ID": "b7"}, "XMC_DEPLOYMENT_NAME: must not contain '.'"),
+        ({"XMC_DEPLOYMENT_NAME": "x", "XMC_BUILD_ID": "__unversioned__"}, "XMC_BUILD_ID: __unversioned__ is reserved"),
+        ({"XMC_DEPLOYMENT_NAME": "x", "XMC_BUILD_ID": "b" * 256}, "XMC_BUILD_ID: String should have at most 255"),
+        ({"XMC_DEPLOYMENT_NAME": "x\ty", "XMC_BUILD_ID": "b7"}, "XMC_DEPLOYMENT_NAME: must be printable"),
     ],
 )
 @pytest.mark.parametrize("module", ["xmc_resumption", "xmc_resumption.worker"])

@@ -23,20 +23,23 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHistory
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 from temporalio.converter import DataConverter, DefaultFailureConverter, DefaultPayloadConverter, PayloadCodec
 from temporalio.plugin import SimplePlugin
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker, WorkerDeploymentConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from tests.support.helpers import bare_namespace, hold_tasks, scrape, stream_tasks
 from tests.support.parent import ResumeExperimentParent
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.plugin import (
+    DEFAULT_VERSIONING_BEHAVIOR,
     PLUGIN_NAME,
     SANDBOX_PASSTHROUGH,
     ResumptionPlugin,
+    deployment_config,
     prometheus_runtime,
     pydantic_converter,
     sandbox_passthrough,
@@ -47,6 +50,7 @@ from xmc_resumption.settings import Settings
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+from xmc_resumption.workflows.versioned import PinnedResumptionWorkflow
 
 ACTIVITIES = [
     "acquire_claim",
@@ -276,3 +280,92 @@ async def test_a_replayer_with_the_plugin_replays_a_recorded_history() -> None:
     for name in ("completed_after_throttles", "continued_as_new"):
         path = HISTORIES / f"{name}.json"
         await replayer.replay_workflow(WorkflowHistory.from_json(f"resumption-{name}", path.read_text()))
+
+
+VERSION = WorkerDeploymentVersion(deployment_name="xmc", build_id="b7")
+
+
+def test_a_deployment_version_in_the_settings_turns_worker_versioning_on() -> None:
+    settings = Settings(deployment_name="xmc", build_id="b7")
+    assert settings.deployment_version() == VERSION
+    assert deployment_config(settings, None) == WorkerDeploymentConfig(
+        version=VERSION, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.AUTO_UPGRADE
+    )
+    assert DEFAULT_VERSIONING_BEHAVIOR is VersioningBehavior.AUTO_UPGRADE
+    theirs = WorkerDeploymentConfig(
+        version=VERSION, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
+    )
+    assert deployment_config(settings, theirs) is theirs  # the same version: the worker's own choices kept
+    for other in (
+        WorkerDeploymentConfig(version=WorkerDeploymentVersion("xmc", "b8"), use_worker_versioning=True),
+        WorkerDeploymentConfig(version=WorkerDeploymentVersion("other", "b7"), use_worker_versioning=True),
+        WorkerDeploymentConfig(version=VERSION, use_worker_versioning=False),
+    ):
+        with pytest.raises(ValueError, match=r"disagrees with XMC_DEPLOYMENT_NAME and XMC_BUILD_ID \(xmc\.b7\)"):
+            deployment_config(settings, other)
+    unset = Settings()
+    assert unset.deployment_version() is None
+    assert deployment_config(unset, None) is None
+    assert deployment_config(unset, theirs) is theirs
+
+
+@pytest.mark.parametrize(
+    ("settings", "given", "expected_workflow", "expected_config"),
+    [
+        # unversioned, as before: ResumptionWorkflow declares no behavior (a server refuses one from such a worker)
+        ({}, None, ResumptionWorkflow, None),
+        # the worker only reports its version, without versioning: still no behavior
+        ({}, WorkerDeploymentConfig(version=VERSION, use_worker_versioning=False), ResumptionWorkflow, "given"),
+        # versioning from the settings, or the worker's own: pinned
+        (
+            {"deployment_name": "xmc", "build_id": "b7"},
+            None,
+            PinnedResumptionWorkflow,
+            WorkerDeploymentConfig(
+                version=VERSION, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.AUTO_UPGRADE
+            ),
+        ),
+        (
+            {},
+            WorkerDeploymentConfig(
+                version=VERSION, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
+            ),
+            PinnedResumptionWorkflow,
+            "given",
+        ),
+    ],
+)
+async def test_the_replay_is_registered_pinned_on_a_worker_with_worker_versioning(
+    temporal_env: WorkflowEnvironment,
+    redis_url: str,
+    task_queue: str,
+    settings: dict[str, str],
+    given: WorkerDeploymentConfig | None,
+    expected_workflow: type,
+    expected_config: WorkerDeploymentConfig | str | None,
+) -> None:
+    """The worker's other workflows declare no behavior: with versioning on, the plugin's default covers them."""
+    worker = Worker(
+        temporal_env.client,
+        task_queue=task_queue,
+        workflows=[ResumeExperimentParent],
+        plugins=[ResumptionPlugin(Settings(redis_url=redis_url, **settings))],
+        **({"deployment_config": given} if given else {}),
+    )
+    config = worker.config(active_config=True)
+    assert config["workflows"] == [ResumeExperimentParent, expected_workflow]
+    assert config.get("deployment_config") == (given if expected_config == "given" else expected_config)
+
+
+async def test_a_worker_whose_deployment_config_disagrees_with_the_settings_is_refused(
+    temporal_env: WorkflowEnvironment, redis_url: str
+) -> None:
+    with pytest.raises(ValueError, match=r"deployment_config \(xmc\.b8, use_worker_versioning=True\) disagrees"):
+        Worker(
+            temporal_env.client,
+            task_queue="q",
+            plugins=[ResumptionPlugin(Settings(redis_url=redis_url, deployment_name="xmc", build_id="b7"))],
+            deployment_config=WorkerDeploymentConfig(
+                version=WorkerDeploymentVersion("xmc", "b8"), use_worker_versioning=True
+            ),
+        )

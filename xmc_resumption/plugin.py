@@ -14,7 +14,11 @@ it twice. On each worker it:
   (``workflows/fleet.py``): without them every resumption's workflow task fails for ever after
   its first upsert. A namespace that lacks some stops the start with one
   ``SearchAttributesMissingError`` naming them and the commands that register them;
-- adds ``SANDBOX_PASSTHROUGH`` to a sandboxed workflow runner.
+- adds ``SANDBOX_PASSTHROUGH`` to a sandboxed workflow runner;
+- with ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` set, turns Worker Versioning on
+  (``deployment_config``), and on a worker with Worker Versioning registers the workflow pinned
+  (``PinnedResumptionWorkflow``): each run stays on its release and the next run starts on the current one
+  (docs/operating.md, "Rolling out a release").
 
 On the client and on a ``Replayer`` it sets the pydantic data converter (``pydantic_converter``).
 The metric conventions are the runtime's, which belongs to the process and not to a plugin:
@@ -30,12 +34,13 @@ import weakref
 from collections.abc import Awaitable, Callable
 
 from temporalio.client import Client
+from temporalio.common import VersioningBehavior
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 from temporalio.converter import DataConverter, DefaultPayloadConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker, WorkerConfig, WorkflowRunner
+from temporalio.worker import Worker, WorkerConfig, WorkerDeploymentConfig, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from xmc_resumption import search_attributes
@@ -43,11 +48,14 @@ from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.settings import Settings, prometheus_runtime
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+from xmc_resumption.workflows.versioned import PinnedResumptionWorkflow
 
 __all__ = [
+    "DEFAULT_VERSIONING_BEHAVIOR",
     "PLUGIN_NAME",
     "SANDBOX_PASSTHROUGH",
     "ResumptionPlugin",
+    "deployment_config",
     "prometheus_runtime",
     "pydantic_converter",
     "sandbox_passthrough",
@@ -74,6 +82,38 @@ its calls, with redis-py under them (they do I/O, which never runs in workflow c
 module passes them through where it imports them; on the runner they are passed through for every
 workflow module of the worker, e.g. a platform's parent workflow that imports the models without
 ``workflow.unsafe.imports_passed_through()``."""
+
+
+DEFAULT_VERSIONING_BEHAVIOR = VersioningBehavior.AUTO_UPGRADE
+"""The ``default_versioning_behavior`` of the Worker Versioning the plugin turns on: that of the worker's other
+workflows that declare none, which then move to a new release at their next workflow task, as on a worker
+without versioning (``ResumptionWorkflow`` is registered pinned)."""
+
+
+def deployment_config(settings: Settings, existing: WorkerDeploymentConfig | None) -> WorkerDeploymentConfig | None:
+    """The worker's Worker Versioning: ``existing``, or the one ``settings`` names.
+
+    ``settings.deployment_version()`` (``XMC_DEPLOYMENT_NAME``, ``XMC_BUILD_ID``) turns it on, with
+    ``DEFAULT_VERSIONING_BEHAVIOR``, on a worker given none; None when neither sets one (unversioned).
+
+    Raises:
+        ValueError: the worker has a ``deployment_config`` of another version, or without Worker Versioning,
+            and the settings name one: the plugin cannot tell which is meant.
+    """
+    version = settings.deployment_version()
+    if version is None:
+        return existing
+    if existing is None:
+        return WorkerDeploymentConfig(
+            version=version, use_worker_versioning=True, default_versioning_behavior=DEFAULT_VERSIONING_BEHAVIOR
+        )
+    if existing.version != version or not existing.use_worker_versioning:
+        raise ValueError(
+            f"ResumptionPlugin: the worker's deployment_config ({existing.version.deployment_name}."
+            f"{existing.version.build_id}, use_worker_versioning={existing.use_worker_versioning}) disagrees with "
+            f"XMC_DEPLOYMENT_NAME and XMC_BUILD_ID ({version.deployment_name}.{version.build_id}): set one of them"
+        )
+    return existing
 
 
 def pydantic_converter(existing: DataConverter | None) -> DataConverter:
@@ -122,7 +162,8 @@ class ResumptionPlugin(SimplePlugin):
 
     Args:
         settings: where the activities' Redis is (``XMC_REDIS_URL``, ``XMC_REDIS_CLUSTER``, TLS,
-            timeouts); None reads ``Settings()`` from the environment here. Its ``task_queue``
+            timeouts) and the worker's Worker Deployment Version (``XMC_DEPLOYMENT_NAME``,
+            ``XMC_BUILD_ID``); None reads ``Settings()`` from the environment here. Its ``task_queue``
             is not used: the workflow runs on the queue of each worker the plugin is on, and
             ``xmc resume`` must start it there (``XMC_TASK_QUEUE``).
 
@@ -141,14 +182,16 @@ class ResumptionPlugin(SimplePlugin):
         )
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
-        """Add the workflow, the activities and the sandbox pass-throughs to ``config``.
+        """Add the workflow, the activities, the sandbox pass-throughs and the Worker Versioning to ``config``.
 
-        The activities have no Redis client until the worker starts.
+        The activities have no Redis client until the worker starts. The workflow is ``PinnedResumptionWorkflow``
+        on a worker with Worker Versioning (``deployment_config``), else ``ResumptionWorkflow``.
 
         Raises:
             ValueError: the worker's client lacks the pydantic data converter (the plugin was given
                 to the worker only; give it to ``Client.connect`` instead, or connect with
-                ``temporalio.contrib.pydantic.pydantic_data_converter``).
+                ``temporalio.contrib.pydantic.pydantic_data_converter``); or its ``deployment_config``
+                disagrees with the settings' (``deployment_config``).
         """
         client = config["client"]
         if not issubclass(client.data_converter.payload_converter_class, PydanticPayloadConverter):
@@ -160,7 +203,17 @@ class ResumptionPlugin(SimplePlugin):
         activities = ResumptionActivities(meter=runtime.metric_meter)
         self._waiting.add(activities)
         config["activities"] = [*config.get("activities", ()), *activities.all()]
-        return super().configure_worker(config)
+        versioning = deployment_config(self.settings, config.get("deployment_config"))
+        if versioning is not None:
+            config["deployment_config"] = versioning
+        config = super().configure_worker(config)
+        if versioning is not None and versioning.use_worker_versioning:
+            # a server refuses every workflow task completed with a versioning behavior by a worker without
+            # versioning: the pinned declaration goes only where versioning is on (workflows/versioned.py)
+            config["workflows"] = [
+                PinnedResumptionWorkflow if w is ResumptionWorkflow else w for w in config.get("workflows", ())
+            ]
+        return config
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
         """Check the namespace, give the activities their Redis client, run the worker, close the client.

@@ -25,6 +25,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.retry import Retry as SyncRetry
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig, ClientConnectConfig
 from temporalio.runtime import (
@@ -52,6 +53,12 @@ connection, a timeout or CLUSTERDOWN (redis-py's default is 10). Each try may wa
 for a silent node, and the activity's call has 10 s (``REDIS_CALL_TIMEOUT``): longer outages are
 Temporal's retry (``REDIS_RETRY``), bounded and visible. redis-py retries at once (it uses the
 retry object for its count only), so no backoff is set."""
+
+MAX_VERSION_PART_LENGTH = 255
+"""The longest ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` (characters): the Temporal server's for a build ID."""
+
+UNVERSIONED_BUILD_ID = "__unversioned__"
+"""The build ID the Temporal server reserves for the workers without versioning."""
 
 SECRET_QUERY_ARGS = frozenset({"password", "username"})
 """Query arguments of a Redis URL that ``redacted_url`` masks (redis-py passes unknown ones on)."""
@@ -97,7 +104,8 @@ class Settings(BaseSettings):
     with redis-py's cluster client; default ``false``); TLS to Redis (``rediss://`` only):
     ``XMC_REDIS_TLS_CA_FILE``, ``XMC_REDIS_TLS_CERT_FILE``, ``XMC_REDIS_TLS_KEY_FILE`` (PEM files, see
     ``redis_tls_kwargs``); ``XMC_LOG_FORMAT`` (the worker's log lines: ``json``, one JSON object a line
-    with every ``extra`` field, or ``text``).
+    with every ``extra`` field, or ``text``); ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` (together: the
+    worker's Worker Deployment Version, see ``deployment_version``; unset, the worker is unversioned).
 
     Every field is checked when the settings are read, so a bad value fails before any
     connection, with a message naming the variable and never its secret (see ``xmc_resumption.errors``).
@@ -114,6 +122,26 @@ class Settings(BaseSettings):
     redis_tls_ca_file: Path | None = None
     redis_tls_cert_file: Path | None = None
     redis_tls_key_file: Path | None = None
+    deployment_name: str | None = Field(default=None, max_length=MAX_VERSION_PART_LENGTH)
+    build_id: str | None = Field(default=None, max_length=MAX_VERSION_PART_LENGTH)
+
+    @field_validator("deployment_name", "build_id")
+    @classmethod
+    def _version_part(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """Printable text (empty means unset); a deployment name without ``.``, a build ID not ``__unversioned__``.
+
+        The Temporal server joins the two as ``<name>.<build_id>`` and refuses to make a version current when the
+        name holds a ``.``; it reserves ``__unversioned__`` for the workers without versioning.
+        """
+        if not value:
+            return None
+        if not value.isprintable() or value != value.strip():
+            raise ValueError("must be printable, without leading or trailing spaces")
+        if info.field_name == "deployment_name" and "." in value:
+            raise ValueError("must not contain '.' (Temporal writes a version as <deployment name>.<build ID>)")
+        if value == UNVERSIONED_BUILD_ID:
+            raise ValueError(f"{UNVERSIONED_BUILD_ID} is reserved by Temporal for the workers without versioning")
+        return value
 
     @field_validator("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
     @classmethod
@@ -139,6 +167,22 @@ class Settings(BaseSettings):
         if (self.redis_tls_cert_file is None) != (self.redis_tls_key_file is None):
             raise ValueError("XMC_REDIS_TLS_CERT_FILE and XMC_REDIS_TLS_KEY_FILE go together (a client certificate)")
         return self
+
+    @model_validator(mode="after")
+    def _deployment_name_with_its_build_id(self) -> Settings:
+        """A Worker Deployment Version is a deployment name and a build ID: both or neither."""
+        if (self.deployment_name is None) != (self.build_id is None):
+            raise ValueError("XMC_DEPLOYMENT_NAME and XMC_BUILD_ID go together (a Worker Deployment Version)")
+        return self
+
+    def deployment_version(self) -> WorkerDeploymentVersion | None:
+        """The worker's Worker Deployment Version (``XMC_DEPLOYMENT_NAME``, ``XMC_BUILD_ID``); None: unversioned.
+
+        ``ResumptionPlugin`` turns it on (docs/operating.md, "Rolling out a release").
+        """
+        if self.deployment_name is None or self.build_id is None:
+            return None
+        return WorkerDeploymentVersion(deployment_name=self.deployment_name, build_id=self.build_id)
 
     def redis_tls_kwargs(self) -> dict[str, Any]:
         """The redis-py TLS keywords of these settings (empty for ``redis://`` and ``unix://``).

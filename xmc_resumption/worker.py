@@ -177,6 +177,8 @@ async def _warn_about_eviction(redis: RedisClient) -> None:
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     """Run a worker with ``ResumptionPlugin`` until ``stop`` is set.
 
+    With ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` the plugin runs it as that Worker Deployment Version.
+
     Raises:
         TemporalUnreachableError: Temporal cannot be reached (``connect_temporal``).
         SearchAttributesMissingError: the namespace lacks the fleet view's search attributes.
@@ -190,7 +192,16 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
     )
     running = asyncio.create_task(worker.run())
-    log.info("worker polling task queue %s", settings.task_queue)
+    version = settings.deployment_version()
+    if version is None:
+        log.info("worker polling task queue %s", settings.task_queue)
+    else:
+        log.info(
+            "worker polling task queue %s as Worker Deployment Version %s.%s",
+            settings.task_queue,
+            version.deployment_name,
+            version.build_id,
+        )
     await asyncio.wait([running, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     if running.done():
         running.result()  # the worker failed, or the plugin refused to start it: raise why
