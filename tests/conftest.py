@@ -109,7 +109,12 @@ class Environments:
                 data_converter=pydantic_data_converter,
                 ip="127.0.0.1",
                 dev_server_log_level="error",
-                dev_server_extra_args=["--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'],
+                dev_server_extra_args=[
+                    *("--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'),
+                    # a Worker Deployment Version reports drained within seconds, not 3 min (test_versioning.py)
+                    *("--dynamic-config-value", 'matching.wv.VersionDrainageStatusRefreshInterval="1s"'),
+                    *("--dynamic-config-value", 'matching.wv.VersionDrainageStatusVisibilityGracePeriod="1s"'),
+                ],
                 search_attributes=fleet.ALL,
             )
         client = await Client.connect(kind, data_converter=pydantic_data_converter)

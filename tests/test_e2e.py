@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowFailureError
@@ -22,11 +18,11 @@ from temporalio.worker import Worker
 
 from tests.support.helpers import (
     GROUP,
-    ROOT,
     STREAM,
     consume,
     fill_backlog,
     hold_tasks,
+    running_worker,
     scrape,
     start,
     stream_tasks,
@@ -46,32 +42,6 @@ pytestmark = pytest.mark.real_server
 @pytest.fixture
 def metrics_port() -> int:
     return free_port()
-
-
-@contextmanager
-def running_worker(
-    temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str, log_path: Path, metrics_port: int | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m worker`` configured only through the environment, as an operator runs it;
-    killed at the end of the block if still running."""
-    env = {
-        **({"XMC_METRICS_BIND": f"127.0.0.1:{metrics_port}"} if metrics_port else {}),
-        **os.environ,
-        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "TEMPORAL_NAMESPACE": "default",
-        "XMC_REDIS_URL": redis_url,
-        "XMC_TASK_QUEUE": task_queue,
-    }
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture

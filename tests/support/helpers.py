@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -350,6 +351,39 @@ def run_module(
         cwd=cwd,
         env={"PATH": "/usr/bin:/bin", **env},
     )
+
+
+@contextmanager
+def running_worker(
+    temporal_env: WorkflowEnvironment,
+    redis_url: str,
+    task_queue: str,
+    log_path: Path,
+    metrics_port: int | None = None,
+    **settings: str,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m worker`` configured only through the environment, as an operator runs it, with
+    ``settings`` (``XMC_*`` variables) besides Temporal's address, Redis and the task queue; killed
+    at the end of the block if still running."""
+    env = {
+        **({"XMC_METRICS_BIND": f"127.0.0.1:{metrics_port}"} if metrics_port else {}),
+        **os.environ,
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "TEMPORAL_NAMESPACE": "default",
+        "XMC_REDIS_URL": redis_url,
+        "XMC_TASK_QUEUE": task_queue,
+        **settings,
+    }
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def xmc_process(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
