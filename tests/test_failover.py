@@ -2,8 +2,9 @@
 
 A managed Redis fails over by promoting a replica and moving its DNS name to it; the old primary
 becomes a replica of the new one. Here the stable address is a TCP proxy on a loopback port
-(``SwitchableProxy``): new connections go to its current target, connections opened before the
-switch stay with the old server (as they do across a DNS change) unless the switch resets them.
+(``tests.support.proxy.SwitchableProxy``): new connections go to its current target, connections
+opened before the switch stay with the old server (as they do across a DNS change) unless the
+switch resets them. A crash failover, which loses writes, is tested in ``test_crash_failover.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tests.support.helpers import (
     throttled,
     wait_for,
 )
+from tests.support.proxy import SwitchableProxy
 from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, ExperimentRef, PublishRequest
 from xmc_resumption.activities.resumption import ResumptionActivities, _classified
 from xmc_resumption.redisclient import held
@@ -57,67 +59,6 @@ async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 10) -
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached")
         await asyncio.sleep(0.01)
-
-
-class SwitchableProxy:
-    """A TCP proxy on 127.0.0.1 whose target port can be switched: a stable address.
-
-    ``switch(port)`` sends new connections to ``port``; connections already open keep their old
-    target, unless ``reset=True`` aborts them (an RST to both ends)."""
-
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.sessions: dict[asyncio.StreamWriter, tuple[asyncio.StreamWriter, int]] = {}
-        self._server: asyncio.Server | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/0"
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._session, "127.0.0.1", 0)
-
-    def open_to(self, port: int) -> int:
-        """Connections open through the proxy to ``port`` now."""
-        return sum(1 for _, target in self.sessions.values() if target == port)
-
-    def switch(self, port: int, *, reset: bool = False) -> None:
-        self.target = port
-        if reset:
-            for client, (upstream, _) in list(self.sessions.items()):
-                client.transport.abort()
-                upstream.transport.abort()
-
-    async def close(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        self.switch(self.target, reset=True)
-        await self._server.wait_closed()
-
-    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        target = self.target
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target)
-        except OSError:
-            writer.transport.abort()
-            return
-        self.sessions[writer] = (up_writer, target)
-        try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-        finally:
-            del self.sessions[writer]
-
-    @staticmethod
-    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        except OSError:
-            pass
-        finally:
-            dst.transport.abort()  # one side gone: the other goes too
 
 
 @dataclass
@@ -210,12 +151,14 @@ async def test_after_a_failover_one_call_fails_once_and_its_retry_reaches_the_ne
 
         # the retry, and every call after it (however many connections the pool had), reach B
         checks = await asyncio.gather(*(env.run(activities.check_claim, check) for _ in range(3)))
-        assert {(c.fenced, c.current_token, c.state) for c in checks} == {(False, 1, ExperimentState.RESUMING)}
+        assert {(c.fenced, c.current_token, c.state) for c in checks} == {
+            (False, grant.token, ExperimentState.RESUMING)
+        }
         published = await env.run(
             activities.publish_batch,
             PublishRequest(
                 ref=REF,
-                token=1,
+                token=grant.token,
                 seq=1,
                 batch_size=4,
                 threshold=100,
