@@ -120,18 +120,19 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     await held.pause(user, keys)
     ids = [(await held.enqueue_task(user, keys, {"task": f"t{i}"})).entry_id for i in range(5)]
     grant = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w1", lease_ms=60_000, request_id="r1"))
-    assert (grant.token, grant.held) == (1, 5)
-    assert not (await env.run(acts.check_claim, CheckRequest(ref=ref, token=1, owner="w1", lease_ms=60_000))).fenced
+    token = grant.token
+    assert grant.held == 5
+    assert not (await env.run(acts.check_claim, CheckRequest(ref=ref, token=token, owner="w1", lease_ms=60_000))).fenced
     assert (await env.run(acts.measure_backlog, BacklogRequest(ref=ref, threshold=10))).backlog == 0
     drained = DrainWaitRequest(
         ref=ref, threshold=10, low_watermark=0, min_seconds=0, max_seconds=0.1, poll_seconds=0.05
     )
     assert (await env.run(acts.wait_for_drain, drained)).reached
-    aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=1, entry_id=ids[0]))
+    aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=token, entry_id=ids[0]))
     assert (aside.status.value, aside.dead) == ("set_aside", 1)
     published = await env.run(
         acts.publish_batch,
-        PublishRequest(ref=ref, token=1, seq=1, batch_size=2, threshold=10, owner="w1", lease_ms=60_000),
+        PublishRequest(ref=ref, token=token, seq=1, batch_size=2, threshold=10, owner="w1", lease_ms=60_000),
     )
     assert published.moved == 2
     # the fair share's weights and replayers (fair.lua) and the memory fraction (memory.lua)
@@ -139,13 +140,13 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     fair = await env.run(
         acts.publish_batch,
         PublishRequest(
-            ref=ref, token=1, seq=2, batch_size=1, threshold=10, owner="w1", lease_ms=60_000,
+            ref=ref, token=token, seq=2, batch_size=1, threshold=10, owner="w1", lease_ms=60_000,
             fair_share=True, max_memory_fraction=0.99,
         ),
     )  # fmt: skip
     assert (fair.status.value, fair.moved) == ("published", 1)
     status = await experiment_status(user, keys, GROUP, 10)
-    assert (status["state"], status["held"], status["set_aside"], status["fence"]) == ("resuming", 1, 1, 1)
+    assert (status["state"], status["held"], status["set_aside"], status["fence"]) == ("resuming", 1, 1, token)
     assert status["backlog"] == {
         "group": GROUP, "limiting_group": GROUP, "pending": 0, "lag": 3, "capped": False, "status": "ok",
         "missing_group": None, "threshold": 10,
@@ -160,11 +161,13 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     [(dead_id, fields, _)] = await deadletter.dead_letters(user, keys)
     assert fields == 1 and await deadletter.retry(user, keys, dead_id) == "held"
     [(back_id, _)] = await admin.xrevrange(keys.held, count=1)
-    assert (await deadletter.set_aside(user, keys, 1, back_id.decode())).status.value == "set_aside"
+    assert (await deadletter.set_aside(user, keys, token, back_id.decode())).status.value == "set_aside"
     [(dead_id, _, _)] = await deadletter.dead_letters(user, keys)
     assert await deadletter.drop(user, keys, dead_id)
-    released = await env.run(acts.release_claim, ReleaseRequest(ref=ref, token=1, owner="w1", back_to_paused=True))
-    assert released.token == 1
+    released = await env.run(acts.release_claim, ReleaseRequest(ref=ref, token=token, owner="w1", back_to_paused=True))
+    assert released.token == token
+    # XMC_REPLICA_ACKS: WAIT after the claim, the publishes and the release (no replica here to wait for)
+    assert await admin.execute_command("ACL", "DRYRUN", ACL_USER, "WAIT", "1", "1000") == b"OK"
     # the memory guard's reading, directly and from a script (registered: SCRIPT LOAD + EVALSHA)
     assert (await user.info("memory"))["used_memory"] > 0
     assert b"used_memory:" in await user.register_script("return redis.call('INFO', 'memory')")()

@@ -63,14 +63,21 @@ async def test_an_error_reply_that_repeats_is_not_retried(redis: Redis) -> None:
 async def test_out_of_memory_is_retried(redis: Redis) -> None:
     await held.pause(redis, KEYS)
     await held.enqueue_task(redis, KEYS, {"task": "t1"})
-    await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
     await redis.config_set("maxmemory", "1")
     try:
         with pytest.raises(OutOfMemoryError):  # raised as is: Temporal's retry policy retries it
             await ActivityEnvironment().run(
                 ResumptionActivities(redis).publish_batch,
                 PublishRequest(
-                    ref=REF, token=1, seq=1, batch_size=5, threshold=5, owner="me", lease_ms=1000, missing_group="zero"
+                    ref=REF,
+                    token=grant.token,
+                    seq=1,
+                    batch_size=5,
+                    threshold=5,
+                    owner="me",
+                    lease_ms=1000,
+                    missing_group="zero",
                 ),
             )
     finally:

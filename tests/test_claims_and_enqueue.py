@@ -10,7 +10,16 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from tests.support.helpers import STREAM, fill_backlog, hold_tasks, resumption_worker, start, throttled, wait_for
+from tests.support.helpers import (
+    STREAM,
+    fill_backlog,
+    hold_tasks,
+    resumption_worker,
+    start,
+    throttled,
+    token_floor,
+    wait_for,
+)
 from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import publish_batch
@@ -70,9 +79,9 @@ async def test_newest_claim_wins_and_stale_tokens_are_fenced(redis: Redis) -> No
     await held.pause(redis, KEYS)
     first = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
     second = await fencing.acquire_claim(redis, KEYS, "b", 60_000)
-    assert (first.token, second.token) == (1, 2)
+    assert first.token < second.token
     old = await fencing.check_claim(redis, KEYS, first.token, "a", 60_000)
-    assert old.fenced and old.current_token == 2
+    assert old.fenced and old.current_token == second.token
     new = await fencing.check_claim(redis, KEYS, second.token, "b", 60_000)
     assert not new.fenced and new.state is ExperimentState.RESUMING
     assert not (await fencing.release_claim(redis, KEYS, first.token, back_to_paused=True)).token
@@ -102,10 +111,10 @@ async def test_lapsed_lease_is_reestablished_for_the_current_token(redis: Redis)
 async def test_release_can_hand_the_experiment_back_as_paused(redis: Redis) -> None:
     await held.pause(redis, KEYS)
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
-    assert (await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True)).token == 1
+    assert (await fencing.release_claim(redis, KEYS, grant.token, back_to_paused=True)).token == grant.token
     assert await held.get_state(redis, KEYS) is ExperimentState.PAUSED
     assert not await redis.exists(KEYS.claim)
-    assert await fencing.current_token(redis, KEYS) == 2  # the released token is revoked
+    assert await fencing.current_token(redis, KEYS) == grant.token + 1  # the released token is revoked
 
 
 async def test_a_released_token_is_fenced_for_good(redis: Redis) -> None:
@@ -139,13 +148,13 @@ async def test_a_late_repeat_of_an_acquire_changes_nothing(redis: Redis) -> None
     await held.pause(redis, KEYS)
     first = await fencing.acquire_claim(redis, KEYS, "a", 60_000, request_id="req-1")
     retry = await fencing.acquire_claim(redis, KEYS, "a", 60_000, request_id="req-1")
-    assert (first.token, retry.token, retry.repeated) == (1, 1, True)
-    assert not (await fencing.check_claim(redis, KEYS, 1, "a", 60_000)).fenced
-    await fencing.release_claim(redis, KEYS, 1, back_to_paused=True)
+    assert (retry.token, retry.repeated) == (first.token, True)
+    assert not (await fencing.check_claim(redis, KEYS, first.token, "a", 60_000)).fenced
+    await fencing.release_claim(redis, KEYS, first.token, back_to_paused=True)
     late = await fencing.acquire_claim(redis, KEYS, "a", 60_000, request_id="req-1")  # after the run ended
-    assert (late.token, late.repeated, late.state) == (1, True, ExperimentState.PAUSED)
+    assert (late.token, late.repeated, late.state) == (first.token, True, ExperimentState.PAUSED)
     assert await held.get_state(redis, KEYS) is ExperimentState.PAUSED
-    assert await fencing.current_token(redis, KEYS) == 2  # no new token was issued
+    assert await fencing.current_token(redis, KEYS) == first.token + 1  # no new token was issued
 
 
 async def test_acquire_resumes_held_tasks_whose_state_key_is_gone(redis: Redis) -> None:
@@ -181,14 +190,22 @@ def publish(redis: Redis, token: int, seq: int = 1) -> Awaitable[PublishResult]:
 async def test_tokens_compare_as_integers_whatever_their_length(redis: Redis, counter: int) -> None:
     """Tokens are integers, never text, in the scripts and in Python: compared as text, a counter
     at 93..99 or 923..999 reads as exhausted (past 9223372036854775806) and can never be claimed
-    again, and token 9 against counter 10 reads as data loss (fence_lost) instead of a takeover."""
+    again, and token 9 against counter 10 reads as data loss (fence_lost) instead of a takeover.
+    (A claim takes the clock's floor when the counter is below it, so the run's token is set as the
+    counter's next value here: a replay that claimed before tokens had a floor holds such a token.)"""
     await held.pause(redis, KEYS)
     for i in range(3):
         await held.enqueue_task(redis, KEYS, {"task": f"t{i}"})
     await redis.set(KEYS.fence, counter)
     stale = counter  # as if a replay held the counter's token when a newer claim came
-    grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
-    assert grant.token == counter + 1
+    before = await token_floor(redis)
+    claimed = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
+    if counter + 1 > before:
+        assert claimed.token == counter + 1
+    else:
+        assert before <= claimed.token <= await token_floor(redis)
+    await redis.set(KEYS.fence, counter + 1)
+    grant = claimed.model_copy(update={"token": counter + 1})
     current = await fencing.check_claim(redis, KEYS, grant.token, "me", 60_000)
     assert (current.fenced, current.fence_lost, current.current_token) == (False, False, counter + 1)
     older = await fencing.check_claim(redis, KEYS, stale, "old", 60_000)
@@ -222,22 +239,22 @@ async def test_a_fence_counter_that_is_no_token_is_refused_alike_in_lua_and_pyth
     assert await redis.xlen(KEYS.held) == 1 and await redis.xlen(KEYS.dead) == 0
 
 
-async def test_a_replay_whose_token_is_one_digit_shorter_ends_fenced(
+async def test_a_replay_whose_token_a_newer_claim_passes_ends_fenced(
     temporal_env, redis, redis_url, task_queue
 ) -> None:
-    """A run holding token 9 when a newer claim takes 10: outcome ``fenced`` (a takeover), not
-    ``fence_lost`` (data loss), and it publishes nothing more."""
+    """A run holding its token when a newer claim takes the next: outcome ``fenced`` (a takeover),
+    not ``fence_lost`` (data loss), and it publishes nothing more. (Tokens of different lengths:
+    ``test_tokens_compare_as_integers_whatever_their_length``.)"""
     e = "E9to10"
     await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 5)
     keys = ExperimentKeys(STREAM, e)
-    await redis.set(keys.fence, 8)
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
         progress = await wait_for(handle, throttled)
         newer = await fencing.acquire_claim(redis, keys, "someone-else", 60_000)
         await temporal_env.sleep(15)  # past the throttle wait: the next check sees the newer token
         result = await handle.result()
-    assert (progress.token, newer.token) == (9, 10)
-    assert (result.outcome, result.token, result.replayed) == (Outcome.FENCED, 9, 0)
+    assert 0 < progress.token < newer.token
+    assert (result.outcome, result.token, result.replayed) == (Outcome.FENCED, progress.token, 0)
     assert await redis.xlen(keys.held) == 10

@@ -72,9 +72,14 @@ async def test_pause_enqueue_status_and_orphan(redis: Redis, xmc: Xmc) -> None:
     assert json.loads(enqueued.stdout) == {"experiment_id": "E7", "enqueued": {"held": 25}}
     assert xmc("enqueue", "E7", "--count", "2").stdout == "enqueued 2 tasks of E7: 2 to held\n"
     keys = ExperimentKeys(STREAM, "E7")
-    await fencing.acquire_claim(redis, keys, "resumption-E7", 60_000)
+    grant = await fencing.acquire_claim(redis, keys, "resumption-E7", 60_000)
     status = json.loads(xmc("status", "E7", "--json").stdout)
-    assert (status["state"], status["held"], status["fence"], status["orphaned"]) == ("resuming", 27, 1, False)
+    assert (status["state"], status["held"], status["fence"], status["orphaned"]) == (
+        "resuming",
+        27,
+        grant.token,
+        False,
+    )
     assert status["claim"]["owner"] == "resumption-E7"
     assert status["run"]["error"].startswith("cannot reach Temporal at TEMPORAL_ADDRESS=127.0.0.1:")
     await redis.delete(keys.claim)  # the lease lapsed with no replayer left
@@ -105,7 +110,7 @@ async def test_held_lists_paused_orphaned_resuming_and_stranded(redis: Redis, xm
             await held.enqueue_task(redis, keys, {"t": str(i)})
     await fencing.acquire_claim(redis, ExperimentKeys(STREAM, "O1"), "resumption-O1", 60_000)
     await redis.delete(ExperimentKeys(STREAM, "O1").claim)  # its replayer is gone
-    await fencing.acquire_claim(redis, ExperimentKeys(STREAM, "R1"), "resumption-R1", 60_000)
+    r1 = await fencing.acquire_claim(redis, ExperimentKeys(STREAM, "R1"), "resumption-R1", 60_000)
     await redis.delete(ExperimentKeys(STREAM, "S1").state, ExperimentKeys(STREAM, "done").state)
     await held.pause(redis, ExperimentKeys("other-stream", "X1"))  # another stream's: not listed
     doc = json.loads(xmc("held", "--json").stdout)
@@ -122,7 +127,7 @@ async def test_held_lists_paused_orphaned_resuming_and_stranded(redis: Redis, xm
     text = xmc("held").stdout.splitlines()
     assert text[0].split() == ["EXPERIMENT", "CONDITION", "STATE", "HELD", "CLAIM"]
     assert text[1].split()[:4] == ["O1", "orphaned", "resuming", "2"]
-    assert text[3].split()[:6] == ["R1", "resuming", "resuming", "4", "token", "1"]
+    assert text[3].split()[:6] == ["R1", "resuming", "resuming", "4", "token", str(r1.token)]
     limited = json.loads(xmc("held", "--limit", "2", "--json").stdout)
     assert limited["truncated"] is True and len(limited["experiments"]) == 2
     assert json.loads(xmc("held", "--stream", "other-stream", "--json").stdout)["experiments"][0]["experiment_id"] == (

@@ -170,7 +170,7 @@ async def test_a_newer_claim_between_the_fence_read_and_the_commit_moves_nothing
         retried = await deadletter.set_aside(redis, keys, grant.token, poison_id)
     finally:
         await other.aclose()
-    assert taken == [grant.token + 1]
+    assert len(taken) == 1 and taken[0] > grant.token
     assert retried.status is SetAsideStatus.FENCED
     assert (await redis.xrange(keys.held, count=1))[0][0].decode() == poison_id
     assert await redis.xlen(keys.held) == 3 and await redis.xlen(keys.dead) == 0

@@ -89,6 +89,8 @@ async def test_the_producers_calls_pass(admin: Redis, acl_urls: tuple[str, str])
         assert [(d.destination, d.duplicate) for d in done] == [("held", False), ("held", True)]
     assert await admin.xlen(KEYS.held) == n + 3 and await admin.xlen(STREAM) == 1
     assert await refusals(admin) == []
+    # XMC_REPLICA_ACKS: WAIT after each enqueue (no replica here to wait for)
+    assert await admin.execute_command("ACL", "DRYRUN", PRODUCER_USER, "WAIT", "1", "1000") == b"OK"
 
 
 @pytest.mark.parametrize(

@@ -380,4 +380,8 @@ def test_a_publish_result_reads_the_flat_reply_and_writes_it_back_flat() -> None
         "rate_limit": 0.0,
         "rate_limited": False,
         "rate_wait_ms": 0,
+        "redelivered": 0,
+        "behind": 0,
+        "last_moved_id": "",
+        "redelivered_total": None,
     }

@@ -146,5 +146,6 @@ async def test_a_replayers_key_of_the_wrong_type_does_not_stop_the_release(
             assert [f[b"task"] for _, f in await redis.xrange(STREAM)] == names
             assert await held.get_state(redis, keys) is ExperimentState.RUNNING
     assert not await redis.exists(keys.claim)
-    assert await redis.get(keys.fence) == b"2"  # revoked
+    [release] = await redis.lrange(keys.released, 0, -1)  # '<token> <outcome> <replayed> <remaining>'
+    assert await redis.get(keys.fence) == str(int(release.split()[0]) + 1).encode()  # revoked
     assert await redis.get(replayers_key(STREAM)) == b"not a sorted set"

@@ -76,13 +76,14 @@ async def test_a_turn_run_again_after_its_release_reports_the_release_and_counts
     names = await hold_tasks(redis, "E1", 30)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     grant = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w", lease_ms=60_000, request_id="r"))
-    assert (grant.token, grant.replayed, grant.held) == (1, 0, 30)
+    assert (grant.replayed, grant.held) == (0, 30)
+    token = grant.token
 
     def publish(seq: int) -> Any:
-        req = PublishRequest(ref=ref, token=1, seq=seq, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
+        req = PublishRequest(ref=ref, token=token, seq=seq, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
         return env.run(acts.publish_batch, req)
 
-    release = ReleaseRequest(ref=ref, token=1, owner="w", outcome="completed")
+    release = ReleaseRequest(ref=ref, token=token, owner="w", outcome="completed")
     statuses = [(r.status, r.moved, r.replayed, r.remaining) for r in [await publish(s) for s in (1, 2, 3)]]
     assert statuses == [
         (PublishStatus.PUBLISHED, 10, 10, 20),
@@ -91,7 +92,7 @@ async def test_a_turn_run_again_after_its_release_reports_the_release_and_counts
     ]
     first = await env.run(acts.release_claim, release)
     assert (first.token, first.outcome, first.replayed, first.remaining, first.repeated) == (
-        1,
+        token,
         "completed",
         30,
         0,
@@ -99,8 +100,8 @@ async def test_a_turn_run_again_after_its_release_reports_the_release_and_counts
     )
     # the lost task's turn, run again from its start: acquire (same request), check, publish, release
     again = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w", lease_ms=60_000, request_id="r"))
-    assert (again.token, again.repeated) == (1, True)
-    check = await env.run(acts.check_claim, CheckRequest(ref=ref, token=1, owner="w", lease_ms=60_000))
+    assert (again.token, again.repeated) == (token, True)
+    check = await env.run(acts.check_claim, CheckRequest(ref=ref, token=token, owner="w", lease_ms=60_000))
     assert check.fenced and check.released is not None
     assert (check.released.outcome, check.released.replayed, check.released.remaining) == ("completed", 30, 0)
     for seq in (1, 3, 4):  # a recorded seq, the last one, a new one: fenced by its own release
@@ -112,7 +113,7 @@ async def test_a_turn_run_again_after_its_release_reports_the_release_and_counts
             30,
         )
     repeated = await env.run(acts.release_claim, release)
-    assert (repeated.token, repeated.outcome, repeated.replayed, repeated.repeated) == (1, "completed", 30, True)
+    assert (repeated.token, repeated.outcome, repeated.replayed, repeated.repeated) == (token, "completed", 30, True)
     assert held_by(await stream_tasks(redis), "E1") == names
     assert await held.get_state(redis, keys) is ExperimentState.RUNNING
     labels = {"stream": STREAM, "consumer_group": GROUP, "task_queue": "q1"}
@@ -132,8 +133,8 @@ async def test_a_repeated_publish_counts_nothing_in_the_metric(redis: Redis) -> 
     ref = ExperimentRef(experiment_id="E2", stream=STREAM, consumer_group=GROUP)
     await hold_tasks(redis, "E2", 30)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w", lease_ms=60_000, request_id="r"))
-    req = PublishRequest(ref=ref, token=1, seq=1, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
+    grant = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w", lease_ms=60_000, request_id="r"))
+    req = PublishRequest(ref=ref, token=grant.token, seq=1, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
     first, second = await env.run(acts.publish_batch, req), await env.run(acts.publish_batch, req)
     assert (first.moved, first.repeated, second.moved, second.repeated) == (10, False, 10, True)
     assert await redis.xlen(STREAM) == 10

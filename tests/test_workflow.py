@@ -111,12 +111,12 @@ async def test_newer_claim_during_the_wait_fences_the_replay(temporal_env, redis
         newer = await fencing.acquire_claim(redis, run.keys, "operator", 60_000)
         result = await run.handle.result()
     keys = run.keys
-    assert (result.outcome, result.token, result.replayed, result.throttles) == (Outcome.FENCED, 1, 0, 1)
-    assert newer.token == 2
+    assert (result.outcome, result.replayed, result.throttles) == (Outcome.FENCED, 0, 1)
+    assert 0 < result.token < newer.token
     assert await redis.xlen(keys.held) == 10 and await redis.xlen(STREAM) == 5
     assert (await fencing.claim_info(redis, keys))["owner"] == "operator"  # not released by the fenced run
     stale = await publish_batch(
-        redis, keys, GROUP, token=1, seq=99, batch_size=10, threshold=100, owner="zombie", lease_ms=1000
+        redis, keys, GROUP, token=result.token, seq=99, batch_size=10, threshold=100, owner="zombie", lease_ms=1000
     )
     assert (stale.status, stale.moved) == (PublishStatus.FENCED, 0)
 
@@ -261,7 +261,8 @@ async def test_a_fault_retrying_cannot_mend_fails_the_run_and_hands_back_a_pause
     assert next(c.type for c in chain if isinstance(c, ApplicationError)) == "RedisWrongType"
     assert await held.get_state(redis, keys) is ExperimentState.PAUSED
     assert not await redis.exists(keys.claim)
-    assert await fencing.current_token(redis, keys) == 2  # token 1 released and revoked
+    [release] = await redis.lrange(keys.released, 0, -1)  # '<token> <outcome> <replayed> <remaining>'
+    assert await fencing.current_token(redis, keys) == int(release.split()[0]) + 1  # released and revoked
     assert [f[b"task"] for _, f in await redis.xrange(keys.held)] == names
 
 
@@ -373,7 +374,8 @@ async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(
         )
         # as the script records a result: without ``repeated`` (it marks the result so when it returns it again)
         record = recorded.model_dump_json(exclude={"repeated"})
-        await redis.hset(run.keys.publish, mapping={"token": 1, "seq": 5, "result": record})
+        token = await fencing.current_token(redis, run.keys)  # the run's
+        await redis.hset(run.keys.publish, mapping={"token": token, "seq": 5, "result": record})
         await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone
         stop, seen = asyncio.Event(), []
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
@@ -382,7 +384,7 @@ async def test_a_publish_recorded_ahead_of_the_run_is_not_counted_again(
         await consumer
     publishes = [r for k, r in await redis_calls(run.handle) if k == "publish_batch"]
     taken = next(i for i, r in enumerate(publishes) if r.get("repeated"))
-    assert (result.outcome, result.remaining, result.token) == (Outcome.COMPLETED, 0, 1)
+    assert (result.outcome, result.remaining, result.token) == (Outcome.COMPLETED, 0, token)
     assert all(r["moved"] == 0 for r in publishes[:taken])  # throttled before the record was written
     assert (publishes[taken]["moved"], publishes[taken]["rounds"]["scripts"]) == (7, 4)  # seqs 2..5
     assert result.replayed == 10, "replayed counts only the tasks this run moved"
@@ -408,10 +410,11 @@ async def test_a_fence_counter_that_went_back_ends_fence_lost(temporal_env, redi
     """The fence counter below the run's token (Redis restarted without persistence) is data loss,
     reported as such, and nothing more is published."""
     async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
+        token = await fencing.current_token(redis, run.keys)  # the run's
         await redis.set(run.keys.fence, "0")
         await redis.xgroup_setid(STREAM, GROUP, "$")
         result = await asyncio.wait_for(run.handle.result(), 20)
-    assert (result.outcome, result.replayed, result.remaining, result.token) == (Outcome.FENCE_LOST, 0, 10, 1)
+    assert (result.outcome, result.replayed, result.remaining, result.token) == (Outcome.FENCE_LOST, 0, 10, token)
     assert await redis.xlen(run.keys.held) == 10 and await redis.xlen(STREAM) == 5
 
 

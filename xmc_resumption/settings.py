@@ -37,7 +37,15 @@ from temporalio.runtime import (
     TelemetryFilter,
 )
 
-from xmc_resumption.redisclient.connection import ClusterClient, RedisClient, SyncRedisClient
+from xmc_resumption.redisclient.connection import (
+    MAX_REPLICA_ACK_TIMEOUT_MS,
+    MAX_REPLICA_ACKS,
+    ClusterClient,
+    RedisClient,
+    ReplicaAcks,
+    SyncRedisClient,
+    require_replica_acks,
+)
 from xmc_resumption.workflows import metrics
 from xmc_resumption.workflows.models import TASK_QUEUE
 
@@ -105,7 +113,11 @@ class Settings(BaseSettings):
     ``XMC_REDIS_TLS_CA_FILE``, ``XMC_REDIS_TLS_CERT_FILE``, ``XMC_REDIS_TLS_KEY_FILE`` (PEM files, see
     ``redis_tls_kwargs``); ``XMC_LOG_FORMAT`` (the worker's log lines: ``json``, one JSON object a line
     with every ``extra`` field, or ``text``); ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` (together: the
-    worker's Worker Deployment Version, see ``deployment_version``; unset, the worker is unversioned).
+    worker's Worker Deployment Version, see ``deployment_version``; unset, the worker is unversioned);
+    ``XMC_REPLICA_ACKS`` (0, the default: off; N in 1..16: the claim, every publish, the release and the enqueue
+    count as done only once N replicas have their writes, each followed by ``WAIT N
+    XMC_REPLICA_ACK_TIMEOUT_MS``; a shorter count is a retryable ``ReplicaAckError``; single Redis only) and
+    ``XMC_REPLICA_ACK_TIMEOUT_MS`` (1..5,000, default 1,000, below the socket timeout).
 
     Every field is checked when the settings are read, so a bad value fails before any
     connection, with a message naming the variable and never its secret (see ``xmc_resumption.errors``).
@@ -124,6 +136,8 @@ class Settings(BaseSettings):
     redis_tls_key_file: Path | None = None
     deployment_name: str | None = Field(default=None, max_length=MAX_VERSION_PART_LENGTH)
     build_id: str | None = Field(default=None, max_length=MAX_VERSION_PART_LENGTH)
+    replica_acks: int = Field(default=0, ge=0, le=MAX_REPLICA_ACKS)
+    replica_ack_timeout_ms: int = Field(default=1_000, ge=1, le=MAX_REPLICA_ACK_TIMEOUT_MS)
 
     @field_validator("deployment_name", "build_id")
     @classmethod
@@ -160,6 +174,23 @@ class Settings(BaseSettings):
         if not os.access(path, os.R_OK):
             raise ValueError(f"not readable by this process: {str(path)[:200]}")
         return path
+
+    @model_validator(mode="after")
+    def _replica_acks_where_they_work(self) -> Settings:
+        """Replica acknowledgements on a single Redis only, and a ``WAIT`` shorter than the socket timeout."""
+        if self.replica_acks and self.redis_cluster:
+            raise ValueError("XMC_REPLICA_ACKS is not supported with XMC_REDIS_CLUSTER (a cluster client sends WAIT "
+                             "to every primary, not after the script on its connection)")  # fmt: skip
+        if self.replica_acks and self.replica_ack_timeout_ms >= self.redis_timeout_seconds * 1000:
+            raise ValueError(
+                f"XMC_REPLICA_ACK_TIMEOUT_MS ({self.replica_ack_timeout_ms}) must be below XMC_REDIS_TIMEOUT_SECONDS "
+                f"({self.redis_timeout_seconds:g} s): the socket would time out before WAIT answers"
+            )
+        return self
+
+    def replica_acks_required(self) -> ReplicaAcks | None:
+        """What ``XMC_REPLICA_ACKS`` asks of the scripts' writes (None: off)."""
+        return ReplicaAcks(self.replica_acks, self.replica_ack_timeout_ms) if self.replica_acks else None
 
     @model_validator(mode="after")
     def _client_certificate_with_its_key(self) -> Settings:
@@ -272,7 +303,9 @@ class Settings(BaseSettings):
         if self.redis_cluster:
             return self.redis_cluster_client(retries=retries)
         retry: dict[str, Any] = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
-        return Redis.from_url(self.redis_url, **retry, **self._client_kwargs())
+        client = Redis.from_url(self.redis_url, **retry, **self._client_kwargs())
+        require_replica_acks(client, self.replica_acks_required())
+        return client
 
     def sync_redis(self, *, retries: int | None = None) -> SyncRedisClient:
         """A new blocking Redis client with the same settings as ``redis``, for producers in sync code.
@@ -287,7 +320,9 @@ class Settings(BaseSettings):
                 **self._client_kwargs(),
             )
         retry: dict[str, Any] = {} if retries is None else {"retry": SyncRetry(NoBackoff(), retries)}
-        return SyncRedis.from_url(self.redis_url, **retry, **self._client_kwargs())
+        client = SyncRedis.from_url(self.redis_url, **retry, **self._client_kwargs())
+        require_replica_acks(client, self.replica_acks_required())
+        return client
 
     def _client_kwargs(self) -> dict[str, Any]:
         """What both clients are built with: bytes, the socket timeouts, health checks, TLS."""

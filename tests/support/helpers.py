@@ -85,6 +85,18 @@ async def hold_tasks(redis: Redis, experiment_id: str, n: int, start: int = 0) -
     return names
 
 
+async def token_floor(redis: Redis) -> int:
+    """The floor a claim's fencing token takes now: Redis's clock in microseconds, times 1,000
+    (``lua/tokens.lua``'s ``xmc_token_floor``)."""
+    seconds, micros = await redis.time()
+    return int(f"{seconds}{micros:06d}000")
+
+
+async def issued_tokens(redis: Redis, keys: ExperimentKeys) -> list[int]:
+    """The fencing tokens the experiment's last 16 claims were given, newest first (its acquire log)."""
+    return [int(entry.rsplit(b":", 1)[1]) for entry in await redis.lrange(keys.acquire_log, 0, -1)]
+
+
 async def fill_backlog(redis: Redis, n: int) -> None:
     """Create the group at the stream's end and add ``n`` undelivered entries that are not held tasks."""
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)

@@ -39,6 +39,7 @@ from xmc_resumption.ops import (
 from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, Plan, plan
 from xmc_resumption.redisclient import held as held_tasks
 from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.errors import ReplicaAckError
 from xmc_resumption.redisclient.held import (
     Enqueued,
     IdempotencyKey,
@@ -68,8 +69,9 @@ DEFAULT_THRESHOLD = ResumptionInput.model_fields["max_backlog_threshold"].defaul
 QUERY_TIMEOUT_SECONDS = 2.5
 """How long ``status`` waits for a worker to answer the progress query of a running resumption."""
 
-RETRYABLE = (RedisConnectionError, RedisTimeoutError)
-"""Redis faults after which a call may or may not have run."""
+RETRYABLE = (RedisConnectionError, RedisTimeoutError, ReplicaAckError)
+"""Redis faults after which a call may or may not have run, or ran but is not on enough replicas yet
+(``XMC_REPLICA_ACKS``)."""
 
 
 def retry_backoff(attempt: int) -> float:
@@ -168,7 +170,8 @@ class XmcClient:
         return self._temporal
 
     async def _repeat(self, call: Callable[..., Awaitable[T]], *args: Any, safe: bool = True) -> T:
-        """``call(*args)``, sent again up to ``retries`` times after a connection error or a timeout when ``safe``.
+        """``call(*args)``, sent again up to ``retries`` times after a connection error, a timeout or too few
+        replica acknowledgements (``RETRYABLE``) when ``safe``.
 
         It may have run: only what may run twice is repeated.
         """

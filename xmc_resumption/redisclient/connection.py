@@ -21,11 +21,16 @@ connections are closed at once, connections in use by other calls are closed whe
 released (redis-py >= 7), and every connection opens afresh on its next use, resolving the
 stable address again. Nothing is resent here: the retry is Temporal's, so it stays bounded and
 visible.
+
+A client may also require replica acknowledgements (``require_replica_acks``,
+``XMC_REPLICA_ACKS``): then the scripts that write what must survive a failover count as done only
+once that many replicas have their writes (``redisclient.scripts.run_script``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import redis
 import redis.cluster
@@ -115,3 +120,61 @@ async def drop_stale_connections(redis: RedisClient, error: BaseException | None
             await mark_in_use()
     except Exception:  # closing is best effort; the next command reconnects whatever state a socket is in
         logger.debug("closing pooled Redis connections failed", exc_info=True)
+
+
+MAX_REPLICA_ACKS = 16
+"""The most replicas ``ReplicaAcks`` may require."""
+
+MAX_REPLICA_ACK_TIMEOUT_MS = 5_000
+"""The longest ``WAIT`` (milliseconds): a Redis call of the replay has 10 s in all
+(``workflows.calls``), and a replica that has not acknowledged by then is a fault to retry."""
+
+
+@dataclass(frozen=True)
+class ReplicaAcks:
+    """How many replicas must have a script's writes before it counts as done, and how long to wait.
+
+    Attributes:
+        replicas: replicas that must acknowledge (1..``MAX_REPLICA_ACKS``).
+        timeout_ms: how long ``WAIT`` waits for them (1..``MAX_REPLICA_ACK_TIMEOUT_MS`` ms; never
+            0, which would wait for ever).
+
+    Raises:
+        ValueError: either out of its bounds, naming its setting.
+    """
+
+    replicas: int
+    timeout_ms: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not 1 <= self.replicas <= MAX_REPLICA_ACKS:
+            raise ValueError(f"XMC_REPLICA_ACKS must be 0 (off) or 1..{MAX_REPLICA_ACKS}, got {self.replicas!r}")
+        if isinstance(self.timeout_ms, bool) or not 1 <= self.timeout_ms <= MAX_REPLICA_ACK_TIMEOUT_MS:
+            raise ValueError(
+                f"XMC_REPLICA_ACK_TIMEOUT_MS must be 1..{MAX_REPLICA_ACK_TIMEOUT_MS}, got {self.timeout_ms!r}"
+            )
+
+
+_ACKS_ATTRIBUTE = "_xmc_replica_acks"
+
+
+def require_replica_acks(client: RedisClient | SyncRedisClient, acks: ReplicaAcks | None) -> None:
+    """Make ``client``'s acknowledged scripts wait for ``acks`` (None: no more waiting).
+
+    The claim, every publish, the release and the enqueue (``redisclient.scripts.ACKNOWLEDGED``)
+    then run on one connection followed by ``WAIT replicas timeout_ms``, and raise
+    ``errors.ReplicaAckError`` when fewer replicas acknowledged.
+
+    Raises:
+        ValueError: ``client`` is a Redis Cluster client (a cluster client sends WAIT to every
+            primary, not after the script on its connection).
+    """
+    if acks is not None and isinstance(client, RedisCluster | redis.cluster.RedisCluster):
+        raise ValueError("XMC_REPLICA_ACKS is not supported with XMC_REDIS_CLUSTER")
+    client.__dict__[_ACKS_ATTRIBUTE] = acks
+
+
+def replica_acks(client: RedisClient | SyncRedisClient) -> ReplicaAcks | None:
+    """The replica acknowledgements ``client``'s acknowledged scripts wait for (None: none)."""
+    acks = client.__dict__.get(_ACKS_ATTRIBUTE)
+    return acks if isinstance(acks, ReplicaAcks) else None

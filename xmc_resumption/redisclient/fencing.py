@@ -1,14 +1,18 @@
 """Claims, leases and fencing tokens of an experiment's resumption.
 
 A claim is the right to replay an experiment's held tasks. Taking it issues a new fencing token
-with ``INCR`` on ``{S}:experiment:E:fence``: the newest claim wins, and every write re-checks its
-token against that counter inside the same Lua script as the write (Kleppmann, "How to do
-distributed locking": the resource itself rejects stale tokens). Releasing a claim bumps the
-counter too, so a released token is dead. The claim hash carries the token, the owner and a lease
-(``PEXPIRE``, milliseconds) that the replay extends on every turn. The fence counter, not the lease,
-decides who may publish: a lease that lapsed while a worker was down is re-established for the
-current token instead of stranding the held tasks. What the lease tells is liveness: an experiment
-``resuming`` with no claim has no live replayer (``xmc status`` reports it as orphaned).
+on ``{S}:experiment:E:fence``: the larger of the counter plus one (``INCR``) and a floor from
+Redis's clock (``TIME`` in microseconds, times 1,000), so the newest claim wins, and a token handed
+out after Redis lost the counter's last increments (a crash failover to a replica that never got
+them) is still above every token handed out before (``lua/tokens.lua``; docs/contract.md,
+"Fencing tokens"). Every write re-checks its token against that counter inside the same Lua script
+as the write (Kleppmann, "How to do distributed locking": the resource itself rejects stale tokens).
+Releasing a claim bumps the counter too, so a released token is dead. The claim hash carries the
+token, the owner and a lease (``PEXPIRE``, milliseconds) that the replay extends on every turn.
+The fence counter, not the lease, decides who may publish: a lease that lapsed while a worker was
+down is re-established for the current token instead of stranding the held tasks. What the lease
+tells is liveness: an experiment ``resuming`` with no claim has no live replayer (``xmc status``
+reports it as orphaned).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import re
 import uuid
 
 from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.failover import validate_entry_id
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_key
 from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant, Release
 from xmc_resumption.redisclient.scripts import run_script
@@ -35,7 +40,13 @@ def validate_lease(lease_ms: int) -> None:
 
 
 async def acquire_claim(
-    client: RedisClient, keys: ExperimentKeys, owner: str, lease_ms: int, request_id: str | None = None
+    client: RedisClient,
+    keys: ExperimentKeys,
+    owner: str,
+    lease_ms: int,
+    request_id: str | None = None,
+    *,
+    moved_through: str = "",
 ) -> ClaimGrant:
     """Take the claim: a new fencing token, and the experiment moves ``paused`` -> ``resuming``.
 
@@ -48,24 +59,29 @@ async def acquire_claim(
         lease_ms: the claim hash's time to live in milliseconds.
         request_id: idempotency key; the same ID returns the same token without a new claim (the
             last 16 IDs are kept). None draws a fresh one: every call is a new claim.
+        moved_through: the last held entry ID the caller was told a resumption of the experiment
+            moved ('' for none): held entries at or below it are counted in ``held_again``
+            (``redisclient.failover``).
 
     Returns:
-        The token (1, 2, ...), the state after the claim, the held tasks (entries) and the tasks
-        the resume moved so far (``replayed``: 0 when this claim starts the resume, the count so
-        far when it takes over a resume in progress).
+        The token (above every token handed out before), the state after the claim, the held
+        tasks (entries), the tasks the resume moved so far (``replayed``: 0 when this claim starts
+        the resume, the count so far when it takes over a resume in progress; ``redelivered``: of
+        those, moved again) and ``held_again``.
 
     Raises:
-        ValueError: lease_ms < 1.
+        ValueError: lease_ms < 1; a ``moved_through`` that is no entry ID.
         redis.exceptions.RedisError: on any Redis fault; a ``ResponseError`` starting
             ``XMCEVICTION`` when ``maxmemory-policy`` is not ``noeviction`` (nothing changed;
             ``redisclient.memory``).
     """
     validate_lease(lease_ms)
+    validate_entry_id("moved_through", moved_through)
     raw = await run_script(
         client,
         "acquire",
         [keys.fence, keys.claim, keys.state, keys.held, keys.publish, keys.acquire_log, keys.replay],
-        [owner, lease_ms, request_id or uuid.uuid4().hex],
+        [owner, lease_ms, request_id or uuid.uuid4().hex, moved_through],
     )
     return ClaimGrant.model_validate_json(raw)
 

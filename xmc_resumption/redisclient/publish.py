@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, groups_arg, validate_byte_budget, validate_threshold
 from xmc_resumption.redisclient.connection import RedisClient, drop_stale_connections
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
+from xmc_resumption.redisclient.failover import validate_entry_id
 from xmc_resumption.redisclient.fencing import validate_lease
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import fraction_arg
@@ -51,6 +52,8 @@ async def publish_batch(
     max_memory_fraction: float | None = None,
     fair_share: bool = False,
     groups: Sequence[str] | None = None,
+    moved_through: str = "",
+    replayed: int | None = None,
 ) -> PublishResult:
     """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
 
@@ -81,6 +84,12 @@ async def publish_batch(
             the result's ``headroom`` is then that share.
         groups: the groups whose backlog bounds the move, ``group`` among them, each required
             to exist; None: every group of the stream (``redisclient.backlog.measure_backlog``).
+        moved_through: the last held entry ID the caller was told was moved (the replies'
+            ``last_moved_id``, of this resumption or one before it that the caller knows of; ''
+            for none): a task at or below it is moved again marked, and counted in
+            ``redelivered`` (``redisclient.failover``).
+        replayed: the resume's count the caller was last told (the replies' ``replayed``; None
+            for none): a replay record below it is reported as ``behind``.
 
     The stream-wide rate cap (``{S}:rate``, ``redisclient.ratecap``), when set, bounds the move
     too: at most the whole tokens its bucket holds move (status ``rate_limited`` when none, with
@@ -92,7 +101,8 @@ async def publish_batch(
 
     Raises:
         ValueError: a non-positive seq, batch_size, threshold or lease_ms; a byte budget, memory
-            fraction or groups list out of bounds.
+            fraction or groups list out of bounds; a ``moved_through`` that is no entry ID, a
+            ``replayed`` outside 0..2^53.
         MissingConsumerGroupError: a required group (or the stream) is missing and the policy is
             ``error``.
         redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream); a
@@ -107,6 +117,9 @@ async def publish_batch(
     validate_threshold(threshold)
     validate_lease(lease_ms)
     validate_byte_budget(max_bytes)
+    validate_entry_id("moved_through", moved_through)
+    if replayed is not None and not 0 <= replayed <= 2**53:
+        raise ValueError(f"replayed must be 0..2^53 or None, got {replayed}")
     spec = groups_arg(group, groups)
     raw = await run_script(
         client,
@@ -114,7 +127,8 @@ async def publish_batch(
         [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish,
          weights_key(keys.stream), replayers_key(keys.stream), rate_key(keys.stream), keys.replay, keys.released],
         [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
-         fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id, spec],
+         fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id, spec, moved_through,
+         "" if replayed is None else replayed],
     )  # fmt: skip
     # the reply is flat (the publish record keeps it so); the reading takes the call's threshold
     result = PublishResult.model_validate({**json.loads(raw), "threshold": threshold})
@@ -142,6 +156,8 @@ async def publish_rounds(
     max_memory_fraction: float | None = None,
     fair_share: bool = False,
     groups: Sequence[str] | None = None,
+    moved_through: str = "",
+    replayed: int | None = None,
 ) -> PublishRounds:
     """Publish in rounds of ``publish_batch`` while headroom is left: one call, several scripts.
 
@@ -167,7 +183,8 @@ async def publish_rounds(
         max_seconds: no script starts once this many seconds have passed since the first
             began (0..``MAX_ROUNDS_SECONDS``, finite); the first always runs.
         client, keys, group, token, threshold, owner, lease_ms, missing_group, max_bytes,
-        max_memory_fraction, fair_share, groups: as ``publish_batch``.
+        max_memory_fraction, fair_share, groups, moved_through, replayed: as ``publish_batch``
+            (every script takes the same: the tasks each moves come after the last one's).
 
     Returns:
         ``PublishRounds``: the first script's result and the last's, the scripts run and the
@@ -186,7 +203,8 @@ async def publish_rounds(
     if max_tasks is not None and max_tasks < 1:
         raise ValueError(f"max_tasks must be >= 1 entry or None, got {max_tasks}")
     results: list[PublishResult] = []
-    moved = moved_bytes = fresh = 0
+    moved = moved_bytes = fresh = fresh_redelivered = 0
+    last_moved_id = ""
     next_seq, started = seq, time.monotonic()
 
     async def script(seq: int, batch: int) -> PublishResult:
@@ -205,6 +223,8 @@ async def publish_rounds(
             max_memory_fraction=max_memory_fraction,
             fair_share=fair_share,
             groups=groups,
+            moved_through=moved_through,
+            replayed=replayed,
         )
 
     while True:
@@ -219,6 +239,7 @@ async def publish_rounds(
                 results.append(result)
                 moved += result.moved
                 moved_bytes += result.moved_bytes
+                last_moved_id = result.last_moved_id or last_moved_id
                 break
         except Exception as err:  # (a cancel is no Exception: it propagates)
             if not results:
@@ -235,6 +256,8 @@ async def publish_rounds(
         moved += result.moved
         moved_bytes += result.moved_bytes
         fresh += 0 if result.repeated else result.moved
+        fresh_redelivered += 0 if result.repeated else result.redelivered
+        last_moved_id = result.last_moved_id or last_moved_id
         if (
             result.status is not PublishStatus.PUBLISHED
             or result.headroom_left == 0
@@ -255,4 +278,6 @@ async def publish_rounds(
         moved=moved,
         moved_bytes=moved_bytes,
         fresh_moved=fresh,
+        fresh_redelivered=fresh_redelivered,
+        last_moved_id=last_moved_id,
     )

@@ -126,7 +126,11 @@ class ClaimGrant(BaseModel):
     recorded before it existed), held tasks (entries); ``repeated`` when the request ID had been granted
     before (nothing changed then); ``replayed``: the tasks the resume has moved so far (0 for a claim
     that starts a resume; None when unknown: a resume begun before the replay record existed, and
-    results recorded before it existed).
+    results recorded before it existed); ``redelivered``: of those, the tasks moved again after Redis
+    lost their move (None with ``replayed``, and in results recorded before it existed);
+    ``held_again``: held entries at or below the claim's ``moved_through`` (tasks a resumption was
+    told it moved, held again: Redis lost their move; counted up to ``HELD_AGAIN_CAP``, and
+    ``held_again_capped`` when there are more; 0 without ``moved_through``).
     """
 
     token: int
@@ -135,6 +139,31 @@ class ClaimGrant(BaseModel):
     held: int
     repeated: bool = False
     replayed: int | None = None
+    redelivered: int | None = None
+    held_again: int = 0
+    held_again_capped: bool = False
+
+
+class HeldAgain(BaseModel):
+    """What ``failover.held_again`` found: tasks an experiment holds again after Redis lost their move.
+
+    Attributes:
+        experiment_id: the experiment.
+        held_again: held entries at or below the ``moved_through`` asked about (tasks a resumption
+            was told it moved), counted up to ``failover.HELD_AGAIN_CAP``.
+        held_again_capped: there are more than that.
+        held: held entries in all.
+        state: the experiment's state.
+        token: the fence counter (0 when absent): with Redis behind, it may be below the token
+            of the resumption that moved them.
+    """
+
+    experiment_id: str
+    held_again: int
+    held_again_capped: bool = False
+    held: int
+    state: ExperimentState
+    token: int
 
 
 class ReleaseRecord(BaseModel):
@@ -260,6 +289,16 @@ class PublishResult(BaseModel):
         rate_limited: the cap's bucket cut this move short (``rate_limited`` status when nothing moved).
         rate_wait_ms: with ``rate_limited``, how long until the bucket holds what the move wanted
             (at most its capacity; milliseconds on Redis's clock), else 0.
+        redelivered: of ``moved``, the tasks moved again: their held entry IDs were at or below the
+            call's ``moved_through`` (the caller was told they moved: Redis lost the move), and each
+            was marked with the ``xmc-redelivery`` field (``redisclient.failover``). 0 in results
+            recorded before it existed.
+        behind: the caller's ``replayed`` minus the replay record's count before the move, when
+            Redis counts fewer (it lost moves); else 0.
+        last_moved_id: the held entry ID of the last task moved ('' when none moved): what the
+            caller passes back as ``moved_through``.
+        redelivered_total: the tasks the resume moved again in all (the replay record's
+            ``redelivered``); None when its count is unknown, and in results recorded before it existed.
 
     The wire format is the script's flat reply (``lua/publish.lua``: ``pending``, ``lag``,
     ``capped``, ``bytes_capped``, ``headroom``, ``last_delivered_id``, ``group_status``,
@@ -284,6 +323,10 @@ class PublishResult(BaseModel):
     rate_limit: float = 0.0
     rate_limited: bool = False
     rate_wait_ms: int = 0
+    redelivered: int = 0
+    behind: int = 0
+    last_moved_id: str = ""
+    redelivered_total: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -330,6 +373,8 @@ class PublishRounds(BaseModel):
         moved, moved_bytes: tasks (entries) and their bytes moved by all of them together.
         fresh_moved: of ``moved``, the tasks moved now (a recorded result returned again moved
             nothing now).
+        fresh_redelivered: of ``fresh_moved``, the tasks moved again, marked (``PublishResult.redelivered``).
+        last_moved_id: the held entry ID of the last task the scripts moved ('' when none moved).
 
     Folding ``first`` and then ``last`` into the workflow's state at one workflow time is
     folding every script's result: the ones between them change nothing the next reading's
@@ -342,6 +387,8 @@ class PublishRounds(BaseModel):
     moved: int = Field(ge=0)
     moved_bytes: int = Field(default=0, ge=0)
     fresh_moved: int = Field(default=0, ge=0)
+    fresh_redelivered: int = Field(default=0, ge=0)
+    last_moved_id: str = ""
 
     @property
     def final(self) -> PublishResult:

@@ -8,6 +8,12 @@ server has an empty script cache).
 Every script touches keys of one Redis Cluster slot (the ``{S}`` hash tag, ``redisclient.keys``),
 so one primary runs it atomically. ``run_script`` checks this before each call, on a single Redis
 too: a script whose keys span two slots would work there and fail only once deployed on a cluster.
+
+On a client that requires replica acknowledgements (``connection.require_replica_acks``), the
+scripts of ``ACKNOWLEDGED`` run on one connection followed by ``WAIT`` on it: ``WAIT`` counts the
+replicas that have the connection's writes so far, so the script counts as done only once they
+have its writes. (A script that answers from a record of an earlier call writes too, so that the
+``WAIT`` covers the write it reports: ``lua/tokens.lua``'s ``xmc_touch``.)
 """
 
 from __future__ import annotations
@@ -19,25 +25,30 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import redis
+from redis.asyncio import Redis
 from redis.commands.core import AsyncScript, Script
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from xmc_resumption.redisclient.connection import RedisClient, SyncRedisClient
+from xmc_resumption.redisclient.connection import RedisClient, ReplicaAcks, SyncRedisClient, replica_acks
+from xmc_resumption.redisclient.errors import ReplicaAckError
 from xmc_resumption.redisclient.keys import as_text, wrong_type
 
 _FRAGMENTS = {
     "measure": ("backlog",),
-    "publish": ("tokens", "backlog", "memory", "fair", "rate"),
-    "acquire": ("tokens", "memory"),
+    "publish": ("tokens", "redelivery", "backlog", "memory", "fair", "rate"),
+    "acquire": ("tokens", "redelivery", "memory"),
     "memory_status": ("memory",),
     "check": ("tokens",),
     "release": ("tokens",),
+    "held_again": ("tokens", "redelivery"),
 }
 """The fragments each script gets prepended: ``backlog.lua`` (the backlog and throttle rule),
-``tokens.lua`` (exact fencing tokens, the known states), ``memory.lua`` (the eviction-policy and
-memory-fraction rule), ``fair.lua`` (the fair share of a shared threshold) and ``rate.lua`` (the
-stream-wide rate cap), so each rule is written once."""
+``tokens.lua`` (exact fencing tokens, the known states), ``redelivery.lua`` (tasks held again after
+Redis lost their move), ``memory.lua`` (the eviction-policy and memory-fraction rule), ``fair.lua``
+(the fair share of a shared threshold) and ``rate.lua`` (the stream-wide rate cap), so each rule is
+written once."""
 
 
 @cache
@@ -52,6 +63,11 @@ def source(name: str) -> str:
     for fragment in reversed(_FRAGMENTS.get(name, ())):
         text = (lua / f"{fragment}.lua").read_text(encoding="utf-8") + "\n" + text
     return text
+
+
+ACKNOWLEDGED = frozenset({"acquire", "publish", "release", "enqueue"})
+"""The scripts whose writes must survive a failover, so they wait for replica acknowledgements when
+the client requires them: the claim, every publish, the release and the producers' enqueue."""
 
 
 def script(client: RedisClient, name: str) -> AsyncScript:
@@ -111,15 +127,22 @@ async def run_script(client: RedisClient, name: str, keys: list[str], args: list
     reply names the key of the wrong type and what it holds (``TYPE`` of each key, after the
     script failed; the script itself wrote nothing, since every script validates first).
 
+    A script of ``ACKNOWLEDGED`` on a client that requires replica acknowledgements
+    (``connection.replica_acks``) is followed by ``WAIT`` on its connection.
+
     Raises:
         CrossSlotKeysError: ``keys`` span two or more slots; nothing was sent.
         redis.exceptions.ResponseError (the same class redis-py chose): an error reply.
+        errors.ReplicaAckError: fewer replicas than required acknowledged the script's writes in time.
         redis.exceptions.RedisError: any other Redis fault, unchanged.
     """
     check_one_slot(name, keys)
+    acks = replica_acks(client) if name in ACKNOWLEDGED else None
     try:
         async with naming_wrong_type(client, keys):
-            return await script(client, name)(keys=keys, args=args)
+            if acks is None:
+                return await script(client, name)(keys=keys, args=args)
+            return await _acknowledged(client, name, keys, args, acks)
     except ResponseError as err:
         reply = _SCRIPT_SUFFIX.sub("", str(err))
         if reply == str(err):
@@ -127,17 +150,45 @@ async def run_script(client: RedisClient, name: str, keys: list[str], args: list
         raise type(err)(reply) from err
 
 
+async def _acknowledged(client: RedisClient, name: str, keys: list[str], args: list[Any], acks: ReplicaAcks) -> Any:
+    """Run script ``name`` and then ``WAIT`` on the same connection of ``client`` (a single Redis).
+
+    Raises:
+        errors.ReplicaAckError: fewer than ``acks.replicas`` acknowledged within ``acks.timeout_ms``.
+    """
+    assert isinstance(client, Redis)  # connection.require_replica_acks refuses a cluster client
+    connection = client.client()  # one connection of the client's pool, back to it when closed
+    try:
+        reply = await script(client, name)(keys=keys, args=args, client=connection)
+        acked = int(await connection.execute_command("WAIT", acks.replicas, acks.timeout_ms))
+    finally:
+        await connection.aclose()
+    if acked < acks.replicas:
+        raise ReplicaAckError(name, acked, acks.replicas, acks.timeout_ms)
+    return reply
+
+
 def run_script_sync(client: SyncRedisClient, name: str, keys: list[str], args: list[Any]) -> Any:
     """``run_script`` on a blocking client (``redis.Redis`` or ``redis.cluster.RedisCluster``).
 
-    The same checks, the same error replies. The script is registered once per client.
+    The same checks, the same error replies, the same replica acknowledgements. The script is
+    registered once per client.
     """
     check_one_slot(name, keys)
     registered: dict[str, Script] = client.__dict__.setdefault("_xmc_scripts", {})
     if name not in registered:
         registered[name] = client.register_script(source(name))
+    acks = replica_acks(client) if name in ACKNOWLEDGED else None
     try:
-        return registered[name](keys=keys, args=args)
+        if acks is None:
+            return registered[name](keys=keys, args=args)
+        assert isinstance(client, redis.Redis)  # connection.require_replica_acks refuses a cluster client
+        with client.client() as connection:  # one connection of the client's pool, back to it at the end
+            reply = registered[name](keys=keys, args=args, client=connection)
+            acked = int(connection.execute_command("WAIT", acks.replicas, acks.timeout_ms))
+        if acked < acks.replicas:
+            raise ReplicaAckError(name, acked, acks.replicas, acks.timeout_ms)
+        return reply
     except ResponseError as err:
         reply = _SCRIPT_SUFFIX.sub("", str(err))
         if reply.startswith("WRONGTYPE"):

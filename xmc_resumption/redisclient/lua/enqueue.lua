@@ -18,7 +18,8 @@
 -- XMC_RECORD_KEYS keys: when full it becomes the previous generation (RENAME, which drops the one
 -- before) and a new one starts. Each keyed enqueue sets the record's TTL to XMC_RECORD_TTL_MS, so a
 -- key is remembered for XMC_RECORD_TTL_MS after it was written, or until XMC_RECORD_KEYS later keys
--- of the experiment were written, whichever ends first.
+-- of the experiment were written, whichever ends first. A call that answers from the record rewrites
+-- one recorded entry with its own value, so that a WAIT after it covers the enqueue it reports.
 --
 -- Returns one reply per task, in order: {destination ('stream' | 'held'), entry ID, duplicate (0 | 1)}.
 -- Errors, before any write: 'XMCARG <what>' for malformed arguments; 'WRONGTYPE <key> is a <type>,
@@ -123,6 +124,21 @@ for i, task in ipairs(tasks) do
       added[task.key] = {where, id}
     end
     replies[i] = {where, id, 0}
+  end
+end
+-- a recorded answer reports an enqueue of an earlier call: its record entry is rewritten with its
+-- own value, a write that reaches the replicas after that enqueue, so that WAIT on the caller's
+-- connection (replica acknowledgements, docs/producers.md) covers it too
+for i, task in ipairs(tasks) do
+  if recorded[i] then
+    for _, record in ipairs({KEYS[4], KEYS[5]}) do
+      local v = redis.call('HGET', record, task.key)
+      if v then
+        redis.call('HSET', record, task.key, v)
+        break
+      end
+    end
+    break
   end
 end
 return replies

@@ -16,6 +16,11 @@
 -- ARGV[11] fair share ('1' on, '0' off), ARGV[12] experiment ID,
 -- ARGV[13] groups whose backlog bounds the move ('*': every group of the stream; else names
 --          separated by single spaces, ARGV[5] among them; backlog.lua)
+-- ARGV[14] moved_through (optional; '' for none): the last held entry ID the caller was told was
+--          moved (its replies' `last_moved_id`, by this resumption or one before it that it knows
+--          of; redelivery.lua),
+-- ARGV[15] replayed (optional; '' for none): the resume's count of tasks moved the caller was last
+--          told (the replies' `replayed`), 0..2^53
 -- Every argument is checked before the first write (an XMCARG error reply: nothing written).
 --
 -- In one step, so that a retried or zombie call can never duplicate, lose or overshoot:
@@ -41,18 +46,31 @@
 --         oldest first, stopping once the entries moved reach the byte budget (at least one moves),
 --         and before an entry too large to pass to XADD from a script (`poison_id`: the caller sets
 --         it aside into the experiment's dead-letter stream);
---   done: when the held stream is empty the experiment is running again ('completed').
+--   done: when the held stream is empty the experiment is running again ('completed');
+--   behind: Redis behind what the caller was told (a crash failover lost writes, issue 23) is
+--           said, never silent: a replay record below ARGV[15] is reported as `behind` (the moves
+--           Redis lost by its count), and every task moved with a held entry ID at or below
+--           ARGV[14] (one the caller was told was moved: Redis lost its move, and its first
+--           delivery may have been read) is moved again marked with the field
+--           `xmc-redelivery` = '<experiment ID> <held entry ID>' appended to its field map, and
+--           counted in `redelivered` (redelivery.lua).
+-- A repeated seq returns the recorded result and rewrites the fence counter with its own value, so
+-- that a WAIT after this call covers the publish it reports (tokens.lua's xmc_touch).
 -- Tokens are decimal strings compared exactly (tokens.lua).
 -- Returns JSON {status, moved, moved_bytes, poison_id ('' or the entry that stopped the move),
 -- total_moved (this token's tasks moved in all), replayed (the resume's tasks moved in all, whatever claim
 -- moved them; absent when unknown), outcome (with 'released': the release's), repeated (only in a recorded
 -- result returned again), backlog, remaining, pending, lag, capped, bytes_capped,
 -- headroom, last_delivered_id, group_status, limiting_group, missing_group, last_seq, used_memory, maxmemory,
--- rate_limit, rate_limited, rate_wait_ms}: backlog (of the limiting group) and headroom as measured before the
+-- rate_limit, rate_limited, rate_wait_ms, redelivered, behind, last_moved_id, redelivered_total}: backlog (of the limiting group) and headroom as measured before the
 -- move; last_seq is the recorded seq, with 'stale';
 -- used_memory and maxmemory (bytes) as read before the move (0 when the script refused before reading them);
 -- rate_limit (the stream's cap, tasks/s; 0: none), rate_limited (the cap cut this move short), rate_wait_ms
--- (with rate_limited: ms until the bucket holds what the move wanted, at most its capacity).
+-- (with rate_limited: ms until the bucket holds what the move wanted, at most its capacity);
+-- redelivered: tasks of this move moved again, marked (at or below ARGV[14]); behind: ARGV[15] minus
+-- the replay record's count before the move, when that is above 0 (else 0; with the token current);
+-- last_moved_id: the held entry ID of the last task moved ('' when none moved); redelivered_total: the
+-- resume's tasks moved again in all (the replay record's `redelivered`; absent when its count is unknown).
 -- the arguments, checked before anything is read or written
 local token = ARGV[1]
 if type(token) ~= 'string' or not string.match(token, '^%d+$') or #token > 19 then
@@ -69,10 +87,13 @@ end
 local fraction = xmc_memory_fraction(ARGV[10])
 if ARGV[11] ~= '0' and ARGV[11] ~= '1' then xmc_arg_error('fair share must be 0 or 1', ARGV[11]) end
 xmc_arg_name('experiment ID', ARGV[12])
+local moved_through = xmc_arg_entry_id('moved_through (ARGV[14])', ARGV[14])
+local told = (ARGV[15] ~= nil and ARGV[15] ~= '') and xmc_arg_int('replayed (ARGV[15])', ARGV[15], 0, 2 ^ 53) or nil
 -- field names and values of one entry that XADD can take from a script: Lua's unpack stops near
 -- 8,000 values (LUAI_MAXCSTACK), so a longer entry is never passed to it
 local XMC_MAX_VALUES = 7990
 local poison_id = nil
+local redelivered, behind, last_moved_id = 0, 0, ''
 local memory = {used_memory = 0, maxmemory = 0}
 local rate_cap = {limit = 0, cut = false, wait_ms = 0}
 
@@ -87,6 +108,9 @@ local lease_token = redis.call('HGET', KEYS[5], 'token')  -- read before any wri
 -- the resume's count (the replay record); without one (a resume begun before the record existed),
 -- the claim's own count, if any
 local resume = tonumber((KEYS[10] and redis.call('HGET', KEYS[10], 'moved')) or (counting and total) or nil)
+-- the resume's tasks moved again so far (the replay record's `redelivered`), with its count only
+local resume_redelivered = KEYS[10] and redis.call('HGET', KEYS[10], 'moved')
+                           and tonumber(redis.call('HGET', KEYS[10], 'redelivered') or '0') or nil
 local released = nil
 
 local function reply(status, moved, b, remaining, last_seq, moved_bytes)
@@ -100,7 +124,9 @@ local function reply(status, moved, b, remaining, last_seq, moved_bytes)
                        group_status = b.status, limiting_group = b.limiting_group or '',
                        missing_group = b.missing_group or '', last_seq = last_seq or 0,
                        used_memory = memory.used_memory, maxmemory = memory.maxmemory,
-                       rate_limit = rate_cap.limit, rate_limited = rate_cap.cut, rate_wait_ms = rate_cap.wait_ms})
+                       rate_limit = rate_cap.limit, rate_limited = rate_cap.cut, rate_wait_ms = rate_cap.wait_ms,
+                       redelivered = redelivered, behind = behind, last_moved_id = last_moved_id,
+                       redelivered_total = resume_redelivered and (resume_redelivered + redelivered) or nil})
 end
 local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
 
@@ -108,17 +134,22 @@ local fence = xmc_token_cmp(xmc_fence(KEYS[4]), token)
 if fence ~= 0 then
   -- a newer token took over, or the counter went back below ours: Redis lost data (the record,
   -- if any, is another token's: no count to report)
-  counting, resume = false, nil
+  counting, resume, resume_redelivered = false, nil, nil
   released = fence > 0 and KEYS[11] and xmc_released(KEYS[11], token) or nil
   if released then
     return reply('released', 0, none, released.remaining)
   end
   return reply(fence > 0 and 'fenced' or 'fence_lost', 0, none, redis.call('XLEN', KEYS[2]))
 end
+if told and told > (resume or 0) then
+  -- the caller was told more tasks moved than Redis counts now: Redis lost moves
+  behind = told - (resume or 0)
+end
 if own then
   local last_seq = tonumber(redis.call('HGET', KEYS[6], 'seq') or '0')
   if seq == last_seq then
     -- the recorded result, marked: it moved nothing now (a metric counts only fresh moves)
+    xmc_touch(KEYS[4])
     return '{"repeated":true,' .. string.sub(redis.call('HGET', KEYS[6], 'result'), 2)
   elseif seq < last_seq then
     return reply('stale', 0, none, redis.call('XLEN', KEYS[2]), last_seq)
@@ -167,14 +198,24 @@ if room > 0 then
     if moved_bytes >= budget then
       break  -- the read may pass the budget by more than one entry (its chunks); the move never does
     end
-    if #e[2] > XMC_MAX_VALUES then
+    -- a task the caller was told was moved before: moved again, marked (redelivery.lua)
+    local again = moved_through ~= nil and xmc_id_cmp(e[1], moved_through) <= 0
+    if #e[2] + (again and 2 or 0) > XMC_MAX_VALUES then
       poison_id = e[1]
       break
     end
-    redis.call('XADD', KEYS[1], '*', unpack(e[2]))
+    local bytes = xmc_entry_bytes(e)
+    local fields = e[2]
+    if again then
+      fields[#fields + 1] = XMC_REDELIVERY_FIELD
+      fields[#fields + 1] = ARGV[12] .. ' ' .. e[1]
+      redelivered = redelivered + 1
+    end
+    redis.call('XADD', KEYS[1], '*', unpack(fields))
     redis.call('XDEL', KEYS[2], e[1])
     moved = moved + 1
-    moved_bytes = moved_bytes + xmc_entry_bytes(e)
+    moved_bytes = moved_bytes + bytes
+    last_moved_id = e[1]
   end
 end
 -- rate cap (rate.lua): take what moved from the bucket
@@ -211,6 +252,9 @@ if counting then
 end
 if KEYS[10] and resume and moved > 0 then
   redis.call('HSET', KEYS[10], 'moved', resume + moved)
+end
+if resume_redelivered and redelivered > 0 then
+  redis.call('HSET', KEYS[10], 'redelivered', resume_redelivered + redelivered)
 end
 if lease_token ~= token then
   redis.call('HSET', KEYS[5], 'token', token, 'owner', ARGV[8])  -- a lapsed lease, taken again

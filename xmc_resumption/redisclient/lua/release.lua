@@ -16,7 +16,8 @@
 -- Returns JSON {token (the released token, a decimal string; '0' when nothing was released: a
 -- newer claim owns the experiment, or the owner holds no claim), outcome, replayed (absent when
 -- unknown), remaining, repeated}: a release of a token this script released before (a retry, or a
--- re-executed turn) changes nothing and returns that release's record with repeated true.
+-- re-executed turn) changes nothing and returns that release's record with repeated true (it
+-- rewrites the fence counter with its own value, so that a WAIT after this call covers that release).
 -- Every argument and every key read is checked before the first write.
 local token = ARGV[1]
 local outcome = ARGV[5] or ''
@@ -31,6 +32,7 @@ end
 if token ~= '0' and xmc_fence(KEYS[1]) ~= token then
   local r = log and xmc_released(log, token)
   if r then
+    xmc_touch(KEYS[1])  -- so that a WAIT after this call covers the release it reports (tokens.lua)
     return cjson.encode({token = token, outcome = r.outcome, replayed = r.replayed, remaining = r.remaining,
                          repeated = true})
   end

@@ -26,6 +26,27 @@ local function xmc_fence(key)
   return v
 end
 
+-- The smallest token a claim may hand out now: Redis's clock (TIME) in microseconds since the
+-- epoch, times 1,000 (the last three digits are the counter's tiebreak), as a canonical string of
+-- 19 digits until the year 2262. A claim takes the larger of this and the fence counter plus one,
+-- so a token handed out after Redis lost the counter's last increments (a crash failover to a
+-- replica that never got them, a restart without persistence) is still above every token handed
+-- out before: those were at most their own floor plus the few increments of its microsecond, and
+-- the clock has moved on since (docs/contract.md, "Fencing tokens").
+local function xmc_token_floor()
+  local now = redis.call('TIME')
+  return now[1] .. string.format('%06d', tonumber(now[2])) .. '000'
+end
+
+-- Rewrites string key `key` with the value it holds, when it exists: a write that changes nothing
+-- but reaches the replicas after every write before it. A script that answers from a record of an
+-- earlier call (a repeated request) calls it, so that WAIT on the caller's connection, which counts
+-- the replicas that have the connection's last write, covers that earlier write too.
+local function xmc_touch(key)
+  local v = redis.call('GET', key)
+  if v then redis.call('SET', key, v, 'KEEPTTL') end
+end
+
 -- An experiment's state (GET's reply) as the contract knows it: 'paused', 'resuming', or
 -- 'running' when the key is absent; any other value is reported as 'unknown' (and treated as
 -- holding: enqueue.lua, acquire.lua).
