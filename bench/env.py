@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,9 +119,12 @@ async def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float) 
 
 
 @contextlib.asynccontextmanager
-async def worker_process(env: BenchEnv, name: str = "worker") -> AsyncIterator[WorkerProcess]:
-    """Run ``python -m worker`` (env ``XMC_REDIS_URL``, ``XMC_TASK_QUEUE``, ``TEMPORAL_ADDRESS``) as
-    ``xmc/demo.py`` does, once it polls; SIGTERM at the end (it exits 0 after a graceful shutdown)."""
+async def worker_process(
+    env: BenchEnv, name: str = "worker", settings: Mapping[str, str] | None = None
+) -> AsyncIterator[WorkerProcess]:
+    """Run ``python -m worker`` (env ``XMC_REDIS_URL``, ``XMC_TASK_QUEUE``, ``TEMPORAL_ADDRESS``, and
+    ``settings``: more ``XMC_*`` variables) as ``xmc/demo.py`` does, once it polls; SIGTERM at the end
+    (it exits 0 after a graceful shutdown)."""
     log = env.log_dir / f"{name}.log"
     log.write_bytes(b"")
     worker_env = {
@@ -129,6 +132,7 @@ async def worker_process(env: BenchEnv, name: str = "worker") -> AsyncIterator[W
         "XMC_REDIS_URL": env.redis_url,
         "XMC_TASK_QUEUE": env.task_queue,
         "TEMPORAL_ADDRESS": env.temporal_address,
+        **(settings or {}),
     }
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "worker"], env=worker_env, stdout=out, stderr=subprocess.STDOUT)

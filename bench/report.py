@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import blocking, eta, scenarios
+from bench import blocking, eta, replicas, scenarios
 
 HISTORY_BUDGET = 10_240
 """The largest single run of any continue-as-new chain must stay under this many events."""
@@ -146,6 +146,7 @@ def table(results: dict[str, Any]) -> str:
         "g": _lines_g,
         "h": eta.lines,
         "p": scenarios.lines,
+        "r": replicas.lines,
     }
     blocks = [printers[key](results[key]) for key in printers if key in results]
     checks = results["checks"]

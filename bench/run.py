@@ -12,6 +12,8 @@ Figures (every one a ratio measured side by side in the same run; absolute times
   h  the ETA against a steady consumer: its error at 10, 25, 50 and 75 % moved (``bench.eta``)
   p  the pacing cases of issue 17: bursty, stopped and faster consumers, the defaults, batch sizes,
      10 vs 100 replays, history events per 1,000 tasks (``bench.scenarios``)
+  r  replica acknowledgements' cost: replay, bare publish and enqueue tasks/s with and without
+     ``XMC_REPLICA_ACKS=1`` against a replica (``bench.replicas``)
 Prints a table and writes ``bench/results/bench-<timestamp>.json`` and ``bench/results/latest.json``.
 Exits 0 when every replay was exactly once and in order, no sampled backlog passed the threshold and
 every run's history stayed under its budget and (full runs) the ETA stayed within 20 % once 10 %
@@ -31,14 +33,15 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench import backlog_cost, blocking, eta, memory, pacing, scale, scenarios, throughput
+from bench import backlog_cost, blocking, eta, memory, pacing, replicas, scale, scenarios, throughput
 from bench.env import BenchEnv, bench_services, worker_process
 from bench.report import HISTORY_BUDGET, table, write_results
 
-FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h", "p")
+FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h", "p", "r")
 RESULTS_DIR = Path(__file__).parent / "results"
 A_BATCHES = (100, 1_000, 5_000)
 A_TASKS_FULL, A_TASKS_SMOKE = 50_000, 2_000
+R_TASKS_FULL, R_TASKS_SMOKE = 20_000, 1_000
 WARM_UP_TASKS = 200
 ETA_TARGET = 0.20
 """Figure h's target: the ETA within 20 % of the actual time left once 10 % of a replay has moved."""
@@ -144,6 +147,7 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
     once += [r["exactly_once"] for r in results.get("f", {}).get("rows", [])]
     once += [r["exactly_once"] for r in results.get("g", [])]
     once += [r["exactly_once"] for r in results.get("h", [])]
+    once += [r["exactly_once"] for r in results.get("r", {}).get("rows", [])]
     p = results.get("p", {})
     once += [r["exactly_once"] for r in p.get("rows", []) + p.get("batches", []) + p.get("replays", [])]
     checks = {"exactly_once": all(once)}
@@ -182,6 +186,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             results["g"] = await scale.scale(env, size, args.policies)
         if "p" in args.only:
             results["p"]["replays"] = await scenarios.replays(env)
+        if "r" in args.only:
+            r_tasks = R_TASKS_SMOKE if args.smoke else R_TASKS_FULL
+            print(f"r: replica acknowledgements, {r_tasks} tasks per run, {args.repeats} repeat(s)", flush=True)
+            results["r"] = await replicas.replicas(env, r_tasks, args.repeats)
     if "e" in args.only:
         elsewhere = [r["largest_run_events"] for row in results.get("a", []) for r in row["workflow_runs"]]
         elsewhere += [r["largest_run_events"] for r in results.get("d", {}).get("rows", [])]

@@ -1,5 +1,5 @@
-"""The bench at smoke size (figures a, b and c): it runs, writes its JSON with every key, and its own
-checks hold (exactly once and in order, the backlog within the threshold, finite ratios)."""
+"""The bench at smoke size (figures a, b and c; figure r apart): it runs, writes its JSON with every key,
+and its own checks hold (exactly once and in order, the backlog within the threshold, finite ratios)."""
 
 from __future__ import annotations
 
@@ -70,3 +70,29 @@ def test_bench_smoke_writes_real_figures(tmp_path: Path) -> None:
     assert [row["bytes_capped"] for row in c["rows"]] == [False, False, False, True, False]
     # the byte budget bounds what one count of large entries costs inside Redis
     assert c["ratio_entry_size"] > 1 and c["ratio_no_budget"] > 3
+
+
+R_ROW_KEYS = {
+    "what", "batch", "tasks", "plain_tasks_per_s", "acked_tasks_per_s", "ratio", "exactly_once", "plain_runs",
+    "acked_runs",
+}  # fmt: skip
+
+
+def test_bench_smoke_measures_replica_acknowledgements(tmp_path: Path) -> None:
+    """Figure r: against a replica in sync, each row is measured both ways and exactly once."""
+    assert main(["--smoke", "--only", "r", "--out-dir", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "latest.json").read_text())
+    assert set(results) == {"meta", "r", "checks"} and results["checks"] == {"exactly_once": True}
+    r = results["r"]
+    assert r["replica_link"] == "up" and r["acks"] == {"replicas": 1, "timeout_ms": 1000}
+    assert [(row["what"], row["batch"]) for row in r["rows"]] == [
+        ("replay", 100),
+        ("replay", 500),
+        ("bare publish", 100),
+        ("bare publish", 500),
+        ("enqueue", 100),
+    ]
+    for row in r["rows"]:
+        assert set(row) == R_ROW_KEYS and row["exactly_once"] is True
+        assert all(_positive(row[key]) for key in ("plain_tasks_per_s", "acked_tasks_per_s", "ratio")), row
+        assert len(row["plain_runs"]) == len(row["acked_runs"]) == 1
