@@ -1,7 +1,6 @@
-"""The metric names the activities emit.
+"""The metric names the activities emit: the worker's held-tasks gauge and the two counters Redis decides.
 
-They are the worker's own gauge, listed below the workflow's names in ``workflows/metrics.py``, which lists them all;
-conventions as there.
+``workflows/metrics.py`` lists every metric of the replay, these among them; conventions as there.
 """
 
 from __future__ import annotations

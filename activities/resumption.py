@@ -1,4 +1,4 @@
-"""The resumption's activities, run as local activities by ``ResumptionWorkflow``.
+"""The resumption's activities, called by ``ResumptionWorkflow`` (as local activities, or regular ones: ``calls.py``).
 
 Each takes a request envelope (``activities.requests``), returns a pydantic result and calls one
 function of ``redisclient``. The workflow calls them by name (``workflow.execute_local_activity``
@@ -34,13 +34,11 @@ from xmc_resumption.activities.errors import ErrorType
 from xmc_resumption.activities.metrics import HELD_REMAINING, OUTCOMES, REPLAYED
 from xmc_resumption.activities.requests import (
     AcquireRequest,
-    BacklogRequest,
     CheckRequest,
     DrainWaitRequest,
     ExperimentRef,
     IdleConsumersRequest,
     PublishRequest,
-    PublishRoundsRequest,
     ReleaseRequest,
     SetAsideRequest,
 )
@@ -51,7 +49,6 @@ from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.memory import EVICTION_REPLY
 from xmc_resumption.redisclient.results import (
-    BacklogReading,
     ClaimCheck,
     ClaimGrant,
     DrainWait,
@@ -80,10 +77,10 @@ Redis Cluster addressed without a cluster client repeats too: the run then waits
 
 @asynccontextmanager
 async def _classified(redis: RedisClient) -> AsyncIterator[None]:
-    """Make errors that retrying cannot mend non-retryable.
+    """Make errors that retrying cannot mend non-retryable ``ApplicationError``s.
 
-    Turn errors that retrying cannot mend into non-retryable ``ApplicationError``s; connection faults, timeouts and
-    transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``) propagate and are retried.
+    Connection faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``) propagate and
+    are retried.
 
     A failover: after READONLY, MOVED, a reset or refused connection or a timeout
     (``redisclient.connection.STALE_CONNECTION_ERRORS``) the pooled connections of ``redis`` are
@@ -131,23 +128,6 @@ def _keys(ref: ExperimentRef) -> ExperimentKeys:
         return ExperimentKeys(ref.stream, ref.experiment_id)
     except ValueError as err:
         raise ApplicationError(str(err), type=ErrorType.INVALID_ARGUMENT, non_retryable=True) from err
-
-
-def _publishing(req: PublishRequest) -> dict[str, Any]:
-    """The keyword arguments of ``publish.publish_batch`` in a publish request (``publish_rounds`` takes them too)."""
-    return {
-        "token": req.token,
-        "seq": req.seq,
-        "batch_size": req.batch_size,
-        "threshold": req.threshold,
-        "owner": req.owner,
-        "lease_ms": req.lease_ms,
-        "missing_group": req.missing_group,
-        "max_bytes": req.max_bytes,
-        "max_memory_fraction": req.max_memory_fraction,
-        "fair_share": req.fair_share,
-        "groups": req.ref.consumer_groups,
-    }
 
 
 class HeldRemaining:
@@ -265,9 +245,7 @@ class ResumptionActivities:
         return [
             self.acquire_claim,
             self.check_claim,
-            self.measure_backlog,
             self.wait_for_drain,
-            self.publish_batch,
             self.publish_rounds,
             self.idle_consumers,
             self.set_aside,
@@ -302,22 +280,6 @@ class ResumptionActivities:
         return check
 
     @activity.defn
-    async def measure_backlog(self, req: BacklogRequest) -> BacklogReading:
-        """Measure the consumer group's backlog (pending + lag, capped near the threshold)."""
-        _keys(req.ref)
-        async with _classified(self.redis):
-            reading = await backlog.measure_backlog(
-                self.redis,
-                req.ref.stream,
-                req.ref.consumer_group,
-                req.threshold,
-                req.missing_group,
-                req.max_bytes,
-                req.ref.consumer_groups,
-            )
-        return reading  # a missing group under the zero policy is logged by measure_backlog
-
-    @activity.defn
     async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
         """Poll the backlog until it falls to the low watermark.
 
@@ -342,25 +304,11 @@ class ResumptionActivities:
             )
 
     @activity.defn
-    async def publish_batch(self, req: PublishRequest) -> PublishResult:
-        """Atomically move the next batch of held tasks into the task stream."""
-        async with _classified(self.redis):
-            result = await publish.publish_batch(self.redis, _keys(req.ref), req.ref.consumer_group, **_publishing(req))
-        self._published(req, result, 0 if result.repeated else result.moved)
-        return result
-
-    @activity.defn
-    async def publish_rounds(self, req: PublishRoundsRequest) -> PublishRounds:
+    async def publish_rounds(self, req: PublishRequest) -> PublishRounds:
         """Move held tasks in rounds of atomic publishes while headroom is left (``publish.publish_rounds``)."""
         async with _classified(self.redis):
             rounds = await publish.publish_rounds(
-                self.redis,
-                _keys(req.ref),
-                req.ref.consumer_group,
-                max_tasks=req.max_tasks,
-                max_scripts=req.max_scripts,
-                max_seconds=req.max_seconds,
-                **_publishing(req),
+                self.redis, _keys(req.ref), req.ref.consumer_group, req.params, req.ref.consumer_groups
             )
         self._published(req, rounds.final, rounds.fresh_moved)
         return rounds
@@ -368,7 +316,7 @@ class ResumptionActivities:
     def _published(self, req: PublishRequest, result: PublishResult, moved_now: int) -> None:
         """Report a publish's held tasks left to the gauge and count the tasks it moved now."""
         fenced = result.status in (PublishStatus.FENCED, PublishStatus.FENCE_LOST, PublishStatus.RELEASED)
-        self.held.report(req.ref, None if fenced else result.remaining, req.lease_ms)
+        self.held.report(req.ref, None if fenced else result.remaining, req.params.lease_ms)
         self.counts.moved(req.ref, moved_now)
 
     @activity.defn

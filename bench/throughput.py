@@ -30,7 +30,7 @@ from bench.tasks import check_replay, hold_tasks
 from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.fencing import acquire_claim, check_claim
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import PublishStatus
 
 MAX_THRESHOLD = 100_000
@@ -100,17 +100,10 @@ async def bare_move(env: BenchEnv, count: int, batch: int) -> MoveTiming:
         seq = 0
         while True:
             seq += 1
-            result = await publish_batch(
-                env.redis,
-                keys,
-                DEFAULT_GROUP,
-                token=grant.token,
-                seq=seq,
-                batch_size=batch,
-                threshold=MAX_THRESHOLD,
-                owner="bench",
-                lease_ms=LEASE_MS,
+            params = PublishParams(
+                token=grant.token, seq=seq, batch_size=batch, threshold=MAX_THRESHOLD, owner="bench", lease_ms=LEASE_MS
             )
+            result = await publish_batch(env.redis, keys, DEFAULT_GROUP, params)
             if result.status is PublishStatus.COMPLETED:
                 break
             if result.status is not PublishStatus.PUBLISHED:

@@ -1,9 +1,10 @@
-"""Record workflow histories for the replay test: ``python -m tests.record_histories [NAME ...]``.
+"""Record a release's workflow histories for the replay test: ``python -m tests.record_histories [NAME ...]``.
 
-Runs one scenario per outcome (or only the named ones) on a fresh dev server and redis-server and
-writes each history as JSON to ``tests/histories/``. Re-record only for a deliberate, versioned
-change of the workflow; the old files stay, so that runs started by the old code still replay.
-Record a new scenario by its name alone, so the others' files stay as they were.
+Runs one scenario per outcome (or only the named ones) on a fresh dev server and redis-server and writes each first
+run's history as JSON to ``tests/histories/<version>/``, the version being ``pyproject.toml``'s. A release records its
+folder once, when it is cut; the folders of earlier releases stay as they are, so that the runs those releases
+started still replay (tests/test_replay.py). A new scenario is recorded by its name alone, so the others' files stay.
+docs/development.md, "Changing the workflow".
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests.support.helpers import (
     throttled,
     wait_for,
 )
+from xmc_resumption import __version__
 from xmc_resumption.redisclient import fencing, held, ratecap
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.services import installed_binary, local_redis
@@ -40,7 +42,17 @@ from xmc_resumption.workflows.control import ControlChange
 from xmc_resumption.workflows.models import Phase, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-OUT = Path(__file__).parent / "histories"
+HISTORIES = Path(__file__).parent / "histories"
+"""One folder per release, named by its version, of the histories its code recorded."""
+
+OUT = HISTORIES / __version__
+
+
+def releases() -> list[Path]:
+    """The folder of each release in ``HISTORIES``, oldest first (by version, not by name)."""
+    folders = [p for p in HISTORIES.iterdir() if p.is_dir()]
+    return sorted(folders, key=lambda p: tuple(int(n) for n in p.name.split(".")))
+
 
 Scenario = Callable[[Redis, WorkflowHandle, str], Awaitable[None]]
 
@@ -195,7 +207,7 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 3},
     ),
-    # the default policy (adaptive since patch pacing-probe) with its estimator
+    # the default policy (adaptive) with its estimator
     "probe_completed": (completed, {"max_backlog_threshold": 5, "batch_size": 2, "max_wait_seconds": 3}),
     "waited_for_group": (
         waited_for_group,
@@ -215,7 +227,7 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
         rate_limited,
         {"max_backlog_threshold": 5, "throttle_seconds": 0.5, "throttle_policy": "fixed", "max_tasks_per_second": 2},
     ),
-    # polls that do not fit the workflow task's budget run as regular activities (yielding-calls)
+    # polls that do not fit the workflow task's budget run as regular activities (workflows/calls.py)
     "adaptive_polled_by_activity": (
         completed,
         {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 3},
@@ -245,7 +257,7 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
 
 
 async def record(names: list[str]) -> None:
-    OUT.mkdir(exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
     unknown = set(names) - set(SCENARIOS)
     if unknown:
         raise SystemExit(f"no such scenario: {', '.join(sorted(unknown))}; choose from {', '.join(SCENARIOS)}")

@@ -24,7 +24,6 @@ from tests.support.helpers import resumption_worker, run_module, start
 from tests.support.secure import ACL_FILE, ACL_USER, ROOT, SECRET, acl_redis
 from xmc_resumption.activities.requests import (
     AcquireRequest,
-    BacklogRequest,
     CheckRequest,
     DrainWaitRequest,
     ExperimentRef,
@@ -38,6 +37,7 @@ from xmc_resumption.ops import experiment_status
 from xmc_resumption.redisclient import deadletter, held, weights
 from xmc_resumption.redisclient.acl import denial_message
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
+from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.redisclient.scripts import source
 from xmc_resumption.services import free_port
 
@@ -123,28 +123,30 @@ async def test_the_redis_layer_runs_as_the_acl_user(admin: Redis, user: Redis) -
     token = grant.token
     assert grant.held == 5
     assert not (await env.run(acts.check_claim, CheckRequest(ref=ref, token=token, owner="w1", lease_ms=60_000))).fenced
-    assert (await env.run(acts.measure_backlog, BacklogRequest(ref=ref, threshold=10))).backlog == 0
     drained = DrainWaitRequest(
         ref=ref, threshold=10, low_watermark=0, min_seconds=0, max_seconds=0.1, poll_seconds=0.05
     )
-    assert (await env.run(acts.wait_for_drain, drained)).reached
+    drain = await env.run(acts.wait_for_drain, drained)
+    assert drain.reached and drain.reading.backlog == 0
     aside = await env.run(acts.set_aside, SetAsideRequest(ref=ref, token=token, entry_id=ids[0]))
     assert (aside.status.value, aside.dead) == ("set_aside", 1)
     published = await env.run(
-        acts.publish_batch,
-        PublishRequest(ref=ref, token=token, seq=1, batch_size=2, threshold=10, owner="w1", lease_ms=60_000),
+        acts.publish_rounds,
+        PublishRequest(
+            ref=ref, params=PublishParams(token=token, seq=1, batch_size=2, threshold=10, owner="w1", lease_ms=60_000)
+        ),
     )
-    assert published.moved == 2
+    assert (published.scripts, published.moved) == (1, 2)
     # the fair share's weights and replayers (fair.lua) and the memory fraction (memory.lua)
     await weights.set_weight(user, STREAM, "A1", 3)
     fair = await env.run(
-        acts.publish_batch,
-        PublishRequest(
-            ref=ref, token=token, seq=2, batch_size=1, threshold=10, owner="w1", lease_ms=60_000,
+        acts.publish_rounds,
+        PublishRequest(ref=ref, params=PublishParams(
+            token=token, seq=2, batch_size=1, threshold=10, owner="w1", lease_ms=60_000,
             fair_share=True, max_memory_fraction=0.99,
-        ),
+        )),
     )  # fmt: skip
-    assert (fair.status.value, fair.moved) == ("published", 1)
+    assert (fair.final.status.value, fair.moved) == ("published", 1)
     status = await experiment_status(user, keys, GROUP, 10)
     assert (status["state"], status["held"], status["set_aside"], status["fence"]) == ("resuming", 1, 1, token)
     assert status["backlog"] == {
@@ -232,8 +234,9 @@ async def test_a_command_refused_inside_a_script_names_the_script(admin: Redis, 
     ref = ExperimentRef(experiment_id="A3", stream=STREAM, consumer_group=GROUP)
     try:
         with pytest.raises(ApplicationError) as err:
-            await activity_env("measure_backlog").run(
-                ResumptionActivities(narrow).measure_backlog, BacklogRequest(ref=ref, threshold=5)
+            await activity_env("wait_for_drain").run(
+                ResumptionActivities(narrow).wait_for_drain,
+                DrainWaitRequest(ref=ref, threshold=5, low_watermark=0, min_seconds=0, max_seconds=1, poll_seconds=0.1),
             )
     finally:
         await narrow.aclose()
@@ -241,7 +244,7 @@ async def test_a_command_refused_inside_a_script_names_the_script(admin: Redis, 
     # Redis 7.0 does not name the command refused inside a script (7.2 does: 'xinfo|groups')
     assert re.search(
         rf"Redis ACL user '{NARROW_USER}' may not run (XINFO\|GROUPS \(from the measure script\)|"
-        r"a command of the measure script \(EVALSHA\)), in measure_backlog: ",
+        r"a command of the measure script \(EVALSHA\)), in wait_for_drain: ",
         str(err.value),
     ), str(err.value)
 

@@ -19,7 +19,6 @@ from temporalio.testing import ActivityEnvironment
 from xmc_resumption.activities.errors import NON_RETRYABLE_ERROR_TYPES
 from xmc_resumption.activities.requests import (
     AcquireRequest,
-    BacklogRequest,
     CheckRequest,
     DrainWaitRequest,
     ExperimentRef,
@@ -29,18 +28,24 @@ from xmc_resumption.activities.requests import (
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.services import free_port
 
 REF = ExperimentRef(experiment_id="E1", stream="xmc-tasks-stream", consumer_group="xmc-workers")
+
+
+def drain(ref: ExperimentRef, **kw: Any) -> DrainWaitRequest:
+    """A short poll of ``ref``'s backlog (the activity that measures it)."""
+    return DrainWaitRequest(ref=ref, threshold=5, low_watermark=0, min_seconds=0, max_seconds=1, poll_seconds=0.1, **kw)
+
+
 KEYS = ExperimentKeys(REF.stream, REF.experiment_id)
 
 
 async def test_a_wrong_type_is_not_retried(redis: Redis) -> None:
     await redis.set(REF.stream, "oops")
     with pytest.raises(ApplicationError) as err:
-        await ActivityEnvironment().run(
-            ResumptionActivities(redis).measure_backlog, BacklogRequest(ref=REF, threshold=5)
-        )
+        await ActivityEnvironment().run(ResumptionActivities(redis).wait_for_drain, drain(REF))
     assert (err.value.type, err.value.non_retryable) == ("RedisWrongType", True)
 
 
@@ -68,16 +73,18 @@ async def test_out_of_memory_is_retried(redis: Redis) -> None:
     try:
         with pytest.raises(OutOfMemoryError):  # raised as is: Temporal's retry policy retries it
             await ActivityEnvironment().run(
-                ResumptionActivities(redis).publish_batch,
+                ResumptionActivities(redis).publish_rounds,
                 PublishRequest(
                     ref=REF,
-                    token=grant.token,
-                    seq=1,
-                    batch_size=5,
-                    threshold=5,
-                    owner="me",
-                    lease_ms=1000,
-                    missing_group="zero",
+                    params=PublishParams(
+                        token=grant.token,
+                        seq=1,
+                        batch_size=5,
+                        threshold=5,
+                        owner="me",
+                        lease_ms=1000,
+                        missing_group="zero",
+                    ),
                 ),
             )
     finally:
@@ -88,22 +95,18 @@ async def test_out_of_memory_is_retried(redis: Redis) -> None:
 async def test_a_missing_group_under_the_error_policy_is_not_retried(redis: Redis) -> None:
     await redis.xadd(REF.stream, {"task": "t1"})
     with pytest.raises(ApplicationError) as err:
-        await ActivityEnvironment().run(
-            ResumptionActivities(redis).measure_backlog,
-            BacklogRequest(ref=REF, threshold=5, missing_group="error"),
-        )
+        await ActivityEnvironment().run(ResumptionActivities(redis).wait_for_drain, drain(REF, missing_group="error"))
     assert (err.value.type, err.value.non_retryable) == ("MissingConsumerGroup", True)
 
 
 CALLS: dict[str, Callable[[ResumptionActivities], Any]] = {
     "acquire_claim": lambda a: a.acquire_claim(AcquireRequest(ref=REF, owner="me", lease_ms=1000, request_id="r1")),
     "check_claim": lambda a: a.check_claim(CheckRequest(ref=REF, token=1, owner="me", lease_ms=1000)),
-    "measure_backlog": lambda a: a.measure_backlog(BacklogRequest(ref=REF, threshold=5)),
-    "wait_for_drain": lambda a: a.wait_for_drain(
-        DrainWaitRequest(ref=REF, threshold=5, low_watermark=0, min_seconds=0, max_seconds=1, poll_seconds=0.1)
-    ),
-    "publish_batch": lambda a: a.publish_batch(
-        PublishRequest(ref=REF, token=1, seq=1, batch_size=5, threshold=5, owner="me", lease_ms=1000)
+    "wait_for_drain": lambda a: a.wait_for_drain(drain(REF)),
+    "publish_rounds": lambda a: a.publish_rounds(
+        PublishRequest(
+            ref=REF, params=PublishParams(token=1, seq=1, batch_size=5, threshold=5, owner="me", lease_ms=1000)
+        )
     ),
     "release_claim": lambda a: a.release_claim(ReleaseRequest(ref=REF, token=1, owner="me")),
 }

@@ -22,7 +22,7 @@ from tests.support.helpers import (
 )
 from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import (
     ExperimentState,
     MissingGroupPolicy,
@@ -174,13 +174,15 @@ def publish(redis: Redis, token: int, seq: int = 1) -> Awaitable[PublishResult]:
         redis,
         KEYS,
         "g",
-        token=token,
-        seq=seq,
-        batch_size=10,
-        threshold=100,
-        owner="me",
-        lease_ms=60_000,
-        missing_group=MissingGroupPolicy.ZERO,
+        PublishParams(
+            token=token,
+            seq=seq,
+            batch_size=10,
+            threshold=100,
+            owner="me",
+            lease_ms=60_000,
+            missing_group=MissingGroupPolicy.ZERO,
+        ),
     )
 
 

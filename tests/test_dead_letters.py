@@ -26,11 +26,12 @@ from tests.support.helpers import (
 from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.deadletter import MAX_TASK_FIELDS
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, PublishStatus, SetAsideStatus
 from xmc_resumption.redisclient.scripts import source
 from xmc_resumption.workflows.models import Outcome
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+from xmc_resumption.workflows.text import details_markdown
 
 POISON = {f"f{i}": f"v{i}" for i in range(4_000)}  # 8,000 values: past Lua's unpack
 
@@ -50,7 +51,10 @@ async def test_the_publish_stops_before_a_poison_task_and_writes_nothing_half_do
     grant = await fencing.acquire_claim(redis, keys, "me", 60_000)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     result = await publish_batch(
-        redis, keys, GROUP, token=grant.token, seq=1, batch_size=10, threshold=100, owner="me", lease_ms=60_000
+        redis,
+        keys,
+        GROUP,
+        PublishParams(token=grant.token, seq=1, batch_size=10, threshold=100, owner="me", lease_ms=60_000),
     )
     assert (result.status, result.moved, result.poison_id, result.remaining) == (
         PublishStatus.PUBLISHED, 3, poison_id, 3,
@@ -88,7 +92,7 @@ async def test_a_poison_task_does_not_stop_the_replay(temporal_env, redis, redis
     await consumer
     assert (result.outcome, result.replayed, result.remaining, result.set_aside) == (Outcome.COMPLETED, 99, 0, 1)
     assert (progress.set_aside, progress.dead_letter_key) == (1, keys.dead)
-    assert "set aside" in progress.details_markdown()
+    assert "set aside" in details_markdown(progress)
     assert await stream_tasks(redis) == names and seen == names
     assert await redis.xlen(keys.dead) == 1
     assert await held.get_state(redis, keys) is ExperimentState.RUNNING

@@ -33,6 +33,7 @@ from xmc_resumption.workflows.eta import (
 )
 from xmc_resumption.workflows.models import Outcome, Phase, Progress
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+from xmc_resumption.workflows.text import details_markdown
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -115,11 +116,11 @@ def test_nothing_moves_before_a_durable_wait_ends() -> None:
 
 def test_the_details_show_the_eta_or_why_not() -> None:
     p = Progress(experiment_id="E", threshold=500)
-    assert "- ETA: - (no net drain rate measured yet)" in p.details_markdown()
+    assert "- ETA: - (no net drain rate measured yet)" in details_markdown(p)
     p.net_rate, p.eta_seconds, p.eta_at = 412.4, 65.2, datetime(2025, 1, 1, 12, 34, 56, tzinfo=UTC)
-    assert "- ETA: ~1m 05s (at 12:34:56Z), net ~412/s" in p.details_markdown()
+    assert "- ETA: ~1m 05s (at 12:34:56Z), net ~412/s" in details_markdown(p)
     p.eta_seconds = 0.0
-    assert "- ETA: 0s (nothing left to move)" in p.details_markdown()
+    assert "- ETA: 0s (nothing left to move)" in details_markdown(p)
 
 
 async def test_no_eta_before_a_rate(temporal_env, redis, redis_url, task_queue) -> None:
@@ -130,7 +131,7 @@ async def test_no_eta_before_a_rate(temporal_env, redis, redis_url, task_queue) 
         with pytest.raises(WorkflowFailureError):
             await run.handle.result()
     assert (progress.remaining, progress.net_rate, progress.eta_seconds, progress.eta_at) == (10, None, None, None)
-    assert "ETA: - (no net drain rate measured yet)" in progress.details_markdown()
+    assert "ETA: - (no net drain rate measured yet)" in details_markdown(progress)
 
 
 async def drain(redis, consumer: str = "c1") -> int:  # type: ignore[no-untyped-def]
@@ -186,4 +187,4 @@ async def test_the_eta_mid_run_is_the_formulas_and_zero_at_the_end(temporal_env,
     )
     assert done.outcome is Outcome.COMPLETED
     assert (final.phase, final.remaining, final.eta_seconds) == (Phase.DONE, 0, 0.0)
-    assert final.eta_at is not None and "ETA: 0s" in final.details_markdown()
+    assert final.eta_at is not None and "ETA: 0s" in details_markdown(final)

@@ -42,6 +42,7 @@ from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, Exp
 from xmc_resumption.activities.resumption import ResumptionActivities, _classified
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy
 from xmc_resumption.services import local_redis
 from xmc_resumption.workflows.models import Outcome
@@ -155,19 +156,21 @@ async def test_after_a_failover_one_call_fails_once_and_its_retry_reaches_the_ne
             (False, grant.token, ExperimentState.RESUMING)
         }
         published = await env.run(
-            activities.publish_batch,
+            activities.publish_rounds,
             PublishRequest(
                 ref=REF,
-                token=grant.token,
-                seq=1,
-                batch_size=4,
-                threshold=100,
-                owner="me",
-                lease_ms=60_000,
-                missing_group=MissingGroupPolicy.ZERO,  # no group reads this stream: the stream is the backlog
+                params=PublishParams(
+                    token=grant.token,
+                    seq=1,
+                    batch_size=4,
+                    threshold=100,
+                    owner="me",
+                    lease_ms=60_000,
+                    missing_group=MissingGroupPolicy.ZERO,  # no group reads this stream: the stream is the backlog
+                ),
             ),
         )
-        assert (published.moved, published.remaining) == (4, 6)
+        assert (published.moved, published.final.remaining) == (4, 6)
         assert await stream_tasks(servers.b) == names[:4]
         await until(servers.nothing_open_to_a)  # the pool kept no connection to the old primary
         assert servers.proxy.open_to(servers.b_port) >= 1

@@ -34,7 +34,7 @@ from tests.support.helpers import (
 from xmc_resumption import search_attributes
 from xmc_resumption.services import installed_binary
 from xmc_resumption.workflows import fleet
-from xmc_resumption.workflows.models import LEGACY_BATCH_SIZE, Outcome, Phase
+from xmc_resumption.workflows.models import START_BATCH_SIZE, Outcome, Phase
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 pytestmark = pytest.mark.real_server
@@ -105,7 +105,7 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
         elapsed = time.monotonic() - t0
     assert json.loads(updated.stdout)["result"] == {
         "max_backlog_threshold": 15,
-        "batch_size": LEGACY_BATCH_SIZE,  # the input left it out: automatic, and nothing has moved yet
+        "batch_size": START_BATCH_SIZE,  # the input left it out: automatic, and nothing has moved yet
         "throttle_seconds": 60.0,
         "throttle_policy": "fixed",
         "stopping": False,

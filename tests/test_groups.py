@@ -29,11 +29,12 @@ from xmc_resumption.redisclient.backlog import MAX_GROUPS, measure_backlog
 from xmc_resumption.redisclient.consumers import idle_consumers
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import GroupStatus, MissingGroupPolicy, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, Phase, ResumptionInput
+from xmc_resumption.workflows.text import details_markdown, ui_details
 
 KEYS = ExperimentKeys(STREAM, "G1")
 
@@ -129,7 +130,10 @@ async def hold(redis: Redis, n: int) -> int:
 
 async def publish(redis: Redis, token: int, seq: int, **kw):  # type: ignore[no-untyped-def]
     return await publish_batch(
-        redis, KEYS, GROUP, token=token, seq=seq, batch_size=100, threshold=10, owner="me", lease_ms=60_000, **kw
+        redis,
+        KEYS,
+        GROUP,
+        PublishParams(token=token, seq=seq, batch_size=100, threshold=10, owner="me", lease_ms=60_000, **kw),
     )
 
 
@@ -171,7 +175,7 @@ async def test_the_publish_is_bounded_by_the_slowest_group_and_names_it(redis: R
     await three_groups(redis)  # audit: backlog 16
     token = await hold(redis, 50)
     result = await publish_batch(
-        redis, KEYS, GROUP, token=token, seq=1, batch_size=100, threshold=20, owner="me", lease_ms=60_000
+        redis, KEYS, GROUP, PublishParams(token=token, seq=1, batch_size=100, threshold=20, owner="me", lease_ms=60_000)
     )
     assert (result.moved, result.reading.backlog, result.reading.limiting_group, result.reading.headroom) == (
         4,
@@ -180,14 +184,17 @@ async def test_the_publish_is_bounded_by_the_slowest_group_and_names_it(redis: R
         4,
     )
     again = await publish_batch(
-        redis, KEYS, GROUP, token=token, seq=2, batch_size=100, threshold=20, owner="me", lease_ms=60_000
+        redis, KEYS, GROUP, PublishParams(token=token, seq=2, batch_size=100, threshold=20, owner="me", lease_ms=60_000)
     )
     assert (again.status, again.moved, again.reading.limiting_group) == (PublishStatus.THROTTLED, 0, "audit")
     # named: audit left out, the move is bounded by the others (late: lag 5 + 4 moved)
     named = await publish_batch(
-        redis, KEYS, GROUP, token=token, seq=3, batch_size=100, threshold=20, owner="me", lease_ms=60_000,
-        groups=[GROUP, "late"],
-    )  # fmt: skip
+        redis,
+        KEYS,
+        GROUP,
+        PublishParams(token=token, seq=3, batch_size=100, threshold=20, owner="me", lease_ms=60_000),
+        [GROUP, "late"],
+    )
     assert (named.moved, named.reading.backlog, named.reading.limiting_group) == (11, 9, "late")
 
 
@@ -262,7 +269,7 @@ async def test_idle_consumers_holding_pending_entries_are_named(redis: Redis) ->
 def test_the_input_names_the_groups_and_requires_the_consumer_group() -> None:
     inp = ResumptionInput(experiment_id="E")
     assert (inp.consumer_groups, inp.missing_group) == (None, MissingGroupPolicy.WAIT)
-    assert "every group of the stream" in inp.ui_details()
+    assert "every group of the stream" in ui_details(inp)
     assert ResumptionInput(experiment_id="E", consumer_groups=[GROUP, "audit"]).consumer_groups == [GROUP, "audit"]
     for bad, says in (
         (["audit"], "must include consumer_group"),
@@ -297,7 +304,7 @@ async def test_the_replay_waits_for_the_group_then_replays_everything_into_it(
             f"stream {STREAM} does not exist, so neither does consumer group {GROUP} "
             "(missing_group wait: nothing moves until it exists)"
         )
-        assert "**waiting for a consumer group**" in progress.details_markdown()
+        assert "**waiting for a consumer group**" in details_markdown(progress)
         assert progress.replayed == 0 and not await redis.exists(STREAM)
         described = await handle.describe()
         assert described.typed_search_attributes.get(fleet.PHASE) == "waiting_for_group"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from datetime import UTC, datetime
 
 from tests.support.helpers import (
     GROUP,
@@ -28,11 +29,11 @@ from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.workflows.models import (
     AUTO_BATCH_SIZE,
     AUTO_SCRIPT_BYTES,
-    LEGACY_BATCH_SIZE,
+    START_BATCH_SIZE,
     Outcome,
     ResumptionInput,
 )
-from xmc_resumption.workflows.resumption import PUBLISH_ROUNDS, ResumptionWorkflow
+from xmc_resumption.workflows.resumption import ResumptionWorkflow
 from xmc_resumption.workflows.state import RunState
 
 
@@ -73,7 +74,6 @@ async def test_a_turn_is_the_check_then_the_publish_in_rounds(temporal_env, redi
     assert_checked_after_every_wait(calls)
     assert_waited_at_the_threshold(calls)
     assert_never_over(calls, 8)
-    assert PUBLISH_ROUNDS in str(await handle.fetch_history())  # its patch marker
 
 
 async def test_an_input_without_a_batch_gets_the_automatic_one(temporal_env, redis, redis_url, task_queue) -> None:
@@ -99,14 +99,13 @@ async def test_an_input_without_a_batch_gets_the_automatic_one(temporal_env, red
     publishes = [r for k, r in await redis_calls(handle) if k == "publish_batch"]
     task_bytes = publishes[0]["moved_bytes"] / publishes[0]["moved"]
     learned = int(AUTO_SCRIPT_BYTES // task_bytes)
-    assert publishes[0]["moved"] == LEGACY_BATCH_SIZE and 120 <= learned <= 128
+    assert publishes[0]["moved"] == START_BATCH_SIZE and 120 <= learned <= 128
     assert max(r["moved"] for r in publishes) == learned  # a later script took a whole automatic batch
 
 
 def test_the_automatic_batch_is_about_its_bytes_of_the_tasks_last_moved() -> None:
     state = RunState.of(ResumptionInput(experiment_id="E1"))
-    state.start_rounds(True)
-    assert state.batch_size == LEGACY_BATCH_SIZE  # nothing moved yet
+    assert state.batch_size == START_BATCH_SIZE  # nothing moved yet
     for task_bytes, batch in ((1_024.0, 128), (10.0, AUTO_BATCH_SIZE), (10 * 1024 * 1024.0, 1), (0.5, AUTO_BATCH_SIZE)):
         state.task_bytes = task_bytes
         assert state.batch_size == batch
@@ -122,7 +121,7 @@ async def test_an_update_reports_the_automatic_batch_in_use(temporal_env, redis,
         handle = await start(temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=5)
         effective = await handle.execute_update(ResumptionWorkflow.set_threshold, 6)
         # the batch in use: nothing has moved yet, so the automatic batch is still the first one
-        assert (effective.max_backlog_threshold, effective.batch_size) == (6, LEGACY_BATCH_SIZE)
+        assert (effective.max_backlog_threshold, effective.batch_size) == (6, START_BATCH_SIZE)
         changed = await handle.execute_update(ResumptionWorkflow.set_batch_size, 7)
         assert changed.batch_size == 7
         await handle.execute_update(ResumptionWorkflow.pause)
@@ -130,17 +129,13 @@ async def test_an_update_reports_the_automatic_batch_in_use(temporal_env, redis,
     assert result.outcome is Outcome.PAUSED
 
 
-def test_the_batch_of_runs_with_and_without_the_patch_survives_continue_as_new() -> None:
-    """An input without ``batch_size``: the automatic batch with patch ``publish-rounds`` (the input keeps None, so
-    the next run decides again); without it, 100 written into the input, so the runs it continues as new keep it."""
-    inp = ResumptionInput(experiment_id="E1")
-    with_patch = RunState.of(inp)
-    with_patch.start_rounds(True)
-    without = RunState.of(inp)
-    without.start_rounds(False)
-    assert (with_patch.batch_size, with_patch.input.batch_size) == (LEGACY_BATCH_SIZE, None)
-    assert (without.batch_size, without.input.batch_size) == (LEGACY_BATCH_SIZE, 100)
+def test_the_automatic_batch_survives_continue_as_new() -> None:
+    """An input without ``batch_size`` keeps None in the next run's input, so the next run sizes its batch again; an
+    input's own batch stays."""
+    state = RunState.of(ResumptionInput(experiment_id="E1"))
+    state.begin("resumption-E1", None, datetime(2026, 1, 1, tzinfo=UTC), lambda: "r1")
+    state.task_bytes = 1_024.0
+    nxt = RunState.of(state.next_input())
+    assert (state.batch_size, nxt.input.batch_size, nxt.batch_size) == (128, None, START_BATCH_SIZE)
     explicit = RunState.of(ResumptionInput(experiment_id="E1", batch_size=7))
-    explicit.start_rounds(False)
-    assert explicit.batch_size == 7 and (explicit.rounds, explicit.pacer.sliced) == (False, False)
-    assert (with_patch.rounds, with_patch.pacer.sliced) == (True, True)
+    assert explicit.batch_size == 7

@@ -43,7 +43,7 @@ from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.backlog import MAX_BYTE_BUDGET
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.memory import fraction_arg, read_memory
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script, source
 from xmc_resumption.settings import Settings
@@ -70,7 +70,9 @@ async def memory(redis: Redis) -> AsyncIterator[Redis]:
 
 async def publish(redis: Redis, token: int, seq: int, **kw: object):  # type: ignore[no-untyped-def]
     args: dict[str, object] = {"batch_size": 100, "threshold": 1_000, "missing_group": MissingGroupPolicy.ZERO, **kw}
-    return await publish_batch(redis, KEYS, GROUP, token=token, seq=seq, owner="me", lease_ms=60_000, **args)  # type: ignore[arg-type]
+    return await publish_batch(
+        redis, KEYS, GROUP, PublishParams(token=token, seq=seq, owner="me", lease_ms=60_000, **args)
+    )  # type: ignore[arg-type]
 
 
 async def snapshot(redis: Redis) -> dict[str, object]:

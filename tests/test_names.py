@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from xmc_resumption.activities.requests import AcquireRequest, BacklogRequest, ExperimentRef
+from xmc_resumption.activities.requests import AcquireRequest, DrainWaitRequest, ExperimentRef
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.cli import EXPERIMENT_ID, GROUP_NAME, STREAM_NAME, main
 from xmc_resumption.redisclient import held
@@ -46,7 +46,7 @@ async def activity(field: str, value: str, redis: Redis) -> str:
     acts, messages = ResumptionActivities(redis), []
     for call, req in (
         (acts.acquire_claim, AcquireRequest.model_construct(ref=ref, owner="o", lease_ms=1000, request_id="r")),
-        (acts.measure_backlog, BacklogRequest.model_construct(ref=ref, threshold=5)),
+        (acts.wait_for_drain, DrainWaitRequest.model_construct(ref=ref, threshold=5)),
     ):
         with pytest.raises(ApplicationError) as err:
             await ActivityEnvironment().run(call, req)  # type: ignore[arg-type]

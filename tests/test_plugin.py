@@ -12,7 +12,6 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker, WorkerDeploymentConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from tests.record_histories import releases
 from tests.support.helpers import bare_namespace, hold_tasks, scrape, stream_tasks
 from tests.support.parent import ResumeExperimentParent
 from xmc_resumption.activities.resumption import ResumptionActivities
@@ -55,16 +55,15 @@ from xmc_resumption.workflows.versioned import PinnedResumptionWorkflow
 ACTIVITIES = [
     "acquire_claim",
     "check_claim",
-    "measure_backlog",
     "wait_for_drain",
-    "publish_batch",
     "publish_rounds",
     "idle_consumers",
     "set_aside",
     "release_claim",
 ]
 
-HISTORIES = Path(__file__).parent / "histories"
+HISTORIES = releases()[-1]
+"""The newest release's recorded histories."""
 
 
 async def connections(redis: Redis) -> int:

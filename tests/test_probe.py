@@ -1,12 +1,10 @@
-"""The adaptive policy's probing estimator (patch ``pacing-probe``, workflows/throttle.py) against
-simulated consumers: it learns their bursts, probes upwards after a wait that ended with the stream
-empty, recovers after a stop or a change of pace, and keeps its low watermark under the threshold.
+"""The adaptive policy's drain-rate estimator (workflows/throttle.py) against simulated consumers: it learns their
+bursts, probes upwards after a wait that ended with the stream empty, recovers after a stop or a change of pace, and
+keeps its low watermark under the threshold.
 
-The simulation is the workflow's loop on workflow time: a wait as the pacer plans it (a poll reads
-the backlog every ``poll_seconds`` until it reaches the low watermark; a timer sleeps, and the next
-turn measures), then the reaction (check, measure, publish: ``REACT`` seconds) and a top-up to the
-threshold. Every test also runs the estimator of the runs recorded before the patch
-(``probing=False``) and checks that it does worse, so each test can tell the two apart.
+The simulation is the workflow's loop on workflow time: a wait as the pacer plans it (a poll reads the backlog every
+``poll_seconds`` until it reaches the low watermark; a timer sleeps, and the next turn's publish measures), then the
+reaction (check, publish: ``REACT`` seconds) and a top-up to the threshold.
 """
 
 from __future__ import annotations
@@ -16,12 +14,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from xmc_resumption.workflows.throttle import MAX_RATE, POLL_LIMIT_SECONDS, STOPPED_POLL_SECONDS, Pacer, WaitKind
+from xmc_resumption.workflows.throttle import (
+    MAX_RATE,
+    POLL_LIMIT_SECONDS,
+    STOPPED_POLL_SECONDS,
+    Pacer,
+    Pacing,
+    WaitKind,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 THRESHOLD = 500
 REACT = 0.02
 STEP = 0.001
+PACING = Pacing(adaptive=True, threshold=THRESHOLD, throttle_seconds=10, min_wait=0.0, max_wait=10.0)
 
 
 @dataclass
@@ -31,6 +37,7 @@ class Sim:
 
     pacer: Pacer
     rate: float = 2_000.0
+    pacing: Pacing = PACING
     burst: int = 0
     period: float = 0.1
     t: float = 0.0
@@ -74,7 +81,7 @@ class Sim:
 
     def turn(self) -> None:
         """One wait, then the reaction and the top-up (the publishes) to the threshold."""
-        plan = self.pacer.plan(self.backlog, self.at())
+        plan = self.pacer.plan(self.pacing, self.backlog, self.at())
         self.waits.append(plan.kind)
         if plan.kind is WaitKind.POLL:
             start, previous, drop = self.t, None, 0
@@ -87,7 +94,7 @@ class Sim:
                 if reached or elapsed >= plan.seconds - 1e-9:
                     break
                 self.advance(min(plan.poll_seconds, plan.seconds - elapsed))
-            self.pacer.burst_seen(drop)
+            self.pacer.burst_seen(drop, THRESHOLD)
         else:
             self.advance(plan.seconds)
         self.pacer.observe(self.backlog, self.backlog, False, self.at())
@@ -105,35 +112,24 @@ class Sim:
         return (self.starved - start_starved) / (self.t - start_t)
 
 
-def pacer(probing: bool, rate: float | None = None, sliced: bool = False, min_wait: float = 0.0) -> Pacer:
-    return Pacer(
-        adaptive=True,
-        threshold=THRESHOLD,
-        throttle_seconds=10,
-        min_wait=min_wait,
-        max_wait=10.0,
-        rate=rate,
-        probing=probing,
-        sliced=sliced,
-    )
+def pacer(rate: float | None = None) -> Pacer:
+    return Pacer(rate=rate)
 
 
 def test_the_burst_is_learned_and_the_low_watermark_keeps_one_in_hand() -> None:
     """200 entries every 100 ms: the low watermark holds at least one burst, so no tick reads short."""
-    new, old = Sim(pacer(True), burst=200), Sim(pacer(False), burst=200)
-    new.run(2.0)
-    old.run(2.0)
-    assert new.pacer.burst == 200
-    assert new.pacer.low_watermark is not None and new.pacer.low_watermark >= 200
-    assert new.run(5.0) < 0.02
-    assert old.pacer.low_watermark is not None and old.pacer.low_watermark < 200
-    assert old.run(5.0) > 0.05
+    sim = Sim(pacer(), burst=200)
+    sim.run(2.0)
+    assert sim.pacer.burst == 200
+    low = sim.pacer.low_watermark(PACING)
+    assert low is not None and low >= 200
+    assert sim.run(5.0) < 0.02
 
 
 def test_a_wait_that_ends_with_the_stream_empty_grows_the_estimate() -> None:
     """Carried 200/s, the consumers take 2,000/s: each wait finds the stream empty, and the
     estimate doubles until it is near the true rate; then it is followed, not passed by far."""
-    sim = Sim(pacer(True, rate=200.0))
+    sim = Sim(pacer(rate=200.0))
     estimates = []
     for _ in range(6):
         sim.turn()
@@ -143,54 +139,45 @@ def test_a_wait_that_ends_with_the_stream_empty_grows_the_estimate() -> None:
     sim.run(5.0)
     assert sim.pacer.rate == pytest.approx(2_000, rel=0.25)
     assert sim.run(5.0) < 0.02
-    old = Sim(pacer(False, rate=200.0))
-    old.turn()
-    assert (old.pacer.rate or 0) < 2 * 200 < (sim.pacer.rate or 0)
 
 
-@pytest.mark.parametrize("probing", [True, False])
-def test_after_a_stop_the_replay_catches_up_within_a_few_waits(probing: bool) -> None:
-    """2,000/s, a stop of 30 s, then 2,000/s again: the probing pacer polls through the stop (its
-    estimate kept), so the restarted consumers find the stream full and stay busy; the old one
-    sleeps the longest wait and starves them."""
-    sim = Sim(pacer(probing))
+def test_after_a_stop_the_replay_catches_up_within_a_few_waits() -> None:
+    """2,000/s, a stop of 30 s, then 2,000/s again: the pacer polls through the stop (its estimate kept), so the
+    restarted consumers find the stream full and stay busy."""
+    sim = Sim(pacer())
     sim.run(3.0)
     before = sim.pacer.rate
     sim.rate = 0.0
     sim.run(30.0)
-    if probing:
-        assert sim.pacer.rate == before  # a stop teaches nothing about the rate
-        assert sim.waits[-1] is WaitKind.POLL
+    assert sim.pacer.rate == before  # a stop teaches nothing about the rate
+    assert sim.waits[-1] is WaitKind.POLL
     sim.rate = 2_000.0
     starved = sim.run(5.0)
-    if probing:
-        assert starved < 0.05
-        assert sim.pacer.rate == pytest.approx(2_000, rel=0.25)
-    else:
-        assert starved > 0.3
+    assert starved < 0.05
+    assert sim.pacer.rate == pytest.approx(2_000, rel=0.25)
 
 
 def test_a_long_stop_goes_back_to_durable_timers() -> None:
     """Consumers gone for longer than ``STOPPED_POLL_SECONDS``: the waits become durable timers of
     the longest wait (the history grows by a timer per 10 s instead of a poll per 2 s)."""
-    sim = Sim(pacer(True))
+    sim = Sim(pacer())
     sim.run(3.0)
     sim.rate = 0.0
     sim.run(STOPPED_POLL_SECONDS + 15)
     assert sim.waits[-1] is WaitKind.TIMER
-    assert sim.pacer.plan(THRESHOLD, sim.at()).seconds == 10.0
+    assert sim.pacer.plan(PACING, THRESHOLD, sim.at()).seconds == 10.0
 
 
 def test_nobody_ever_draining_sets_the_estimate_to_zero_and_the_longest_wait() -> None:
-    sim = Sim(pacer(True), rate=0.0)
+    sim = Sim(pacer(), rate=0.0)
     sim.run(5.0)
     assert sim.pacer.rate == 0
-    plan = sim.pacer.plan(THRESHOLD, sim.at())
+    plan = sim.pacer.plan(PACING, THRESHOLD, sim.at())
     assert (plan.kind, plan.seconds) == (WaitKind.TIMER, 10.0)
 
 
 def test_consumers_ten_times_faster_are_followed_within_a_few_waits() -> None:
-    sim = Sim(pacer(True), rate=200.0)
+    sim = Sim(pacer(), rate=200.0)
     sim.run(5.0)
     assert sim.pacer.rate == pytest.approx(200, rel=0.25)
     sim.rate = 2_000.0
@@ -206,45 +193,39 @@ def test_probing_never_overshoots(burst: int) -> None:
     estimate grows, but stays bounded by ``MAX_RATE``; the low watermark stays under the
     threshold (a burst larger than the threshold counts as the threshold); every wait stays within
     ``[min_wait, max_wait]``."""
-    sim = Sim(pacer(True), rate=1e9, burst=burst, period=0.001)
+    sim = Sim(pacer(), rate=1e9, burst=burst, period=0.001)
     for _ in range(80):
         sim.turn()
-        low = sim.pacer.low_watermark
+        low = sim.pacer.low_watermark(PACING)
         assert low is not None and 0 <= low < THRESHOLD
-        plan = sim.pacer.plan(THRESHOLD, sim.at())
+        plan = sim.pacer.plan(PACING, THRESHOLD, sim.at())
         assert 0 <= plan.seconds <= 10.0 and 0 <= plan.low_watermark < THRESHOLD
     assert sim.pacer.rate is not None and sim.pacer.rate <= MAX_RATE
     assert sim.pacer.burst <= THRESHOLD
 
 
-@pytest.mark.parametrize("sliced", [True, False])
-def test_a_speed_up_in_the_middle_of_a_long_wait_is_seen_within_a_poll(sliced: bool) -> None:
-    """At 200/s a wait is about 2.3 s: a durable timer without the slices of patch ``publish-rounds``, which
-    consumers ten times faster find the stream empty for; polled in slices, the speed-up ends the slice within a
-    poll interval and the next waits follow the new pace."""
-    sim = Sim(pacer(True, sliced=sliced), rate=200.0)
+def test_a_speed_up_in_the_middle_of_a_long_wait_is_seen_within_a_poll() -> None:
+    """At 200/s a wait is about 2.3 s, polled in slices while the consumers drain: a speed-up tenfold ends the slice
+    within a poll interval, and the next waits follow the new pace."""
+    sim = Sim(pacer(), rate=200.0)
     sim.run(5.0)
-    assert sim.waits[-1] is (WaitKind.POLL if sliced else WaitKind.TIMER)
+    assert sim.waits[-1] is WaitKind.POLL
     sim.change = (sim.t + 0.3, 2_000.0)
     starved = sim.run(3.0)
-    if sliced:
-        assert starved < 0.05 and set(sim.waits) == {WaitKind.POLL}
-    else:
-        assert starved > 0.1
+    assert starved < 0.05 and set(sim.waits) == {WaitKind.POLL}
 
 
 def test_slices_are_for_consumers_that_drain() -> None:
     """A long wait is a slice of ``POLL_LIMIT_SECONDS`` only while the consumers drain: nobody drained yet, a stop
     past ``STOPPED_POLL_SECONDS`` and a ``min_wait_seconds`` over the poll limit sleep on a durable timer."""
-    slow = pacer(True, rate=50.0, sliced=True)
-    plan = slow.plan(THRESHOLD, T0)
+    plan = pacer(rate=50.0).plan(PACING, THRESHOLD, T0)
     assert (plan.kind, plan.seconds, plan.poll_seconds) == (WaitKind.POLL, POLL_LIMIT_SECONDS, 0.05)
-    assert pacer(True, rate=50.0).plan(THRESHOLD, T0).kind is WaitKind.TIMER  # runs recorded before the patch
-    assert pacer(True, rate=50.0, sliced=True, min_wait=3.0).plan(THRESHOLD, T0).kind is WaitKind.TIMER
-    nobody = Sim(pacer(True, sliced=True), rate=0.0)
+    patient = Pacing(adaptive=True, threshold=THRESHOLD, throttle_seconds=10, min_wait=3.0, max_wait=10.0)
+    assert pacer(rate=50.0).plan(patient, THRESHOLD, T0).kind is WaitKind.TIMER
+    nobody = Sim(pacer(), rate=0.0)
     nobody.run(5.0)
-    assert nobody.pacer.plan(THRESHOLD, nobody.at()).kind is WaitKind.TIMER
-    stopped = Sim(pacer(True, sliced=True))
+    assert nobody.pacer.plan(PACING, THRESHOLD, nobody.at()).kind is WaitKind.TIMER
+    stopped = Sim(pacer())
     stopped.run(3.0)
     stopped.rate = 0.0
     stopped.run(STOPPED_POLL_SECONDS + 15)

@@ -15,7 +15,7 @@ from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishResult, PublishStatus
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
@@ -36,13 +36,7 @@ async def publish(redis: Redis, token: int, seq: int, batch: int = 10, threshold
         redis,
         KEYS,
         GROUP,
-        token=token,
-        seq=seq,
-        batch_size=batch,
-        threshold=threshold,
-        owner="me",
-        lease_ms=60_000,
-        **kw,
+        PublishParams(token=token, seq=seq, batch_size=batch, threshold=threshold, owner="me", lease_ms=60_000, **kw),
     )
 
 
@@ -120,9 +114,19 @@ async def test_a_retry_after_the_lease_lapsed_still_returns_the_recorded_result(
     await hold(redis, 30)
     grant = await fencing.acquire_claim(redis, KEYS, "a", 60_000)
     first = await publish_batch(
-        redis, KEYS, GROUP, token=grant.token, seq=1, batch_size=10, threshold=100, owner="a", lease_ms=50,
-        missing_group=MissingGroupPolicy.ZERO,
-    )  # fmt: skip
+        redis,
+        KEYS,
+        GROUP,
+        PublishParams(
+            token=grant.token,
+            seq=1,
+            batch_size=10,
+            threshold=100,
+            owner="a",
+            lease_ms=50,
+            missing_group=MissingGroupPolicy.ZERO,
+        ),
+    )
     await asyncio.sleep(0.1)
     assert not await redis.exists(KEYS.claim)  # the lease lapsed (a worker down longer than the lease)
     again = await publish(redis, grant.token, 1)
@@ -143,7 +147,10 @@ async def test_a_publish_sets_the_claims_lease(redis: Redis) -> None:
 
     async def publish_with_lease(seq: int, lease_ms: int) -> PublishStatus:
         result = await publish_batch(
-            redis, KEYS, GROUP, token=grant.token, seq=seq, batch_size=10, threshold=15, owner="me", lease_ms=lease_ms
+            redis,
+            KEYS,
+            GROUP,
+            PublishParams(token=grant.token, seq=seq, batch_size=10, threshold=15, owner="me", lease_ms=lease_ms),
         )
         return result.status
 

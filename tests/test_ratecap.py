@@ -14,7 +14,7 @@ from redis.exceptions import ResponseError
 
 from xmc_resumption.redisclient import fencing, held, ratecap
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import PublishResult, PublishStatus
 from xmc_resumption.redisclient.scripts import source
 
@@ -34,7 +34,10 @@ async def hold(redis: Redis, keys: ExperimentKeys, n: int) -> int:
 
 async def publish(redis: Redis, keys: ExperimentKeys, token: int, seq: int, batch: int = 1_000) -> PublishResult:
     return await publish_batch(
-        redis, keys, GROUP, token=token, seq=seq, batch_size=batch, threshold=100_000, owner="me", lease_ms=60_000
+        redis,
+        keys,
+        GROUP,
+        PublishParams(token=token, seq=seq, batch_size=batch, threshold=100_000, owner="me", lease_ms=60_000),
     )
 
 

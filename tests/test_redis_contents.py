@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 from tests.support.helpers import token_floor
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishStatus
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
@@ -21,9 +21,19 @@ GROUP = "xmc-workers"
 async def publish(redis: Redis, token: int, seq: int, batch: int = 10) -> object:
     """A publish with no consumer group on the stream: under ``zero`` its entries are the backlog."""
     return await publish_batch(
-        redis, KEYS, GROUP, token=token, seq=seq, batch_size=batch, threshold=1000, owner="me", lease_ms=60_000,
-        missing_group=MissingGroupPolicy.ZERO,
-    )  # fmt: skip
+        redis,
+        KEYS,
+        GROUP,
+        PublishParams(
+            token=token,
+            seq=seq,
+            batch_size=batch,
+            threshold=1000,
+            owner="me",
+            lease_ms=60_000,
+            missing_group=MissingGroupPolicy.ZERO,
+        ),
+    )
 
 
 async def hold(redis: Redis, n: int) -> None:

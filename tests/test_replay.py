@@ -1,10 +1,9 @@
-"""Replay every recorded history (tests/histories/*.json) against the current workflow code: a
-change that would break running workflows raises NondeterminismError here."""
+"""Replay every recorded history of every release (tests/histories/<version>/*.json) against the current workflow
+code: a change that would break the runs a release started raises NondeterminismError here."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,14 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.record_histories import SCENARIOS
+from tests.record_histories import HISTORIES as FOLDER
+from tests.record_histories import SCENARIOS, releases
 from tests.support.helpers import history_calls
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+RELEASES = releases()
+
+HISTORIES = sorted(FOLDER.glob("*/*.json"))
 
 HELD = 12
 """Tasks every recorded scenario holds, behind a backlog at the threshold (tests/record_histories.py)."""
@@ -47,24 +49,23 @@ ENDINGS: dict[str, tuple[EventType.ValueType, str | None, list[str]]] = {
 }
 
 
-def scenario(path: Path) -> str:
-    """The scenario a recording is of: its name without the ``v0_`` .. ``v4_`` prefix of older code
-    (``v3_``: before the replay record, the release log and the release's JSON reply; ``v4_``: before the loop of
-    patch ``publish-rounds``)."""
-    return re.sub(r"^v\d+_", "", path.stem)
+def name(path: Path) -> str:
+    """A recording's test ID: ``<release>/<scenario>``."""
+    return f"{path.parent.name}/{path.stem}"
 
 
-def test_every_scenario_of_the_recorder_is_recorded_and_checked() -> None:
-    assert {p.stem for p in HISTORIES} >= set(SCENARIOS)
-    assert {scenario(p) for p in HISTORIES} == set(ENDINGS)
+def test_the_newest_release_records_every_scenario_and_every_recording_is_checked() -> None:
+    assert [p.name for p in FOLDER.iterdir()] == [p.name for p in RELEASES]  # folders of releases only
+    assert {p.stem for p in RELEASES[-1].glob("*.json")} == set(SCENARIOS)
+    assert {p.stem for p in HISTORIES} <= set(ENDINGS) and set(SCENARIOS) == set(ENDINGS)
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+@pytest.mark.parametrize("path", HISTORIES, ids=[name(p) for p in HISTORIES])
 def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
     """What each recording is a recording of: it throttled first (a backlog at the threshold), and
     ended the way its name says, so a replay of it exercises that path."""
     history = WorkflowHistory.from_json(f"resumption-{path.stem}", path.read_text())
-    name = scenario(path)
+    name = path.stem
     event_type, outcome, after_last_timer = ENDINGS[name]
     last = history.events[-1]
     assert last.event_type == event_type
@@ -79,9 +80,8 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and e.user_metadata.HasField("summary")
     ]
-    # (the loop of publish-rounds polls the adaptive waits while the consumers drain: no timer at all)
-    versioned = re.match(r"v\d+_", path.stem) is not None
-    polled = ("adaptive_polled_by_activity", "probe_completed") + (() if versioned else ("adaptive_completed",))
+    # (the adaptive waits are polled while the consumers drain: no timer at all)
+    polled = ("adaptive_polled_by_activity", "probe_completed", "adaptive_completed")
     if name in polled:  # its first wait was a poll, not a timer (before anything moved)
         calls = history_calls(history)
         kinds = [k for k, _ in calls]
@@ -100,17 +100,15 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
     assert bool(memory) == (name == "stalled_on_memory")
     # a poll past the workflow task's budget ran as a regular activity
     scheduled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
-    # (and, in the loop of publish-rounds, a rate wait's poll)
-    rate_poll = name == "rate_limited" and not versioned
-    assert bool(scheduled) == (name in polled or rate_poll)
+    # (and a rate wait's poll)
+    assert bool(scheduled) == (name in polled or name == "rate_limited")
     calls = history_calls(history)
     kinds = [k for k, _ in calls]
     assert kinds[0] == "acquire_claim"
     if after_last_timer:
         last_timer = len(kinds) - 1 - kinds[::-1].index("timer")
         assert kinds[last_timer + 1 :] == after_last_timer
-        # nothing moved before the wait ended the run (the loop of publish-rounds publishes right after the
-        # claim: that publish found no headroom)
+        # nothing moved before the wait ended the run (the publish right after the claim found no headroom)
         assert all(r["moved"] == 0 for k, r in calls if k == "publish_batch")
     if name in ("cancelled_during_wait", "controlled_by_update", "stopped_by_update"):
         # the cancel, or the accepted Update, ended the timer
@@ -123,7 +121,7 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
         1 if name in ("controlled_by_update", "stopped_by_update", "release_failed_in_outage") else 0
     )
     # the fleet view's upserts (the SDK upserts TemporalChangeVersion for each patch too): claiming,
-    # replaying, the end, and around each durable wait at most two; none by older code
+    # replaying, the end, and around each durable wait at most two
     upserts = [
         e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
         for e in history.events
@@ -131,20 +129,15 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
     ]
     phases = [json.loads(fields["XmcPhase"].data) for fields in upserts if "XmcPhase" in fields]
     assert ("waiting_for_group" in phases) == (name == "waited_for_group")
-    if not re.match(r"v[0-2]_", path.stem):  # recorded since the fleet view existed
-        # (a poll is no durable wait: the fleet view does not show it as throttled)
-        assert phases[:3] == ["claiming", "replaying", "completed" if name in polled else "throttled"]
-        assert phases[-1] == (outcome or ("cancelled" if name == "cancelled_during_wait" else "replaying"))
-        assert len(phases) <= 3 + 2 * kinds.count("timer"), phases
-    else:
-        assert phases == []
+    # (a poll is no durable wait: the fleet view does not show it as throttled)
+    assert phases[:3] == ["claiming", "replaying", "completed" if name in polled else "throttled"]
+    assert phases[-1] == (outcome or ("cancelled" if name == "cancelled_during_wait" else "replaying"))
+    assert len(phases) <= 3 + 2 * kinds.count("timer"), phases
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+@pytest.mark.parametrize("path", HISTORIES, ids=[name(p) for p in HISTORIES])
 async def test_recorded_history_replays(path: Path) -> None:
-    history = WorkflowHistory.from_json(
-        f"resumption-{path.stem}", path.read_text()
-    )  # v0_*, v1_*: recorded by older code
+    history = WorkflowHistory.from_json(f"resumption-{path.stem}", path.read_text())
     replayer = Replayer(workflows=[ResumptionWorkflow], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None

@@ -10,13 +10,15 @@ from tests.test_publish import GROUP, KEYS, hold, stream_tasks
 from xmc_resumption.redisclient import fencing
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key
-from xmc_resumption.redisclient.publish import publish_batch, publish_rounds
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch, publish_rounds
 from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishStatus
 
 
 async def rounds(redis: Redis, token: int, seq: int, **kw):  # type: ignore[no-untyped-def]
     args = {"batch_size": 10, "max_tasks": None, "max_scripts": 100, "max_seconds": 5.0, "threshold": 100}
-    return await publish_rounds(redis, KEYS, GROUP, token=token, seq=seq, owner="me", lease_ms=60_000, **(args | kw))
+    return await publish_rounds(
+        redis, KEYS, GROUP, PublishParams(token=token, seq=seq, owner="me", lease_ms=60_000, **args | kw)
+    )
 
 
 async def claimed(redis: Redis, tasks: int) -> int:
@@ -36,7 +38,7 @@ async def test_fills_the_headroom_in_scripts_of_one_batch(redis: Redis) -> None:
     assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(35)]
     # the seqs 1..4 were used: seq 4 again is the recorded result, 5 goes on (and finds no headroom)
     again = await publish_batch(
-        redis, KEYS, GROUP, token=token, seq=4, batch_size=10, threshold=35, owner="me", lease_ms=60_000
+        redis, KEYS, GROUP, PublishParams(token=token, seq=4, batch_size=10, threshold=35, owner="me", lease_ms=60_000)
     )
     assert again.repeated and again.moved == 5
     nxt = await rounds(redis, token, 5, threshold=35)

@@ -26,7 +26,7 @@ from xmc_resumption.cli.params import field_type
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.fencing import MAX_LEASE_MS
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script, source
 from xmc_resumption.redisclient.weights import (
@@ -72,13 +72,9 @@ async def fair_publish(
         redis,
         keys(experiment),
         GROUP,
-        token=token,
-        seq=seq,
-        batch_size=1_000,
-        threshold=threshold,
-        owner="me",
-        lease_ms=lease_ms,
-        fair_share=fair,
+        PublishParams(
+            token=token, seq=seq, batch_size=1_000, threshold=threshold, owner="me", lease_ms=lease_ms, fair_share=fair
+        ),
     )
 
 

@@ -29,6 +29,7 @@ from tests.test_e2e import running_worker
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.workflows.models import Outcome, Phase
+from xmc_resumption.workflows.text import details_markdown
 
 pytestmark = pytest.mark.real_server
 
@@ -154,7 +155,7 @@ async def test_a_consumer_killed_holding_pending_entries_is_named_in_the_stall(
             "pending entries held by idle consumers: taskiq/worker-a holds 20 pending, idle " in progress.stall_reason
         )
         assert progress.stall_reason.startswith("backlog 20 of group taskiq (pending 20) not going down")
-        assert "taskiq/worker-a holds 20 pending" in progress.details_markdown()
+        assert "taskiq/worker-a holds 20 pending" in details_markdown(progress)
         env = {
             "XMC_REDIS_URL": redis_url,
             "XMC_TASK_QUEUE": task_queue,

@@ -51,6 +51,7 @@ from xmc_resumption.activities.requests import (
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
 from xmc_resumption.services import free_port
 from xmc_resumption.workflows import fleet
@@ -80,11 +81,11 @@ async def test_a_turn_run_again_after_its_release_reports_the_release_and_counts
     token = grant.token
 
     def publish(seq: int) -> Any:
-        req = PublishRequest(ref=ref, token=token, seq=seq, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
-        return env.run(acts.publish_batch, req)
+        params = PublishParams(token=token, seq=seq, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
+        return env.run(acts.publish_rounds, PublishRequest(ref=ref, params=params))
 
     release = ReleaseRequest(ref=ref, token=token, owner="w", outcome="completed")
-    statuses = [(r.status, r.moved, r.replayed, r.remaining) for r in [await publish(s) for s in (1, 2, 3)]]
+    statuses = [(r.status, r.moved, r.replayed, r.remaining) for r in [(await publish(s)).final for s in (1, 2, 3)]]
     assert statuses == [
         (PublishStatus.PUBLISHED, 10, 10, 20),
         (PublishStatus.PUBLISHED, 10, 20, 10),
@@ -134,9 +135,10 @@ async def test_a_repeated_publish_counts_nothing_in_the_metric(redis: Redis) -> 
     await hold_tasks(redis, "E2", 30)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     grant = await env.run(acts.acquire_claim, AcquireRequest(ref=ref, owner="w", lease_ms=60_000, request_id="r"))
-    req = PublishRequest(ref=ref, token=grant.token, seq=1, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
-    first, second = await env.run(acts.publish_batch, req), await env.run(acts.publish_batch, req)
-    assert (first.moved, first.repeated, second.moved, second.repeated) == (10, False, 10, True)
+    params = PublishParams(token=grant.token, seq=1, batch_size=10, threshold=100, owner="w", lease_ms=60_000)
+    req = PublishRequest(ref=ref, params=params)
+    first, second = await env.run(acts.publish_rounds, req), await env.run(acts.publish_rounds, req)
+    assert (first.moved, first.first.repeated, second.moved, second.first.repeated) == (10, False, 10, True)
     assert await redis.xlen(STREAM) == 10
     assert (
         scrape(port)[

@@ -18,7 +18,7 @@ from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.workflows.models import Outcome, Phase
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
-from xmc_resumption.workflows.throttle import POLL_READINGS, WAIT_FLOOR_SECONDS, Pacer, WaitKind, WaitPlan
+from xmc_resumption.workflows.throttle import POLL_READINGS, WAIT_FLOOR_SECONDS, Pacer, Pacing, WaitKind, WaitPlan
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -61,14 +61,15 @@ def test_every_planned_wait_is_bounded_by_at_least_the_floor() -> None:
     drain lasts at least the floor, and a poll takes at most ``POLL_READINGS`` readings then."""
     for adaptive in (False, True):
         for rate in (None, 0.0, 1e-6):
-            pacer = Pacer(adaptive, threshold=10, throttle_seconds=0.001, min_wait=0.0, max_wait=0.001, rate=rate)
-            plan = pacer.plan(10, T0)
+            settings = Pacing(adaptive, threshold=10, throttle_seconds=0.001, min_wait=0.0, max_wait=0.001)
+            plan = Pacer(rate=rate).plan(settings, 10, T0)
             assert plan.seconds >= WAIT_FLOOR_SECONDS, (adaptive, rate, plan)
             if plan.kind is WaitKind.POLL:
                 assert plan.seconds / plan.poll_seconds + 1 <= POLL_READINGS, plan
     assert WaitPlan.timer(0.001).seconds == WAIT_FLOOR_SECONDS
     # a draining backlog still gets a short poll interval: the floor bounds, it does not delay
-    fast = Pacer(True, threshold=500, throttle_seconds=10, min_wait=0.0, max_wait=0.001, rate=100_000.0).plan(500, T0)
+    settings = Pacing(True, threshold=500, throttle_seconds=10, min_wait=0.0, max_wait=0.001)
+    fast = Pacer(rate=100_000.0).plan(settings, 500, T0)
     assert fast.kind is WaitKind.POLL and fast.poll_seconds < 0.01
 
 

@@ -5,7 +5,7 @@ driven by Python ``playwright``, which never downloads a browser of its own here
 server's web UI (the demo's server, ``xmc.services.local_temporal``, with its UI on a free port) on
 a replay waiting at its threshold, and finds there:
 
-- on "User Metadata", the current details (``Progress.details_markdown``): the phase ``throttled``,
+- on "User Metadata", the current details (``workflows.text.details_markdown``): the phase ``throttled``,
   the progress ``replayed: 0, remaining: 50`` and the backlog against the threshold;
 - on "Timeline", the throttle timer with its summary ``throttled 10s: backlog 20 >= 20 ...``.
 
@@ -33,6 +33,7 @@ from tests.support.helpers import fill_backlog, hold_tasks, resumption_worker, t
 from xmc_resumption.services import free_port, local_temporal
 from xmc_resumption.workflows.models import ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+from xmc_resumption.workflows.text import ui_summary
 
 CHROMIUM = "/usr/bin/chromium"
 """Debian's chromium (scripts/ensure-chromium)."""
@@ -89,7 +90,7 @@ async def test_the_web_ui_shows_phase_progress_the_throttle_timer_and_the_fleet(
                 details = await _frame_with(page, f"{e}: throttled", timeout=30)
                 assert "replayed: 0, remaining: 50" in details, details
                 assert "backlog: 20 / threshold 20" in details, details
-                await _frame_with(page, inp.ui_summary(), timeout=10)  # the start's static summary
+                await _frame_with(page, ui_summary(inp), timeout=10)  # the start's static summary
                 await page.screenshot(path=shots / "ui-throttled.png")
 
                 await page.goto(f"{page_url}/timeline", wait_until="domcontentloaded")

@@ -42,7 +42,7 @@ from xmc_resumption.activities.requests import PublishRoundsRequest
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import publish_batch
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, GroupStatus, PublishResult, PublishRounds, PublishStatus
 from xmc_resumption.workflows.models import Outcome, Phase, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
@@ -116,7 +116,10 @@ async def test_newer_claim_during_the_wait_fences_the_replay(temporal_env, redis
     assert await redis.xlen(keys.held) == 10 and await redis.xlen(STREAM) == 5
     assert (await fencing.claim_info(redis, keys))["owner"] == "operator"  # not released by the fenced run
     stale = await publish_batch(
-        redis, keys, GROUP, token=result.token, seq=99, batch_size=10, threshold=100, owner="zombie", lease_ms=1000
+        redis,
+        keys,
+        GROUP,
+        PublishParams(token=result.token, seq=99, batch_size=10, threshold=100, owner="zombie", lease_ms=1000),
     )
     assert (stale.status, stale.moved) == (PublishStatus.FENCED, 0)
 

@@ -1,5 +1,4 @@
-"""Deterministic workflow code of xmc-resumption (no I/O).
+"""Deterministic workflow code of xmc-resumption (no I/O: Temporal's workflow sandbox).
 
-Deterministic workflow code of xmc-resumption: the resumption loop, the throttle policy and the pydantic models shared
-with activities and callers. No I/O here (Temporal's workflow sandbox).
+The resumption workflow and its loop, the throttle policy and the pydantic models shared with activities and callers.
 """

@@ -1,7 +1,7 @@
-"""How ``ResumptionWorkflow`` calls Redis through local activities.
+"""How ``ResumptionWorkflow`` calls Redis: activities of ``ResumptionActivities``, called by name, bounded.
 
-How ``ResumptionWorkflow`` calls Redis: each call a local activity of ``ResumptionActivities``, called by name, with
-bounded retries, its result validated in workflow code (docs/contract.md, "Faults"). Workflow code only.
+Each call is a local activity with bounded retries, its result validated in workflow code (docs/contract.md,
+"Faults"). Workflow code only.
 
 A workflow task stays open while its local activities run back to back, and the server answers a
 query only once the open workflow task completes: chained publishes and polls could hold it up to
@@ -65,14 +65,20 @@ local activity that failed without retrying, the activity's ``ApplicationError``
 with temporalio 1.35)."""
 
 
-YIELDING_CALLS = "yielding-calls"
-"""``workflow.patched`` ID of the task budget (``TaskBudget``): runs recorded before it replay with
-every call a local activity."""
-
 TASK_BUDGET_SECONDS = 0.5
 """How long one workflow task may run local activities (seconds): past it, or when a call could
 pass it (a poll's bound), the call is a regular activity, so a query waits about this long at most
 (plus one Redis call)."""
+
+ROUNDS_LOCAL_SECONDS = 0.1
+"""How long one ``publish_rounds`` call run as a local activity may start scripts for (seconds)."""
+
+ROUNDS_SECONDS = 0.5
+"""How long one run as a regular activity may (seconds): it does not hold the workflow task open, so a query is
+answered meanwhile; a pause Update is taken once it returns."""
+
+MAX_SCRIPTS_PER_CALL = 1_000
+"""The most publish scripts one ``publish_rounds`` call runs (its time bound usually ends it first)."""
 
 
 @dataclass
@@ -99,11 +105,7 @@ class TaskBudget:
         return (now - self.opened_at).total_seconds()
 
     def passed_by(self, longest: float) -> bool:
-        """Whether a call of ``longest`` seconds would keep the workflow task open past its budget.
-
-        True when a call that may last ``longest`` seconds would keep the current workflow task open past
-        ``TASK_BUDGET_SECONDS``.
-        """
+        """Whether a call of ``longest`` seconds would keep the workflow task open past ``TASK_BUDGET_SECONDS``."""
         opened = self.open_for(workflow.info().get_current_history_length(), workflow.now())
         return opened + longest > TASK_BUDGET_SECONDS
 
@@ -142,11 +144,13 @@ async def call(
     summary: str,
     retry_policy: RetryPolicy = REDIS_RETRY,
     start_to_close: timedelta = REDIS_CALL_TIMEOUT,
+    longest: float = 0.0,
 ) -> _Res:
-    """Run one Redis local activity with bounded retries and return its validated result.
+    """Run ``activity`` (a method of ``ResumptionActivities``) on ``arg`` and return its validated result.
 
-    Run the Redis local activity ``activity`` (a method of ``ResumptionActivities``) with ``start_to_close`` timeout and
-    ``retry_policy``; returns its result as the method's return annotation says.
+    A local activity with ``start_to_close`` timeout and ``retry_policy``, or a regular activity when the call, which
+    may last ``longest`` seconds (a poll's or a publish's bound), would keep the workflow task open past its budget
+    (``TaskBudget``, found on the workflow instance). The result is read as the method's return annotation says.
 
     Raises:
         asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the
@@ -156,10 +160,8 @@ async def call(
         pydantic.ValidationError: the result does not match the method's return type.
     """
     budget = getattr(workflow.instance(), "task_budget", None)
-    if not isinstance(budget, TaskBudget) or not workflow.patched(YIELDING_CALLS):
+    if not isinstance(budget, TaskBudget):
         budget = None
-    # a poll says how long it may last (DrainWaitRequest.max_seconds); any other call is short
-    longest = float(getattr(arg, "max_seconds", 0.0))
     try:
         if budget is not None and budget.passed_by(longest):
             raw = await workflow.execute_activity(

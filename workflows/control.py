@@ -1,8 +1,8 @@
 """The Updates' contract (docs/contract.md, "Updates").
 
-Their names (``Control``), the change each makes to a running replay's settings
-(``ControlChange``), how a change is checked, and the settings an accepted Update returns
-(``EffectiveSettings``)."""
+Their names (``Control``), the change each makes to a running replay's settings (``ControlChange``), how a change is
+checked, and the settings an accepted Update returns (``EffectiveSettings``).
+"""
 
 from __future__ import annotations
 
@@ -15,19 +15,12 @@ from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
 
 
 class ControlChange(BaseModel):
-    """The argument of the ``configure`` Update: the settings of a running replay to change.
+    """The argument of the ``configure`` Update: the settings of a running replay to change (docs/contract.md).
 
-    The argument of the ``configure`` Update: settings of a running replay to change; a field left out (None) keeps its
-    value. The change is checked by the whole of ``ResumptionInput``'s validation (bounds, and ``claim_lease_seconds``
-    longer than every wait), so a running replay accepts exactly what a start would. Unknown fields are errors; numbers
-    are strict (``true`` is no integer, ``"5"`` no number).
-
-    Attributes:
-        max_backlog_threshold: the backlog bound (entries, 1..100,000).
-        batch_size: the most tasks one publish script moves (entries, 1..10,000).
-        throttle_seconds: the fixed policy's wait and the adaptive one's default longest (seconds).
-        throttle_policy: ``fixed`` or ``adaptive``.
-        max_tasks_per_second: the replay's rate cap (tasks/s, 0.001..1,000,000); 0 removes it.
+    A field left out (None) keeps its value; ``max_tasks_per_second`` 0 removes the cap. The change is checked by the
+    whole of ``ResumptionInput``'s validation (bounds, and ``claim_lease_seconds`` longer than every wait), so a running
+    replay accepts exactly what a start would. Unknown fields are errors; numbers are strict (``true`` is no integer,
+    ``"5"`` no number).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -165,16 +158,11 @@ class EffectiveSettings(BaseModel):
 
 
 class Control(StrEnum):
-    """Names of the workflow's Updates (``temporal workflow update execute --name <name>``).
+    """Names of the workflow's Updates (``temporal workflow update execute --name <name>``): docs/contract.md.
 
-    ``configure`` takes a ``ControlChange`` (a JSON object); ``set_threshold`` (integer, entries),
-    ``set_batch_size`` (integer, entries), ``set_throttle_seconds`` (number, seconds),
-    ``set_throttle_policy`` (``fixed``/``adaptive``) and ``set_max_tasks_per_second`` (number,
-    tasks/s; 0 removes the cap) take one value; ``pause`` takes none and ends the run ``paused`` at
-    the next turn (claim released, experiment paused, held tasks kept).
-    Each returns ``EffectiveSettings``. Arguments are strict (``ControlChange.of_update``): a bad
-    one is rejected by the Update's validator with a non-retryable ``ApplicationError`` of type
-    ``InvalidControl``, one line naming the field, which leaves nothing in the history.
+    ``configure`` takes a ``ControlChange``, each ``set_*`` one value of its field (``SET_FIELDS``), ``pause`` none;
+    each returns ``EffectiveSettings``. A bad argument is rejected by the Update's validator
+    (``ControlChange.of_update``), which leaves nothing in the history.
     """
 
     CONFIGURE = "configure"

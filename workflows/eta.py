@@ -1,25 +1,7 @@
-"""The replay's ETA: held tasks left over the measured net drain rate (pure code, no I/O; docs/operating.md).
+"""The replay's ETA: held tasks left over the measured net drain rate (pure code, no I/O).
 
-The net drain rate is how fast the replay's work leaves Redis: the tasks replayed minus the
-backlog, per second of workflow time. Between two backlog readings (replayed r1, backlog b1 at t1;
-r2, b2 at t2) the sample is ``((r2 - b2) - (r1 - b1)) / (t2 - t1)``: what the consumer group
-drained, less what other producers added meanwhile. A publish moves tasks into the backlog, so it
-changes nothing by itself: the first burst of a replay (the whole headroom at once) does not count
-as speed. The same rule serves both throttle policies: under ``fixed`` it measures what the waits
-let through (about a threshold per wait), under ``adaptive`` the consumers' pace.
-
-The samples are averaged over time (an exponential average with time constant
-``ETA_TIME_CONSTANT_SECONDS``, corrected for its start, so that early on it is the plain average
-since the first reading). Then
-
-    eta = max(0, remaining - headroom) / rate,  headroom = threshold - backlog,
-
-since the next publish moves up to the headroom at once; under ``adaptive``, once more is held
-than the headroom, at least ``(threshold - low watermark) / rate``: the policy refills only after
-the backlog fell to its low watermark, so the last refill waits for that much draining. With a
-rate cap, at least ``remaining / cap``; during a durable wait, at least what is left of it
-(nothing moves before it ends). Everything comes from activity results and ``workflow.now()``, so a replay of
-the history computes the same ETA.
+The rule, the net drain rate and why it is the one for both policies: docs/operating.md, "ETA". Everything comes from
+activity results and ``workflow.now()``, so a replay of the history computes the same ETA.
 """
 
 from __future__ import annotations
@@ -61,11 +43,10 @@ class NetRate(BaseModel):
     anchor: tuple[int, datetime] | None = None
 
     def observe(self, replayed: int, backlog: int, capped: bool, at: datetime) -> None:
-        """Fold in a backlog reading taken at workflow time ``at``.
+        """Fold in a reading at workflow time ``at``: ``replayed`` tasks moved by then, ``backlog`` entries.
 
-        Fold in a backlog reading at workflow time ``at``: ``replayed`` tasks moved so far by then (entries) and
-        ``backlog`` entries in the consumer group's backlog. A capped reading is only a lower bound of the backlog: it
-        is skipped, and the next exact one measures from the last exact one.
+        A capped reading is only a lower bound of the backlog: it is skipped, and the next exact one measures from the
+        last exact one.
         """
         if capped:
             return
@@ -95,8 +76,8 @@ def eta_seconds(
 ) -> float | None:
     """The time left (seconds) until the last held task moves, or None.
 
-    The time left (seconds) until the last held task moves: 0 with nothing held, None while it cannot be estimated
-    (remaining unknown, no rate yet, a rate of 0, or more than ``MAX_ETA_SECONDS``).
+    0 with nothing held; None while it cannot be estimated (remaining unknown, no rate yet, a rate of 0, or more than
+    ``MAX_ETA_SECONDS``).
 
     Args:
         remaining: held tasks left (entries).

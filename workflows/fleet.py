@@ -47,8 +47,8 @@ _CLI_TYPE = {
 class FleetPhase(StrEnum):
     """``XmcPhase`` while a resumption runs: a coarser ``Phase``.
 
-    ``XmcPhase`` while a resumption runs: coarser than ``Phase`` (checking, measuring and publishing are all
-    ``replaying``), so that it changes only when an operator would care. Once the run ends, ``XmcPhase`` holds the
+    Coarser than ``Phase`` (checking and publishing, a short poll and a rate wait are all ``replaying``), so that it
+    changes only when an operator would care. Once the run ends, ``XmcPhase`` holds the
     outcome (``completed``, ``paused``, ``fenced``, ...).
     """
 
@@ -86,11 +86,10 @@ def dev_server_args() -> list[str]:
 
 
 def register_commands(namespace: str = "default") -> list[str]:
-    """The command lines that register the search attributes ``ALL`` on ``namespace``.
+    """The ``temporal operator search-attribute create`` lines that register ``ALL`` on ``namespace``.
 
-    The ``temporal operator search-attribute create`` command lines that register ``ALL`` on ``namespace`` of a real
-    cluster (one line per attribute; Temporal Cloud: ``tcld namespace search-attributes add`` with the same names and
-    types).
+    One line per attribute, for a real cluster (Temporal Cloud: ``tcld namespace search-attributes add`` with the same
+    names and types).
     """
     return [
         f"temporal operator search-attribute create --namespace {namespace} "
@@ -102,15 +101,10 @@ def register_commands(namespace: str = "default") -> list[str]:
 def missing(registered: dict[str, SearchAttributeIndexedValueType | int]) -> list[SearchAttributeKey[Any]]:
     """The keys of ``ALL`` that ``registered`` lacks or holds with another type.
 
-    The keys of ``ALL`` that ``registered`` (name -> type, as the operator service lists a namespace's custom search
-    attributes) lacks, or holds with another type.
+    ``registered``: name -> type, as the operator service lists a namespace's custom search attributes.
     """
     return [key for key in ALL if int(registered.get(key.name, -1)) != int(key.indexed_value_type)]
 
-
-FLEET_SEARCH_ATTRIBUTES = "fleet-search-attributes"
-"""``workflow.patched`` ID of the fleet view's search attribute upserts: runs recorded before them
-replay without."""
 
 FLEET_REFRESH = timedelta(seconds=30)
 """While the fleet phase stays the same, ``XmcReplayed`` and ``XmcRemaining`` are refreshed at most
@@ -159,12 +153,9 @@ class FleetView:
     def show(self, progress: Progress, *, failed: bool, stopping: bool) -> None:
         """Upsert the fleet view's search attributes when they are due.
 
-        Upsert the search attributes when the fleet phase changes, or the counts changed and ``FLEET_REFRESH`` has
-        passed: each upsert is a history event, so not every turn. Not in runs recorded before the fleet view
-        (``FLEET_SEARCH_ATTRIBUTES``).
+        When the fleet phase changes, or the counts changed and ``FLEET_REFRESH`` has passed: each upsert is a history
+        event, so not every turn.
         """
-        if not workflow.patched(FLEET_SEARCH_ATTRIBUTES):
-            return
         p, now = progress, workflow.now()
         phase, counts = fleet_phase(p, failed=failed, stopping=stopping), (p.replayed, p.remaining)
         shown = self._shown

@@ -1,8 +1,9 @@
 """The Updates, the signal handler and the ``progress`` query of ``ResumptionWorkflow``.
 
-A base class of the workflow (the SDK finds handlers on base classes). Each Update reads its
-arguments strictly in its validator (``ControlChange.of_update``), so a rejected one leaves no
-event in the history (docs/contract.md, "Updates").
+``ControlHandlers`` is the workflow's base class (the SDK finds handlers on base classes too): it builds the run's
+state and view it guards, and calls nothing back in the class that extends it. Each Update reads its arguments
+strictly in its validator (``ControlChange.of_update``), so a rejected one leaves no event in the history
+(docs/contract.md, "Updates").
 """
 
 from __future__ import annotations
@@ -22,20 +23,23 @@ with workflow.unsafe.imports_passed_through():
         EffectiveSettings,
         InvalidControlError,
     )
-    from xmc_resumption.workflows.models import Phase, Progress
+    from xmc_resumption.workflows.models import Progress, ResumptionInput
     from xmc_resumption.workflows.state import RunState
+    from xmc_resumption.workflows.view import RunView
 
 
 class ControlHandlers:
-    """The workflow's Updates, signal handler and query, over its ``RunState``."""
+    """The workflow's Updates, signal handler and query, over the run's ``RunState`` and ``RunView``.
 
-    _state: RunState
+    Args:
+        inp: the run's input; the state starts from it (``RunState.of``).
+    """
 
-    def _set_phase(self, phase: Phase) -> None:
-        """Enter ``phase`` (``ResumptionWorkflow._set_phase``: the progress and the fleet view)."""
-        raise NotImplementedError
-
-    # -- control: validated Updates (workflows/control.py Control, RunState.refuse); a rejected one leaves no event
+    def __init__(self, inp: ResumptionInput) -> None:
+        self._state = RunState.of(inp)
+        """All of the run's state; ``Carry`` of it is what continue-as-new hands the next run."""
+        self._view = RunView(self._state)
+        """What the run shows: phase and details, the fleet view, the metrics."""
 
     # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in
     # its validator (``ControlChange.of_update``): a typed parameter would have the data converter
@@ -44,11 +48,10 @@ class ControlHandlers:
 
     @workflow.update(name=Control.CONFIGURE)
     def configure(self, *args: Any) -> EffectiveSettings:
-        """Change settings of the running replay and return the effective settings.
+        """Change settings of the running replay (a ``ControlChange``, a JSON object); returns the effective settings.
 
-        Change settings of the running replay (a ``ControlChange``, as a JSON object); returns the effective settings.
-        An accepted change wakes a durable throttle wait, so the next turn (check, measure, publish) runs under it at
-        once; it is carried across continue-as-new (it is part of the input).
+        An accepted change wakes a durable wait, so the next turn (check, publish, wait) runs under it at once; it is
+        carried across continue-as-new (it is part of the input).
         """
         return self._apply(self._change(Control.CONFIGURE, args))
 
@@ -103,14 +106,13 @@ class ControlHandlers:
 
     @workflow.update(name=Control.PAUSE)
     def pause(self, *args: Any) -> EffectiveSettings:
-        """Stop gracefully: the run ends ``paused`` at its next turn.
+        """Stop gracefully: the run ends ``paused`` at its next turn (a durable wait ends at once).
 
-        Graceful stop: the run ends ``paused`` at its next turn (a durable throttle wait ends at once): claim released,
-        experiment back to paused, held tasks kept for a later resume.
+        Claim released, experiment back to paused, held tasks kept for a later resume.
         """
         self._state.stopping = self._state.wake = self._state.progress.stopping = True
         workflow.logger.info("pause requested", extra={"experiment_id": self._state.input.experiment_id})
-        self._set_phase(self._state.progress.phase)
+        self._view.refresh()
         return EffectiveSettings.of(self._state.input, batch_size=self._state.batch_size, stopping=True)
 
     @pause.validator
@@ -140,16 +142,16 @@ class ControlHandlers:
             raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
 
     def _apply(self, change: ControlChange) -> EffectiveSettings:
-        """Apply a validated change (``RunState.apply``), which wakes a durable throttle wait."""
+        """Apply a validated change (``RunState.apply``), which wakes a durable wait."""
         inp = self._state.apply(change)
         workflow.logger.info(
             "settings changed",
             extra={"experiment_id": inp.experiment_id, **change.model_dump(mode="json", exclude_none=True)},
         )
-        self._set_phase(self._state.progress.phase)
+        self._view.refresh()
         return EffectiveSettings.of(inp, batch_size=self._state.batch_size, stopping=self._state.stopping)
 
     @workflow.query
     def progress(self) -> Progress:
         """Where the replay stands: counters, last backlog reading, pacing, stall, outcome."""
-        return self._state.progress
+        return self._state.shown()

@@ -56,8 +56,7 @@ BUCKET_OVERRIDES: Mapping[str, Sequence[float]] = {THROTTLE_WAIT: WAIT_BUCKETS}
 class Instruments:
     """The workflow's metric instruments, labelled with the run's stream and consumer group.
 
-    The workflow's instruments on ``workflow.metric_meter()`` (which skips replays), labelled with the run's stream and
-    consumer group. Workflow code only.
+    On ``workflow.metric_meter()``, which skips replays. Workflow code only.
     """
 
     throttles: MetricCounter

@@ -51,10 +51,9 @@ class TaskBucket(BaseModel):
         self.tokens = max(0.0, self.tokens - moved)
 
     def wait_seconds(self, rate: float, want: int) -> float:
-        """Seconds until the bucket holds ``want`` tasks at ``rate`` (tasks/s).
+        """Seconds until the bucket holds ``want`` tasks at ``rate`` (tasks/s), as of its last ``allowance``.
 
-        Seconds until the bucket holds ``want`` tasks (at most its capacity, at least 1) at ``rate`` (tasks/s), as of
-        its last ``allowance``.
+        ``want`` counts as at least 1 and at most the bucket's capacity.
         """
         target = min(bucket_capacity(rate), max(1.0, float(want)))
         return max(0.0, target - self.tokens) / rate

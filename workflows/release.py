@@ -11,28 +11,24 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from xmc_resumption.activities.requests import ExperimentRef, ReleaseRequest
+    from xmc_resumption.activities.requests import ReleaseRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
     from xmc_resumption.redisclient.text import one_line
     from xmc_resumption.workflows.calls import FAILED_CALL, RELEASE_RETRY, call, failure_text, permanent
     from xmc_resumption.workflows.models import Outcome
     from xmc_resumption.workflows.state import RunState
 
-RELEASE_ROUNDS = "release-rounds"
-"""``workflow.patched`` ID of the release's further rounds (durable waits between them): runs
-recorded before it gave up after the first round's tries."""
-
 MAX_RELEASE_ROUNDS = 5
 """The most rounds of release tries (each ``RELEASE_RETRY``'s 7 attempts, about 10 s of backoff),
 so a run ends even while Redis stays away."""
 
 
-async def release_claim(ref: ExperimentRef, state: RunState, *, back_to_paused: bool, outcome: str) -> str | None:
+async def release_claim(state: RunState, *, back_to_paused: bool, outcome: str) -> str | None:
     """Release the claim of ``state``'s token, revoke the token and record ``outcome``.
 
-    Release the claim of ``state``'s token (0: whatever claim its owner holds) and revoke the token, recording
-    ``outcome`` with it (``{S}:experiment:E:released``); with ``back_to_paused``, move a resuming experiment back to
-    paused. The reply's counts go into ``state`` (``RunState.released``).
+    Token 0 releases whatever claim the owner holds; the outcome goes into the release log
+    (``{S}:experiment:E:released``); ``back_to_paused`` moves a resuming experiment back to paused. The reply's counts
+    go into ``state`` (``RunState.released``).
 
     A round is one call with ``RELEASE_RETRY``'s tries; after a round failed on a fault that
     retrying may mend (Redis away), the next one follows a durable wait of
@@ -53,7 +49,7 @@ async def release_claim(ref: ExperimentRef, state: RunState, *, back_to_paused: 
             release = await call(
                 ResumptionActivities.release_claim,
                 ReleaseRequest(
-                    ref=ref, token=state.token, owner=state.owner, back_to_paused=back_to_paused, outcome=outcome
+                    ref=state.ref, token=state.token, owner=state.owner, back_to_paused=back_to_paused, outcome=outcome
                 ),
                 summary=f"release the claim (token {state.token or 'of this workflow'})",
                 retry_policy=RELEASE_RETRY,
@@ -64,7 +60,7 @@ async def release_claim(ref: ExperimentRef, state: RunState, *, back_to_paused: 
             error, now = one_line(failure_text(err), 300), workflow.now()
             left = (state.lease_until - now).total_seconds() if state.lease_until else 0.0
             last = permanent(err) or rounds >= MAX_RELEASE_ROUNDS or left <= 0
-            if last or state.progress.outcome is Outcome.CANCELLED or not workflow.patched(RELEASE_ROUNDS):
+            if last or state.progress.outcome is Outcome.CANCELLED:
                 break
             workflow.logger.warning(
                 "claim not released yet; trying again",

@@ -15,6 +15,8 @@ from datetime import datetime, timedelta
 
 from temporalio.exceptions import ApplicationError
 
+from xmc_resumption.activities.requests import ExperimentRef
+from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.redisclient.results import (
     BacklogReading,
     ClaimCheck,
@@ -30,13 +32,12 @@ from xmc_resumption.workflows.eta import NetRate, eta_seconds
 from xmc_resumption.workflows.models import (
     AUTO_BATCH_SIZE,
     AUTO_SCRIPT_BYTES,
-    LEGACY_BATCH_SIZE,
+    START_BATCH_SIZE,
     Carry,
     Outcome,
     Progress,
     ResumptionInput,
     ResumptionResult,
-    ThrottlePolicy,
 )
 from xmc_resumption.workflows.ratecap import TaskBucket
 from xmc_resumption.workflows.throttle import Pacer, StallWatch
@@ -55,8 +56,8 @@ class RunState:
         owner: the claim's owner (the workflow ID of the first run); request_id: the acquire's
             idempotency key; started_at: when the first run started (workflow time, UTC). All
             three are set by ``begin`` ('' and None until then).
-        publish_next: the last publish left headroom: the next turn publishes without a check
-            and a measurement.
+        publish_next: the claim was just taken, or the last publish left headroom: the next turn
+            publishes without a check.
         nothing_held: the claim found the experiment running and holding nothing: the run ends
             ``nothing_held``.
         stopping: the ``pause`` Update was accepted: the run ends ``paused`` at its next turn.
@@ -69,10 +70,10 @@ class RunState:
         stall_base: the stall reason without the idle consumers (``observe``), None when not stalled.
         idle_read_at: when the idle consumers were last read during this stall (workflow time).
         outcome_counted: the outcomes metric has this run's end already: counted by the release
-            activity (a release done now, or recorded before), so the workflow does not count it.
+            activity (a release done now, or one returned again from its record), so the workflow does not
+            count it.
         lease_until: when the claim's lease lapses at the latest, as of the last call that
             extended it (``leased``; workflow time, UTC); None before one in this run.
-        rounds: the loop of patch ``publish-rounds`` (``start_rounds``).
         task_bytes: the mean bytes of a task the last publish moved (its ``moved_bytes`` over
             ``moved``), for the automatic batch; None before one moved any in this run.
     """
@@ -97,7 +98,6 @@ class RunState:
     idle_read_at: datetime | None = None
     outcome_counted: bool = False
     lease_until: datetime | None = None
-    rounds: bool = False
     task_bytes: float | None = None
 
     @classmethod
@@ -112,7 +112,6 @@ class RunState:
             progress=Progress(
                 experiment_id=inp.experiment_id,
                 threshold=inp.max_backlog_threshold,
-                policy=inp.throttle_policy,
                 token=carry.token if carry else 0,
                 replayed=carry.replayed if carry else 0,
                 throttles=carry.throttles if carry else 0,
@@ -120,21 +119,13 @@ class RunState:
                 runs=carry.runs + 1 if carry else 1,
                 remaining=carry.remaining if carry else None,
                 drain_rate=carry.drain_rate if carry else None,
-                max_tasks_per_second=inp.max_tasks_per_second,
             ),
             pacer=Pacer(
-                adaptive=inp.throttle_policy is ThrottlePolicy.ADAPTIVE,
-                threshold=inp.max_backlog_threshold,
-                throttle_seconds=inp.throttle_seconds,
-                min_wait=inp.min_wait_seconds,
-                max_wait=inp.longest_wait_seconds,
                 rate=carry.drain_rate if carry else None,
                 reaction=carry.reaction_seconds if carry else None,
                 burst=carry.burst if carry and carry.burst else 0,
             ),
             stall=StallWatch(
-                inp.stall_window_seconds,
-                inp.max_stall_seconds,
                 progress_at=carry.progress_at if carry else None,
                 last=carry.stall_reading if carry else None,
             ),
@@ -166,58 +157,62 @@ class RunState:
         self.started_at = carry.started_at if carry else now
         self.request_id = carry.request_id if carry else draw_request_id()
 
-    def asks_pacing_patch(self) -> bool:
-        """Whether the run's pacing depends on patch ``pacing-probe``.
-
-        True when the run's pacing depends on patch ``pacing-probe``: the policy is adaptive, or the input left
-        ``throttle_policy`` out (its default changed with the patch).
-        """
-        inp = self.input
-        return inp.throttle_policy is ThrottlePolicy.ADAPTIVE or "throttle_policy" not in inp.model_fields_set
-
-    def start_pacing(self, patched: bool) -> None:
-        """Start the pacer: the probing estimator when ``patched``, else the estimator of older runs.
-
-        ``patched`` is patch ``pacing-probe`` (``PACING_PROBE``); without it, the estimator of the runs recorded before
-        it, and ``fixed`` for an input that left ``throttle_policy`` out (the default then).
-        """
-        self.pacer.probing = patched
-        if not patched and "throttle_policy" not in self.input.model_fields_set:
-            self.input = self.input.model_copy(update={"throttle_policy": ThrottlePolicy.FIXED})
-            self.pacer.adaptive, self.pacer.max_wait = False, self.input.longest_wait_seconds
-            self.progress.policy = ThrottlePolicy.FIXED
-
-    def start_rounds(self, patched: bool) -> None:
-        """Take the loop of patch ``publish-rounds`` when ``patched``: rounds, poll slices, the automatic batch.
-
-        Without it (runs recorded before), the loop those runs recorded: one script a publish, a measurement
-        before it, and ``LEGACY_BATCH_SIZE`` for an input that left the batch out, written into the input so that
-        the runs it continues as new keep it too.
-        """
-        self.rounds = self.pacer.sliced = patched
-        if not patched and self.input.batch_size is None:
-            self.input = self.input.model_copy(update={"batch_size": LEGACY_BATCH_SIZE})
-
     @property
     def batch_size(self) -> int:
         """The most tasks one publish script moves (entries): the input's, else the automatic batch.
 
         The automatic batch is about ``AUTO_SCRIPT_BYTES`` of tasks of the size the last publish moved
-        (``task_bytes``), 1..``AUTO_BATCH_SIZE``; ``LEGACY_BATCH_SIZE`` before a publish of this run moved any.
+        (``task_bytes``), 1..``AUTO_BATCH_SIZE``; ``START_BATCH_SIZE`` before a publish of this run moved any.
         """
         if self.input.batch_size is not None:
             return self.input.batch_size
         if self.task_bytes is None:
-            return LEGACY_BATCH_SIZE
+            return START_BATCH_SIZE
         return max(1, min(AUTO_BATCH_SIZE, int(AUTO_SCRIPT_BYTES // max(1.0, self.task_bytes))))
 
     def leased(self, now: datetime) -> None:
-        """Extend the claim's lease after a call answered at workflow time ``now``.
+        """Note that a call which extends the claim's lease (acquire, check, publish) answered at workflow time ``now``.
 
-        A call that extends the claim's lease (the acquire, the check, a publish) answered at workflow time ``now``: the
-        lease lapses by ``now + claim_lease_seconds``.
+        The lease lapses by ``now + claim_lease_seconds``.
         """
         self.lease_until = now + timedelta(seconds=self.input.claim_lease_seconds)
+
+    @property
+    def ref(self) -> ExperimentRef:
+        """The experiment, stream and consumer groups every call of the run works on (from the input)."""
+        inp = self.input
+        return ExperimentRef(
+            experiment_id=inp.experiment_id,
+            stream=inp.stream,
+            consumer_group=inp.consumer_group,
+            consumer_groups=inp.consumer_groups,
+        )
+
+    def publish_params(
+        self, batch_size: int, max_tasks: int | None, max_scripts: int, max_seconds: float
+    ) -> PublishParams:
+        """The next publish's parameters, from the input in force, the claim and the seq.
+
+        Its first seq is the last used plus one: the seq moves on only once a publish answered (``seq``), so a publish
+        that failed after its scripts ran in Redis is asked again with the same seq and returns its recorded result.
+        ``batch_size`` (entries) and the rounds' bounds are the caller's (``redisclient.publish.PublishParams``).
+        """
+        inp = self.input
+        return PublishParams(
+            token=self.token,
+            seq=self.seq + 1,
+            batch_size=batch_size,
+            threshold=inp.max_backlog_threshold,
+            owner=self.owner,
+            lease_ms=inp.lease_ms,
+            missing_group=inp.missing_group,
+            max_bytes=inp.max_bytes_per_call,
+            max_memory_fraction=inp.max_memory_fraction,
+            fair_share=inp.fair_share,
+            max_tasks=max_tasks,
+            max_scripts=max_scripts,
+            max_seconds=max_seconds,
+        )
 
     @property
     def token(self) -> int:
@@ -225,11 +220,10 @@ class RunState:
         return self.progress.token
 
     def observe(self, reading: BacklogReading, now: datetime, moved: int = 0) -> bool:
-        """Fold a backlog ``reading`` taken at workflow time ``now`` into the run's state.
+        """Fold a backlog ``reading`` taken at workflow time ``now`` into the run's state; True when a stall starts.
 
-        Fold a backlog ``reading`` taken at workflow time ``now``, before a move of ``moved`` entries in the same step,
-        into the progress, the pacer and the stall watch; returns True when the reading starts a stall. The stall reason
-        names the limiting group, or the missing stream or group (``missing_text``).
+        ``moved``: entries the same step moved after the reading. The reading goes into the progress, the pacer and the
+        stall watch; the stall reason names the limiting group, or the missing stream or group (``missing_text``).
         """
         p = self.progress
         pending, lag, last_delivered_id = reading.pending, reading.lag, reading.last_delivered_id
@@ -237,11 +231,11 @@ class RunState:
         p.backlog, p.pending, p.lag = backlog + moved, pending, lag + moved
         p.limiting_group = reading.limiting_group or None
         self.pacer.observe(backlog, backlog + moved, reading.capped, now)
-        p.drain_rate, p.low_watermark = self.pacer.rate, self.pacer.low_watermark
+        p.drain_rate, p.low_watermark = self.pacer.rate, self.pacer.low_watermark(self.input.pacing)
         self.net.observe(p.replayed, backlog + moved, reading.capped, now)
         p.net_rate = self.net.rate
         p.stalled_seconds = self.stall.observe(now, backlog, pending, last_delivered_id, moved)
-        stalled = self.stall.stalled(p.stalled_seconds)
+        stalled = p.stalled_seconds >= self.input.stall_window_seconds
         started = stalled and not p.stalled
         p.stalled = stalled
         group = f" of group {reading.limiting_group}" if reading.limiting_group else ""
@@ -257,6 +251,11 @@ class RunState:
             p.idle_consumers, self.idle_read_at = [], None
         self.show_stall()
         return started
+
+    def stall_over_limit(self) -> bool:
+        """True when the stall has lasted ``max_stall_seconds`` (the run ends ``stalled``)."""
+        limit = self.input.max_stall_seconds
+        return limit is not None and self.progress.stalled_seconds >= limit
 
     def show_stall(self) -> None:
         """Set the stall reason: what was seen, then the idle consumers holding pending entries, if read."""
@@ -305,9 +304,9 @@ class RunState:
         """Take a publish's counts into the progress.
 
         Redis's count is the authority: the resume's (``replayed``: every claim's moves, a reset workflow's too), else
-        the claim's (``total_moved``), else (results recorded before either existed) the run's own sum. Publishes whose
-        history was lost are in it too (a stale reply after a lost history adds what this run never saw). The size of
-        the tasks it moved sets ``task_bytes``.
+        the claim's (``total_moved``), else (Redis keeps neither count) the run's own sum. Publishes whose history was
+        lost are in it too (a stale reply after a lost history adds what this run never saw). The size of the tasks it
+        moved sets ``task_bytes``.
         """
         p = self.progress
         if result.moved > 0 and result.moved_bytes > 0:
@@ -323,9 +322,8 @@ class RunState:
     def released(self, release: Release) -> None:
         """Take a release's reply into the progress.
 
-        The resume's count and the held tasks left, as Redis recorded them (a bare token, from histories recorded
-        before, changes nothing). A release done now, or recorded before, had its outcome counted by the release
-        activity.
+        The resume's count and the held tasks left, as Redis recorded them (None: unknown, kept). A release with an
+        outcome, done now or returned again from its record, had its outcome counted by the release activity.
         """
         p = self.progress
         if release.replayed is not None:
@@ -360,8 +358,7 @@ class RunState:
     def refuse(self, change: ControlChange) -> None:
         """Refuse a control change that the run cannot take (an Update's validator).
 
-        Refuse a control change once the run is ending, or one that breaks a bound or a rule of ``ResumptionInput`` (an
-        Update's validator).
+        It cannot once it is ending, nor one that breaks a bound or a rule of ``ResumptionInput``.
 
         Raises:
             ApplicationError: non-retryable, type ``ResumptionEnding``, or ``InvalidControl`` with
@@ -377,21 +374,22 @@ class RunState:
             raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
 
     def apply(self, change: ControlChange) -> ResumptionInput:
-        """Apply a change ``refuse`` let through and return the new input.
-
-        Apply a change ``refuse`` let through to the input, the pacer and the progress, and wake a durable throttle
-        wait; returns the new input.
-        """
+        """Apply a change ``refuse`` let through and return the new input; it wakes a durable wait in progress."""
         inp = self.input = change.applied_to(self.input)
-        pacer, p = self.pacer, self.progress
-        pacer.adaptive = inp.throttle_policy is ThrottlePolicy.ADAPTIVE
-        pacer.threshold, pacer.throttle_seconds = inp.max_backlog_threshold, inp.throttle_seconds
-        pacer.max_wait = inp.longest_wait_seconds
-        p.threshold, p.policy = inp.max_backlog_threshold, inp.throttle_policy
-        p.max_tasks_per_second = inp.max_tasks_per_second
-        p.settings_changes += 1
+        self.progress.settings_changes += 1
         self.wake = True
         return inp
+
+    def shown(self) -> Progress:
+        """The ``progress`` query's answer: the progress, with the settings in force read from the input."""
+        inp = self.input
+        return self.progress.model_copy(
+            update={
+                "threshold": inp.max_backlog_threshold,
+                "policy": inp.throttle_policy,
+                "max_tasks_per_second": inp.max_tasks_per_second,
+            }
+        )
 
     def result(self) -> ResumptionResult:
         """The run's result, once ``progress.outcome`` is set."""
@@ -444,16 +442,17 @@ class RunState:
         if p.outcome is not None or self.failed:
             p.eta_seconds = 0.0 if p.outcome is Outcome.COMPLETED else None
         else:
-            headroom = p.threshold - p.backlog if p.backlog is not None else 0
+            threshold = self.input.max_backlog_threshold
+            headroom = threshold - p.backlog if p.backlog is not None else 0
             caps = [c for c in (self.input.max_tasks_per_second, p.stream_rate_limit) if c]
-            low = self.pacer.low_watermark
+            low = self.pacer.low_watermark(self.input.pacing)
             wait_left = (p.throttled_until - now).total_seconds() if p.throttled_until else 0.0
             p.eta_seconds = eta_seconds(
                 p.remaining,
                 headroom,
                 self.net.rate,
                 min(caps) if caps else None,
-                refill=p.threshold - low if low is not None else 0,
+                refill=threshold - low if low is not None else 0,
                 wait_left=max(0.0, wait_left),
             )
         p.eta_at = None if p.eta_seconds is None else now + timedelta(seconds=p.eta_seconds)

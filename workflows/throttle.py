@@ -1,26 +1,12 @@
-"""The throttle policy: when the replay waits, how long, and how (pure code, no I/O).
+"""The throttle policy: when the replay waits, how long, and how (pure code, no I/O; docs/pacing.md).
 
-When to wait is one rule, computed inside Redis by ``redisclient/lua/backlog.lua``: the replay
-waits when the reading's ``headroom`` (``threshold - backlog``) is 0. This module decides how long
-and how, from the workflow input and what was measured:
-
-- ``fixed`` (the seed's rule): a durable timer of ``throttle_seconds``.
-- ``adaptive``: estimate the consumers' drain rate R from successive backlog readings and wait
-  about ``(backlog - L) / R``, clamped to ``[min_wait_seconds, max_wait_seconds]``, where the low
-  watermark L is the backlog the consumers still have in hand while the replay wakes up, re-checks
-  and publishes (``L ~ 2 x R x reaction``, docs/pacing.md). Then the next turn tops the
-  stream up to the threshold.
-
-How a wait is done comes from measurements on the dev server (docs/pacing.md, "How a wait is done"):
-a durable timer costs 5 history events and fires on the server's timer granularity
-(``TIMER_GRANULARITY_SECONDS``), while a bounded poll inside one local activity costs 1 marker and
-reacts within its poll interval. So a wait the estimate says is short (up to ``POLL_LIMIT_SECONDS``)
-polls the backlog until it reaches L; a longer one sleeps on a durable timer for all but
-``TIMER_GRANULARITY_SECONDS`` of it and lets the next turn poll the rest. Either way the turn after
-a wait starts again at the pause and fencing check.
-
-Everything here is deterministic: its inputs are activity results (recorded in history) and
-``workflow.now()`` readings passed in by the workflow.
+When to wait is one rule, computed inside Redis by ``redisclient/lua/backlog.lua``: the replay waits when the
+reading's ``headroom`` (``threshold - backlog``) is 0. This module decides how long and how, from the input's settings
+(``Pacing``) and what was measured (``Pacer``): ``fixed``, a durable timer of ``throttle_seconds``; ``adaptive``,
+about ``(backlog - L) / R`` for the consumers' drain rate R and a low watermark L (docs/pacing.md, "The two
+policies"), as a bounded poll or a durable timer (docs/pacing.md, "How a wait is done"). Either way the turn after a
+wait starts again at the pause and fencing check. Deterministic: its inputs are activity results and
+``workflow.now()`` readings the workflow passes in.
 """
 
 from __future__ import annotations
@@ -127,9 +113,9 @@ class WaitPlan:
 def wait_reason(reading: BacklogReading, threshold: int, moved: int = 0) -> str:
     """A one-line reason for the UI why the replay waits.
 
-    A one-line reason for the UI, e.g. ``backlog 501+ >= 500 (pending 120 + lag 381+) in group audit`` (the group that
-    holds the replay back, when the reading names one), for ``reading`` taken before a move of ``moved`` entries (which
-    add to the lag) and ``threshold`` (entries).
+    For example ``backlog 501+ >= 500 (pending 120 + lag 381+) in group audit`` (the group that holds the replay back,
+    when the reading names one), for ``reading`` taken before a move of ``moved`` entries (which add to the lag) and
+    ``threshold`` (entries).
 
     A ``+`` marks a count that stopped at the cap: the true value may be larger. A count stopped
     by the byte budget says so: the undelivered tasks are too large to count in one script.
@@ -147,24 +133,15 @@ def _clamp(value: float, low: float, high: float) -> float:
     return min(high, max(low, value))
 
 
-@dataclass
-class Pacer:
-    """Decides how long the replay waits, and estimates the consumers' drain rate.
+@dataclass(frozen=True)
+class Pacing:
+    """The throttle policy's settings, read from the input in force (``ResumptionInput.pacing``), never kept.
 
-    Args:
+    Attributes:
         adaptive: the ``adaptive`` policy (else ``fixed``).
         threshold: the backlog bound (entries, >= 1).
         throttle_seconds: the fixed policy's wait (seconds).
         min_wait, max_wait: bounds of one adaptive wait (seconds, 0 <= min_wait <= max_wait).
-        rate: the drain-rate estimate carried from an earlier run (entries/s), or None.
-        reaction: the measured reaction time carried from an earlier run (seconds), or None.
-        burst: the consumers' learned burst carried from an earlier run (entries, 0: none yet).
-        probing: the estimator of patch ``pacing-probe`` (``_fold_probing``): learns bursts,
-            probes upwards after a wait that ended with the stream empty, and polls through a stop.
-            False: the estimator runs that started before it recorded (``_fold``), kept for them.
-        sliced: patch ``publish-rounds``: a wait longer than ``POLL_LIMIT_SECONDS`` while the
-            consumers drain is a poll of ``POLL_LIMIT_SECONDS`` (the next turn plans again), not a
-            durable timer, so a change of the consumers is seen within a poll interval.
     """
 
     adaptive: bool
@@ -172,11 +149,23 @@ class Pacer:
     throttle_seconds: float
     min_wait: float
     max_wait: float
+
+
+@dataclass
+class Pacer:
+    """Decides how long the replay waits, and estimates the consumers' drain rate.
+
+    The settings come with each call (``Pacing``); what is kept is what was measured.
+
+    Args:
+        rate: the drain-rate estimate carried from an earlier run (entries/s), or None.
+        reaction: the measured reaction time carried from an earlier run (seconds), or None.
+        burst: the consumers' learned burst carried from an earlier run (entries, 0: none yet).
+    """
+
     rate: float | None = None
     reaction: float | None = None
     burst: int = 0
-    probing: bool = False
-    sliced: bool = False
     _last: tuple[int, datetime] | None = field(default=None, init=False, repr=False)
     _in_wait: bool = field(default=False, init=False, repr=False)
     _stopped_since: datetime | None = field(default=None, init=False, repr=False)
@@ -195,16 +184,13 @@ class Pacer:
         self._last, self._in_wait = None if capped else (after, at), False
         if last is None or capped or last[0] == 0:
             return
-        if self.probing:
-            self._fold_probing(max(0, last[0] - before), (at - last[1]).total_seconds(), before == 0, waited, at)
-        else:
-            self._fold(max(0, last[0] - before), (at - last[1]).total_seconds())
+        self._fold(max(0, last[0] - before), (at - last[1]).total_seconds(), before == 0, waited, at)
 
-    def _fold_probing(self, drained: int, seconds: float, empty: bool, waited: bool, at: datetime) -> None:
-        """The ``pacing-probe`` drain-rate estimator.
+    def _fold(self, drained: int, seconds: float, empty: bool, waited: bool, at: datetime) -> None:
+        """Fold ``drained`` entries over ``seconds`` ending at workflow time ``at`` into the drain-rate estimate.
 
-        The ``pacing-probe`` estimator: ``drained`` entries over ``seconds`` ending at ``at``; ``empty``: the stream was
-        empty at the end (the drain is then a lower bound of the rate); ``waited``: the interval spans a throttle wait.
+        ``empty``: the stream was empty at the end (the drain is then a lower bound of the rate); ``waited``: the
+        interval spans a throttle wait.
 
         - A wait in which the consumers took nothing starts (or continues) a stop: the estimate is
           kept, since it is what they take when they run (``plan`` then polls for their return).
@@ -241,35 +227,16 @@ class Pacer:
             weight = max(weight, WAIT_SAMPLE_WEIGHT)
         self.rate = min(MAX_RATE, self.rate + weight * (sample - self.rate))
 
-    def burst_seen(self, drop: int) -> None:
-        """Fold in the largest fall of the backlog between two readings of a poll (entries).
+    def burst_seen(self, drop: int, threshold: int) -> None:
+        """Fold in the largest fall of the backlog between two readings of a poll (entries; 0: the poll saw none).
 
-        Fold in the largest fall of the backlog between two readings of a poll (entries; 0: the poll saw none): what the
-        consumers take at once, or in one poll interval. A larger one is learned at once, a smaller one ``BURST_DECAY``
-        of the way (a stop teaches nothing).
+        What the consumers take at once, or in one poll interval, at most ``threshold``. A larger one is learned at
+        once, a smaller one ``BURST_DECAY`` of the way (a stop teaches nothing).
         """
-        if not self.probing or drop <= 0:
+        if drop <= 0:
             return
-        drop = min(drop, self.threshold)
+        drop = min(drop, threshold)
         self.burst = drop if drop > self.burst else round(self.burst + BURST_DECAY * (drop - self.burst))
-
-    def _fold(self, drained: int, seconds: float) -> None:
-        """Fold a drain-rate sample into a time-weighted moving average.
-
-        A time-weighted moving average: a sample of ``seconds`` weighs ``1 - exp(-seconds /
-        RATE_TIME_CONSTANT_SECONDS)``, so the many short intervals between back-to-back Redis calls barely move it
-        (consumers drain in bursts: one acknowledgement of a whole read) while a poll of a second moves it most of the
-        way. The first estimate waits for ``FIRST_ESTIMATE_SECONDS`` of samples.
-        """
-        if seconds <= 0:
-            return
-        if self.rate is None:
-            self._first = (self._first[0] + drained, self._first[1] + seconds)
-            if self._first[1] >= FIRST_ESTIMATE_SECONDS:
-                self.rate = min(MAX_RATE, self._first[0] / self._first[1])
-            return
-        weight = 1 - math.exp(-seconds / RATE_TIME_CONSTANT_SECONDS)
-        self.rate = min(MAX_RATE, self.rate + weight * (drained / seconds - self.rate))
 
     def woke(self, at: datetime) -> None:
         """A wait ended at workflow time ``at``; the next ``published`` measures the reaction."""
@@ -282,66 +249,63 @@ class Pacer:
             self.reaction = sample if self.reaction is None else (self.reaction + sample) / 2
             self._woke_at = None
 
-    @property
-    def low_watermark(self) -> int | None:
+    def low_watermark(self, pacing: Pacing) -> int | None:
         """The backlog an adaptive wait waits for (entries), or None under ``fixed``.
 
-        The backlog an adaptive wait waits for (entries): what the consumers drain while the replay reacts, twice over,
-        plus one learned burst (``probing``), within ``[0, 3/4 of the threshold]`` (or up to one burst, below the
-        threshold); half the threshold before a rate is known; None under ``fixed``.
+        What the consumers drain while the replay reacts, twice over, plus one learned burst, within ``[0, 3/4 of the
+        threshold]`` (or up to one burst, below the threshold); half the threshold before a rate is known.
         """
-        if not self.adaptive:
+        if not pacing.adaptive:
             return None
-        ceiling = self.threshold * 3 // 4
-        if self.probing:  # at least one burst, even above 3/4 of the threshold
-            ceiling = max(ceiling, min(self.burst, self.threshold - 1))
+        threshold = pacing.threshold
+        ceiling = max(threshold * 3 // 4, min(self.burst, threshold - 1))  # at least one burst
         if self.rate is None:
-            return max(self.threshold // 2, min(self.burst, ceiling))
+            return max(threshold // 2, min(self.burst, ceiling))
         react = (self.reaction or DEFAULT_REACTION_SECONDS) + POLL_INTERVAL_BOUNDS[0]
         return int(_clamp(self.burst + math.ceil(WATERMARK_SAFETY * self.rate * react), 0, ceiling))
 
-    def plan(self, backlog: int, at: datetime) -> WaitPlan:
-        """The wait to take at ``backlog`` entries at workflow time ``at``.
+    def plan(self, pacing: Pacing, backlog: int, at: datetime) -> WaitPlan:
+        """The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``.
 
-        The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``; bounded by at least
-        ``WAIT_FLOOR_SECONDS`` (a shorter ``max_wait_seconds`` or ``throttle_seconds`` counts as it). The next reading
-        is taken as the end of this wait (``observe``).
+        Bounded by at least ``WAIT_FLOOR_SECONDS`` (a shorter ``max_wait_seconds`` or ``throttle_seconds`` counts as
+        it). The next reading is taken as the end of this wait (``observe``).
         """
-        if not self.adaptive:
-            return WaitPlan.timer(self.throttle_seconds)
+        if not pacing.adaptive:
+            return WaitPlan.timer(pacing.throttle_seconds)
         self._in_wait = True
-        longest = max(self.max_wait, WAIT_FLOOR_SECONDS)
-        low = self.low_watermark or 0
-        since = self._stopped_since if self.probing else None
+        min_wait, longest = pacing.min_wait, max(pacing.max_wait, WAIT_FLOOR_SECONDS)
+        low = self.low_watermark(pacing) or 0
+        since = self._stopped_since
         draining = False
         if since is not None and (at - since).total_seconds() >= STOPPED_POLL_SECONDS:
             expected = longest
         elif self.rate is None or since is not None:
             # nothing measured yet, or the consumers stopped: a poll measures (unless min_wait is longer)
-            expected = min(longest, max(self.min_wait, POLL_LIMIT_SECONDS))
+            expected = min(longest, max(min_wait, POLL_LIMIT_SECONDS))
         elif self.rate <= 0:
             expected = longest
         else:
-            expected = _clamp((backlog - low) / self.rate, self.min_wait, longest)
-            draining = self.sliced and self.min_wait <= POLL_LIMIT_SECONDS
+            expected = _clamp((backlog - low) / self.rate, min_wait, longest)
+            # while the consumers drain, a long wait is polled in slices: a change of theirs shows within a poll
+            draining = min_wait <= POLL_LIMIT_SECONDS
         if expected <= POLL_LIMIT_SECONDS or draining:
             bound = min(longest, POLL_LIMIT_SECONDS)
             poll = _clamp(min(expected, bound) / 10, *POLL_INTERVAL_BOUNDS)
-            return WaitPlan(WaitKind.POLL, bound, min(self.min_wait, bound), low, poll)
-        timer = max(self.min_wait, expected - TIMER_GRANULARITY_SECONDS) if expected < longest else expected
+            return WaitPlan(WaitKind.POLL, bound, min(min_wait, bound), low, poll)
+        timer = max(min_wait, expected - TIMER_GRANULARITY_SECONDS) if expected < longest else expected
         return WaitPlan.timer(timer)
 
-    def describe(self, plan: WaitPlan) -> str:
+    def describe(self, pacing: Pacing, plan: WaitPlan) -> str:
         """How the wait of ``plan`` was chosen, for the UI.
 
-        For example ``drain ~2,000/s: poll up to 2 s for the backlog to fall to 40``.
+        For example ``drain ~2,000/s: poll up to 2s for the backlog to fall to 40``.
         """
-        if not self.adaptive:
+        if not pacing.adaptive:
             return f"fixed {plan.seconds:g}s wait"
         rate = "drain rate not measured yet" if self.rate is None else f"drain ~{self.rate:,.0f}/s"
         if self.burst:
             rate += f", bursts ~{self.burst:,}"
-        if self.probing and self._stopped_since is not None:
+        if self._stopped_since is not None:
             rate += ", consumers stopped"
         if plan.kind is WaitKind.POLL:
             return f"{rate}: poll up to {plan.seconds:g}s for the backlog to fall to {plan.low_watermark}"
@@ -350,20 +314,18 @@ class Pacer:
 
 @dataclass
 class StallWatch:
-    """Tells a stalled replay: the backlog has not gone down, and no task moved, for a window.
+    """Tells how long the backlog has not gone down, and no task moved (the stall window's clock).
+
+    Whether that is a stall, and when it ends the run, is the input's to say (``stall_window_seconds``,
+    ``max_stall_seconds``: ``RunState.observe``, ``RunState.stall_over_limit``).
 
     Args:
-        window: seconds without progress after which the replay is ``stalled``.
-        limit: seconds without progress after which the run ends ``stalled`` (None: never).
         progress_at: when progress was last seen (workflow time), carried across continue-as-new.
-        last: the last reading, carried across continue-as-new.
+        last: the last reading (backlog, pending, last-delivered-id), carried across continue-as-new.
     """
 
-    window: float
-    limit: float | None
     progress_at: datetime | None = None
     last: tuple[int, int, str] | None = None
-    """The last reading (backlog, pending, last-delivered-id), carried across continue-as-new."""
 
     def observe(self, at: datetime, backlog: int, pending: int, last_delivered_id: str, moved: int = 0) -> float:
         """Fold in a reading at workflow time ``at``; returns the seconds since progress was last seen.
@@ -379,13 +341,5 @@ class StallWatch:
         return (at - self.progress_at).total_seconds()
 
     def restart(self, at: datetime) -> None:
-        """Start the window again at ``at`` (after a Redis outage: consumers could not drain either)."""
+        """Start the window again at ``at`` (a wait the consumers are not to blame for: Redis away, a rate cap)."""
         self.progress_at = at
-
-    def stalled(self, seconds: float) -> bool:
-        """True when ``seconds`` without progress reach the window."""
-        return seconds >= self.window
-
-    def over_limit(self, seconds: float) -> bool:
-        """True when ``seconds`` without progress reach ``max_stall_seconds``."""
-        return self.limit is not None and seconds >= self.limit

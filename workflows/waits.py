@@ -1,8 +1,9 @@
-"""The waits of ``ResumptionWorkflow``: throttle, rate cap, Redis away, and naming idle consumers.
+"""``Waits``: the replay's waits: for the consumers (throttle), for a rate cap's bucket, for Redis, for a group.
 
-A base class of the workflow. A throttle wait is a poll inside one call or a durable timer that an
-accepted Update ends (``workflows/throttle.py`` plans which); a rate cap's and a Redis fault's
-waits likewise (docs/contract.md, "The loop").
+A throttle wait is a poll of the backlog inside one call or a durable timer that an accepted Update ends
+(``workflows/throttle.py`` plans which); a rate cap's wait likewise, and a wait for Redis is a durable timer the
+``pause`` Update ends (docs/contract.md, "The loop"). After any of them the loop starts its next turn at the check.
+Owned by ``ResumptionWorkflow``; workflow code only.
 """
 
 from __future__ import annotations
@@ -13,75 +14,199 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from xmc_resumption.activities.requests import DrainWaitRequest, ExperimentRef, IdleConsumersRequest
+    from xmc_resumption.activities.requests import DrainWaitRequest, IdleConsumersRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
-    from xmc_resumption.redisclient.results import BacklogReading
+    from xmc_resumption.redisclient.results import BacklogReading, DrainWait
     from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call, failure_text
-    from xmc_resumption.workflows.metrics import Instruments
-    from xmc_resumption.workflows.models import Outcome, Phase, ResumptionResult
+    from xmc_resumption.workflows.models import Phase
     from xmc_resumption.workflows.state import RunState
     from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan
+    from xmc_resumption.workflows.view import RunView
 
-
-RATE_CAP = "rate-cap"
-"""``workflow.patched`` ID of the rate cap's waits (``_rate_wait``).
-
-A run that waited for a rate cap's bucket records it once. Runs recorded before the caps existed
-never reach a rate wait (their input has no ``max_tasks_per_second`` and their publish results no
-``rate_limited``)."""
 
 MIN_RATE_WAIT_SECONDS = 0.01
-"""The shortest rate wait (seconds).
-
-The longest is half the claim's lease, so the lease, extended once per turn, outlasts it (a longer
-wait for a bucket is taken in several)."""
-
-NAME_IDLE_CONSUMERS = "name-idle-consumers"
-"""``workflow.patched`` ID of the read of idle consumers when a replay is stalled.
-
-One local activity (``XINFO CONSUMERS``); runs recorded before it replay without."""
+"""The shortest rate wait (seconds); the longest is half the claim's lease, so the lease, extended once per turn,
+outlasts it (a longer wait for a bucket is taken in several)."""
 
 IDLE_CONSUMERS_SHOWN = 5
 """The most idle consumers a stall reason names."""
 
 
 class Waits:
-    """The workflow's waits, over its ``RunState``, experiment and metrics."""
+    """The waits of one run of ``state``, shown through ``view``."""
 
-    _state: RunState
-    _ref: ExperimentRef
-    _metrics: Instruments
+    def __init__(self, state: RunState, view: RunView) -> None:
+        self._state = state
+        self._view = view
 
-    def _observe(self, reading: BacklogReading, moved: int = 0) -> None:
-        """Record a backlog reading (``ResumptionWorkflow._observe``)."""
-        raise NotImplementedError
+    async def throttle(
+        self, backlog: int, reason: str, seconds: float | None = None, phase: Phase | None = None
+    ) -> bool:
+        """Wait while the backlog (``backlog`` entries) is at or over the threshold, for ``reason``.
 
-    def _set_phase(self, phase: Phase) -> None:
-        """Enter ``phase`` (``ResumptionWorkflow._set_phase``)."""
-        raise NotImplementedError
+        As the pacer plans it, or a durable timer of ``seconds`` when given, in ``phase`` (default: throttled, or
+        stalled). A stalled replay first names the idle consumers holding pending entries.
 
-    async def _release(self, *, back_to_paused: bool, outcome: str) -> None:
-        """Release the claim (``ResumptionWorkflow._release``)."""
-        raise NotImplementedError
+        Returns:
+            True, without waiting, when the stall has lasted ``max_stall_seconds``: the run is to end ``stalled``.
+        """
+        state = self._state
+        inp, p = state.input, state.progress
+        if p.stalled and phase is not Phase.WAITING_FOR_GROUP:
+            await self._name_idle_consumers()
+        if state.stall_over_limit():
+            return True
+        plan = state.pacer.plan(inp.pacing, backlog, workflow.now()) if seconds is None else WaitPlan.timer(seconds)
+        p.throttles += 1
+        p.throttles_in_a_row += 1
+        described = state.pacer.describe(inp.pacing, plan) if seconds is None else f"fixed {seconds:g}s wait"
+        p.throttle_reason, p.wait_plan, p.wait_seconds = reason, described, plan.seconds
+        self._view.metrics.throttles.add(1, {"policy": inp.throttle_policy.value})
+        self._view.metrics.wait.record(plan.seconds)
+        workflow.logger.info(
+            "throttled",
+            extra={
+                "experiment_id": inp.experiment_id,
+                "token": state.token,
+                "backlog": backlog,
+                "threshold": inp.max_backlog_threshold,
+                "reason": reason,
+                "plan": p.wait_plan,
+                "seconds": plan.seconds,
+            },
+        )
+        timer = plan.kind is WaitKind.TIMER
+        p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
+        self._view.phase(phase or (Phase.STALLED if p.stalled else Phase.THROTTLED))
+        if not timer:
+            await self._poll(plan, reason)
+        else:
+            await self._timer(plan.seconds, f"throttled {plan.seconds:.3g}s: {reason}")
+        p.throttled_until = None
+        state.pacer.woke(workflow.now())
+        return False
 
-    def _finish(self, outcome: Outcome, detail: str = "") -> ResumptionResult:
-        """End the run with ``outcome`` (``ResumptionWorkflow._finish``)."""
-        raise NotImplementedError
+    async def for_group(self, reading: BacklogReading) -> bool:
+        """Wait for a missing stream or required group (``missing_group: wait``), which ``reading`` found.
+
+        A durable timer of ``throttle_seconds`` in phase ``waiting_for_group``. Stall detection applies: a group that
+        never comes ends the run ``stalled``.
+
+        Returns:
+            As ``throttle``: True when the run is to end ``stalled``.
+        """
+        reason = self._state.missing_text(reading) or "waiting for the consumer group"
+        return await self.throttle(0, reason, self._state.input.throttle_seconds, Phase.WAITING_FOR_GROUP)
+
+    async def rate(self, seconds: float, reason: str) -> None:
+        """Wait about ``seconds`` for a rate cap's bucket, for ``reason``.
+
+        Clamped to ``MIN_RATE_WAIT_SECONDS`` .. half the claim's lease. A short wait polls the backlog inside one call
+        (its reading feeds the pacing and the ETA), a long one is a durable timer that an accepted Update ends. Neither
+        is a throttle wait, and the consumers are not to blame: the stall window starts again after it.
+        """
+        state = self._state
+        inp, p = state.input, state.progress
+        seconds = min(max(seconds, MIN_RATE_WAIT_SECONDS), inp.claim_lease_seconds / 2)
+        p.rate_waits += 1
+        p.rate_reason = f"{reason}: {seconds:.3g}s for the bucket"
+        poll = seconds <= POLL_LIMIT_SECONDS
+        p.throttled_until = None if poll else workflow.now() + timedelta(seconds=seconds)
+        self._view.phase(Phase.RATE_LIMITED)
+        workflow.logger.info(
+            "rate limited", extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": seconds}
+        )
+        if poll:
+            # it waits for a bucket, not for the consumers: no low watermark, and no turn of the headroom (take 0)
+            drain = await self._drain(
+                0, seconds, seconds, min(1.0, seconds), 0, f"rate limited {seconds:.3g}s: {reason}"
+            )
+            self._view.observe(drain.reading)
+        else:
+            await self._timer(seconds, f"rate limited {seconds:.3g}s: {reason}")
+        p.throttled_until = None
+        state.stall.restart(workflow.now())
+
+    async def redis(self, err: BaseException) -> None:
+        """Wait ``redis_retry_seconds`` on a durable timer after a Redis fault ``err`` outlasted a call's retries.
+
+        The ``pause`` Update ends the wait early (the release then tries Redis, bounded: ``workflows/release.py``).
+        The consumers could not drain while Redis was away: the stall window starts again after it.
+        """
+        state = self._state
+        inp, p = state.input, state.progress
+        p.redis_waits += 1
+        p.last_error = failure_text(err)[:300]
+        self._view.phase(Phase.REDIS_UNAVAILABLE)
+        workflow.logger.warning(
+            "Redis unavailable; waiting %gs before the next try",
+            inp.redis_retry_seconds,
+            extra={"experiment_id": inp.experiment_id, "error": p.last_error},
+        )
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: state.stopping,
+                timeout=inp.redis_retry_seconds,
+                timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
+            )
+        state.stall.restart(workflow.now())
+
+    async def _timer(self, seconds: float, summary: str) -> None:
+        """A durable timer of ``seconds`` that an accepted Update ends early (none at all after one this turn)."""
+        if self._state.wake:
+            return
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(lambda: self._state.wake, timeout=seconds, timeout_summary=summary)
+
+    async def _poll(self, plan: WaitPlan, reason: str) -> None:
+        """Poll the backlog inside one call until it reaches ``plan``'s low watermark (or the plan's bound).
+
+        The poll's turn among the polls of its worker comes when the headroom feeds it (``take``: what the replay
+        still holds); its largest drop teaches the pacer the consumers' burst.
+        """
+        summary = f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}"
+        take = self._state.progress.remaining
+        drain = await self._drain(plan.low_watermark, plan.min_seconds, plan.seconds, plan.poll_seconds, take, summary)
+        self._state.pacer.burst_seen(drain.largest_drop, self._state.input.max_backlog_threshold)
+        self._view.observe(drain.reading)
+
+    async def _drain(
+        self, low: int, least: float, most: float, every: float, take: int | None, summary: str
+    ) -> DrainWait:
+        """Poll the backlog every ``every`` seconds, ``least`` .. ``most`` seconds, until it is at or below ``low``.
+
+        ``take``: the entries the replay means to publish once woken (None: as many as the headroom).
+        """
+        inp = self._state.input
+        return await call(
+            ResumptionActivities.wait_for_drain,
+            DrainWaitRequest(
+                ref=self._state.ref,
+                threshold=inp.max_backlog_threshold,
+                low_watermark=low,
+                min_seconds=least,
+                max_seconds=most,
+                poll_seconds=every,
+                missing_group=inp.missing_group,
+                max_bytes=inp.max_bytes_per_call,
+                take=take,
+            ),
+            summary=summary,
+            start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=most),
+            longest=most,
+        )
 
     async def _name_idle_consumers(self) -> None:
-        """Name the idle consumers holding pending entries of the limiting group, for a stall's reason.
+        """Name the idle consumers holding pending entries of the limiting group, for the stall reason.
 
-        A stall: read which consumers of the limiting group hold pending entries while idle for the stall window (one
-        ``XINFO CONSUMERS``), for the stall reason. At the stall's start, then at most once per stall window; never
-        while a group is missing. Best effort: a failed read (e.g. an ACL rule without ``xinfo|consumers``) is logged
-        and the reason goes without.
+        One ``XINFO CONSUMERS`` of the consumers idle for the stall window, at the stall's start and then at most once
+        per stall window; never while a group is missing. Best effort: a failed read (e.g. an ACL rule without
+        ``xinfo|consumers``) is logged and the reason goes without.
         """
         state, now = self._state, workflow.now()
         inp, p = state.input, state.progress
         window = timedelta(seconds=inp.stall_window_seconds)
         if state.idle_read_at is not None and now - state.idle_read_at < window:
-            return
-        if not workflow.patched(NAME_IDLE_CONSUMERS):
             return
         state.idle_read_at = now
         group = p.limiting_group or inp.consumer_group
@@ -89,7 +214,7 @@ class Waits:
             p.idle_consumers = await call(
                 ResumptionActivities.idle_consumers,
                 IdleConsumersRequest(
-                    ref=self._ref,
+                    ref=state.ref,
                     groups=[group],
                     min_idle_ms=round(inp.stall_window_seconds * 1000),
                     limit=IDLE_CONSUMERS_SHOWN,
@@ -107,155 +232,3 @@ class Waits:
                 "stalled: pending entries held by idle consumers",
                 extra={"experiment_id": inp.experiment_id, "reason": p.stall_reason},
             )
-
-    async def _wait(
-        self, backlog: int, reason: str, seconds: float | None = None, phase: Phase | None = None
-    ) -> ResumptionResult | None:
-        """Step 3: wait while the backlog is at or over the threshold.
-
-        As the pacer plans it (or a durable timer of ``seconds`` when given), in ``phase`` (default: throttled, or
-        stalled), then back to the top of the loop. A stalled replay first names the idle consumers holding pending
-        entries. Returns the result when a stall outlasted ``max_stall_seconds`` (the run ends ``stalled``), else None.
-        """
-        inp, p = self._state.input, self._state.progress
-        if p.stalled and phase is not Phase.WAITING_FOR_GROUP:
-            await self._name_idle_consumers()
-        if self._state.stall.over_limit(p.stalled_seconds):
-            await self._release(back_to_paused=True, outcome=Outcome.STALLED)
-            return self._finish(Outcome.STALLED, detail=f"no progress for {p.stalled_seconds:g}s: {p.stall_reason}")
-        plan = self._state.pacer.plan(backlog, workflow.now()) if seconds is None else WaitPlan.timer(seconds)
-        p.throttles += 1
-        p.throttles_in_a_row += 1
-        described = self._state.pacer.describe(plan) if seconds is None else f"fixed {seconds:g}s wait"
-        p.throttle_reason, p.wait_plan, p.wait_seconds = reason, described, plan.seconds
-        self._metrics.throttles.add(1, {"policy": p.policy.value})
-        self._metrics.wait.record(plan.seconds)
-        workflow.logger.info(
-            "throttled",
-            extra={
-                "experiment_id": inp.experiment_id,
-                "token": self._state.token,
-                "backlog": backlog,
-                "threshold": inp.max_backlog_threshold,
-                "reason": reason,
-                "plan": p.wait_plan,
-                "seconds": plan.seconds,
-            },
-        )
-        timer = plan.kind is WaitKind.TIMER
-        p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
-        self._set_phase(phase or (Phase.STALLED if p.stalled else Phase.THROTTLED))
-        if not timer:
-            await self._poll(plan, reason)
-        elif not self._state.wake:  # an Update accepted earlier in this turn: no wait at all
-            # a durable timer an accepted Update ends early: a timer all the same, so histories
-            # recorded with ``workflow.sleep`` replay unchanged
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: self._state.wake,
-                    timeout=plan.seconds,
-                    timeout_summary=f"throttled {plan.seconds:.3g}s: {reason}",
-                )
-        p.throttled_until = None
-        self._state.pacer.woke(workflow.now())
-        return None
-
-    async def _poll(self, plan: WaitPlan, reason: str) -> None:
-        """Take a short wait: poll the backlog inside one local activity.
-
-        A short wait: poll the backlog inside one local activity until it reaches the plan's low watermark (or the
-        plan's bound); its last reading feeds the drain-rate estimate.
-        """
-        inp = self._state.input
-        drain = await call(
-            ResumptionActivities.wait_for_drain,
-            DrainWaitRequest(
-                ref=self._ref,
-                threshold=inp.max_backlog_threshold,
-                low_watermark=plan.low_watermark,
-                min_seconds=plan.min_seconds,
-                max_seconds=plan.seconds,
-                poll_seconds=plan.poll_seconds,
-                missing_group=inp.missing_group,
-                max_bytes=inp.max_bytes_per_call,
-                # the poll's turn among the polls of its worker comes when the headroom feeds it
-                take=self._state.progress.remaining if self._state.rounds else None,
-            ),
-            summary=f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}",
-            start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=plan.seconds),
-        )
-        self._state.pacer.burst_seen(drain.largest_drop)
-        self._observe(drain.reading)
-
-    async def _rate_wait(self, seconds: float, reason: str) -> None:
-        """A rate cap holds the replay back: wait about ``seconds`` (clamped to ``MIN_RATE_WAIT_SECONDS`` ..
-
-        half the claim's lease) for its bucket, then the caller starts the next turn over from the check. A short wait
-        polls the backlog inside one local activity (its reading feeds the pacing and the ETA), a long one is a durable
-        timer that an accepted Update ends. Neither is a throttle wait, and the consumers are not to blame: the stall
-        window starts again after it.
-        """
-        workflow.patched(RATE_CAP)
-        inp, p = self._state.input, self._state.progress
-        seconds = min(max(seconds, MIN_RATE_WAIT_SECONDS), inp.claim_lease_seconds / 2)
-        p.rate_waits += 1
-        p.rate_reason = f"{reason}: {seconds:.3g}s for the bucket"
-        poll = seconds <= POLL_LIMIT_SECONDS
-        p.throttled_until = None if poll else workflow.now() + timedelta(seconds=seconds)
-        self._set_phase(Phase.RATE_LIMITED)
-        workflow.logger.info(
-            "rate limited", extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": seconds}
-        )
-        if poll:
-            drain = await call(
-                ResumptionActivities.wait_for_drain,
-                DrainWaitRequest(
-                    ref=self._ref,
-                    threshold=inp.max_backlog_threshold,
-                    low_watermark=0,
-                    min_seconds=seconds,
-                    max_seconds=seconds,
-                    poll_seconds=min(1.0, seconds),
-                    missing_group=inp.missing_group,
-                    max_bytes=inp.max_bytes_per_call,
-                    take=0 if self._state.rounds else None,  # it waits for a bucket: no turn of the headroom
-                ),
-                summary=f"rate limited {seconds:.3g}s: {reason}",
-                start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=seconds),
-            )
-            self._observe(drain.reading)
-        elif not self._state.wake:
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: self._state.wake,
-                    timeout=seconds,
-                    timeout_summary=f"rate limited {seconds:.3g}s: {reason}",
-                )
-        p.throttled_until = None
-        # the operator's rate cap holds the replay, not the consumers: no stall of theirs
-        self._state.stall.restart(workflow.now())
-
-    async def _wait_for_redis(self, err: BaseException) -> None:
-        """Wait out a Redis fault that outlasted the local activity's retries.
-
-        A Redis fault outlasted the local activity's retries: wait ``redis_retry_seconds`` on a durable timer, then the
-        caller starts over (from the pause and fencing check, for a turn).
-        """
-        inp, p = self._state.input, self._state.progress
-        p.redis_waits += 1
-        p.last_error = failure_text(err)[:300]
-        self._set_phase(Phase.REDIS_UNAVAILABLE)
-        workflow.logger.warning(
-            "Redis unavailable; waiting %gs before the next try",
-            inp.redis_retry_seconds,
-            extra={"experiment_id": inp.experiment_id, "error": p.last_error},
-        )
-        # a durable timer the pause Update ends early: the run stops at once (the release then
-        # tries Redis, bounded: workflows/release.py)
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(
-                lambda: self._state.stopping,
-                timeout=inp.redis_retry_seconds,
-                timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
-            )
-        self._state.stall.restart(workflow.now())  # the consumers could not drain while Redis was away

@@ -254,13 +254,11 @@ def assert_checked_after_every_wait(calls: list[Call]) -> None:
 
 
 def assert_waited_at_the_threshold(calls: list[Call]) -> None:
-    """A measurement at or over the threshold (headroom 0), or a publish that found none (throttled), is followed by
-    a wait (or, when a stall ended the run, the release), never by a publish; a stalled replay reads its idle consumers
-    (``idle_consumers``) just before the wait."""
+    """A publish that found no headroom (throttled) is followed by a wait (or, when a stall ended the run, the
+    release), never by a publish; a stalled replay reads its idle consumers (``idle_consumers``) just before the
+    wait."""
     for (kind, reading), (after, _) in itertools.pairwise([c for c in calls if c[0] != "idle_consumers"]):
-        if (kind == "measure_backlog" and reading["headroom"] == 0) or (
-            kind == "publish_batch" and reading["status"] == "throttled"
-        ):
+        if kind == "publish_batch" and reading["status"] == "throttled":
             assert after in ("timer", "wait_for_drain", "release_claim"), f"{after} after {reading}"
     for (kind, _), (after, _) in itertools.pairwise(calls):
         if kind == "idle_consumers":

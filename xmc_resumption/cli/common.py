@@ -31,7 +31,8 @@ from xmc_resumption.errors import (
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.redisclient.text import one_line
 from xmc_resumption.settings import Settings
-from xmc_resumption.workflows.models import ResumptionInput, duration_text
+from xmc_resumption.workflows.models import ResumptionInput
+from xmc_resumption.workflows.text import duration_text
 
 T = TypeVar("T")
 

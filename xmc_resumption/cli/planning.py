@@ -26,7 +26,8 @@ from xmc_resumption.errors import OperatorError
 from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, MAX_SAMPLE_SECONDS, Plan
 from xmc_resumption.redisclient import ratecap
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
-from xmc_resumption.workflows.models import ResumptionInput, duration_text
+from xmc_resumption.workflows.models import ResumptionInput
+from xmc_resumption.workflows.text import duration_text
 
 
 def sample_option(fn: Callable[..., Any]) -> Callable[..., Any]:

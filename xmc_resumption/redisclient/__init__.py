@@ -3,7 +3,8 @@
 Modules: ``keys`` (key layout and the name rule), ``results`` (pydantic result models, importable
 from workflow code because they import no Redis), ``scripts`` (loading and running the Lua scripts
 of ``lua/``), ``connection`` (the client, and dropping pooled connections after a failover),
-``errors`` (the errors it raises), ``backlog`` (backlog measurement and the bounded drain poll),
+``errors`` (the errors it raises), ``backlog`` (backlog measurement), ``watch`` (the bounded drain polls of
+one worker, sharing one reading per measurement),
 ``fencing`` (claims, leases and fencing tokens), ``held`` (pause state and the pause-aware
 enqueue), ``publish`` (the atomic move of held tasks into the task stream), ``deadletter`` (held
 tasks set aside, retried or dropped), ``memory`` (Redis's memory limit and eviction policy),

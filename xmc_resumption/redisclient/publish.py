@@ -1,4 +1,4 @@
-"""The atomic publish: move held tasks into the task stream (docs/contract.md, "The loop", step 4).
+"""The atomic publish: move held tasks into the task stream (docs/contract.md, "The loop", step 2).
 
 One Lua script (``lua/publish.lua``) checks the fencing token, the call's sequence number and the
 pause state, measures the backlog with the shared rule, and moves at most
@@ -16,13 +16,15 @@ import math
 import time
 from collections.abc import Sequence
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, groups_arg, validate_byte_budget, validate_threshold
 from xmc_resumption.redisclient.connection import RedisClient, drop_stale_connections
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.failover import validate_entry_id
 from xmc_resumption.redisclient.fencing import validate_lease
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key, weights_key
-from xmc_resumption.redisclient.memory import fraction_arg
+from xmc_resumption.redisclient.memory import fraction_arg, validate_fraction
 from xmc_resumption.redisclient.ratecap import rate_key
 from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishRounds, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script
@@ -36,73 +38,180 @@ MAX_ROUNDS_SECONDS = 60.0
 """The longest time bound one ``publish_rounds`` call takes (seconds)."""
 
 
+class PublishParams(BaseModel):
+    """The parameters of a publish call: ``lua/publish.lua``'s ARGV besides keys and groups, and its rounds' bounds.
+
+    Built once per publish from the run's state (``RunState.publish_params``), carried whole in the activity's request,
+    and turned into the script's ARGV in one place (``argv``). Checked when built, so nothing out of bounds is sent.
+
+    Attributes:
+        token: the caller's fencing token (>= 1).
+        seq: the first script's turn number (>= 1), strictly increasing per token: the idempotency key; the rounds use
+            ``seq .. seq + scripts - 1``.
+        batch_size: the most entries one script moves (>= 1).
+        threshold: the backlog bound in entries (1..``MAX_THRESHOLD``); a move never takes the backlog past it.
+        owner: the claim's owner, stored when the claim hash is written.
+        lease_ms: the claim's lease, extended by a successful script (milliseconds, 1..``MAX_LEASE_MS``).
+        missing_group: a missing stream or required group moves nothing (``wait``: status ``waiting_for_group``),
+            counts the stream's entries as its backlog (``zero``: at most the threshold goes in), or refuses
+            (``error``).
+        max_bytes: the backlog count and the move each read about this many bytes at most (1..``MAX_BYTE_BUDGET``):
+            the move stops once the tasks moved reach it (at least one task moves), so a batch of large tasks takes
+            several scripts instead of blocking Redis (``status`` stays ``published``, with headroom left).
+        max_memory_fraction: with headroom left, nothing moves while Redis's used memory is at or above this fraction
+            of ``maxmemory`` (status ``memory``); None, or no ``maxmemory`` set, never (0 < f <= 1;
+            ``redisclient.memory``).
+        fair_share: move at most this experiment's share of the headroom among the active fair-share replayers of
+            the stream, weighted (``redisclient.weights``, ``lua/fair.lua``); the result's ``headroom`` is then that
+            share, and one ``publish_rounds`` call takes one share.
+        max_tasks: the most tasks all the rounds' scripts together move (entries, >= 1), or None: no bound besides the
+            headroom (a replay's own rate cap passes what its bucket allows).
+        max_scripts: the most scripts one ``publish_rounds`` call runs (1..``MAX_ROUNDS``).
+        max_seconds: no script of ``publish_rounds`` starts once this many seconds have passed since the first began
+            (0..``MAX_ROUNDS_SECONDS``, finite); the first always runs.
+        moved_through: the last held entry ID the caller was told was moved (the replies' ``last_moved_id``, of this
+            resumption or one before it that the caller knows of; '' for none): a task at or below it is moved again
+            marked, and counted in ``redelivered`` (``redisclient.failover``). Every script of the rounds takes the
+            same: the tasks each moves come after the last one's.
+        replayed: the resume's count the caller was last told (the replies' ``replayed``; None for none, else
+            0..2^53): a replay record below it is reported as ``behind``.
+
+    Raises (when built):
+        pydantic.ValidationError: a ``ValueError`` naming the field that is out of its bounds.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token: int = Field(ge=1)
+    seq: int
+    batch_size: int
+    threshold: int
+    owner: str = Field(min_length=1)
+    lease_ms: int
+    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT
+    max_bytes: int = DEFAULT_BYTE_BUDGET
+    max_memory_fraction: float | None = None
+    fair_share: bool = False
+    max_tasks: int | None = None
+    max_scripts: int = 1
+    max_seconds: float = 0.0
+    moved_through: str = ""
+    replayed: int | None = None
+
+    @field_validator("moved_through")
+    @classmethod
+    def _moved_through(cls, value: str) -> str:
+        validate_entry_id("moved_through", value)
+        return value
+
+    @field_validator("replayed")
+    @classmethod
+    def _replayed(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value <= 2**53:
+            raise ValueError(f"replayed must be 0..2^53 or None, got {value}")
+        return value
+
+    @field_validator("seq")
+    @classmethod
+    def _seq(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"seq must be >= 1, got {value}")
+        return value
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"batch_size must be >= 1 entry, got {value}")
+        return value
+
+    @field_validator("max_tasks")
+    @classmethod
+    def _max_tasks(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"max_tasks must be >= 1 entry or None, got {value}")
+        return value
+
+    @field_validator("max_scripts")
+    @classmethod
+    def _max_scripts(cls, value: int) -> int:
+        if not 1 <= value <= MAX_ROUNDS:
+            raise ValueError(f"max_scripts must be 1..{MAX_ROUNDS:,}, got {value}")
+        return value
+
+    @field_validator("max_seconds")
+    @classmethod
+    def _max_seconds(cls, value: float) -> float:
+        if not (math.isfinite(value) and 0 <= value <= MAX_ROUNDS_SECONDS):
+            raise ValueError(f"max_seconds must be finite, 0..{MAX_ROUNDS_SECONDS:g}, got {value}")
+        return value
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold(cls, value: int) -> int:
+        validate_threshold(value)
+        return value
+
+    @field_validator("lease_ms", mode="before")
+    @classmethod
+    def _lease(cls, value: int) -> int:
+        validate_lease(value)
+        return value
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _max_bytes(cls, value: int) -> int:
+        validate_byte_budget(value)
+        return value
+
+    @field_validator("max_memory_fraction")
+    @classmethod
+    def _fraction(cls, value: float | None) -> float | None:
+        validate_fraction(value)
+        return value
+
+    def argv(self, keys: ExperimentKeys, group: str, groups: Sequence[str] | None) -> list[str | int]:
+        """``lua/publish.lua``'s ARGV for one script of these parameters, as its header lists them.
+
+        Raises:
+            ValueError: ``group`` or ``groups`` break the name rule (``redisclient.backlog.validate_groups``).
+        """
+        spec = groups_arg(group, groups)
+        return [self.token, self.seq, self.batch_size, self.threshold, group, self.missing_group.value,
+                self.lease_ms, self.owner, self.max_bytes, fraction_arg(self.max_memory_fraction),
+                "1" if self.fair_share else "0", keys.experiment_id, spec, self.moved_through,
+                "" if self.replayed is None else self.replayed]  # fmt: skip
+
+
 async def publish_batch(
     client: RedisClient,
     keys: ExperimentKeys,
     group: str,
-    *,
-    token: int,
-    seq: int,
-    batch_size: int,
-    threshold: int,
-    owner: str,
-    lease_ms: int,
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
-    max_bytes: int = DEFAULT_BYTE_BUDGET,
-    max_memory_fraction: float | None = None,
-    fair_share: bool = False,
+    params: PublishParams,
     groups: Sequence[str] | None = None,
-    moved_through: str = "",
-    replayed: int | None = None,
 ) -> PublishResult:
-    """Move up to ``min(batch_size, threshold - backlog)`` held tasks into the task stream.
+    """Move up to ``min(params.batch_size, threshold - backlog)`` held tasks into the task stream: one script.
 
-    The backlog is the largest among the groups measured (``redisclient.backlog``).
+    The backlog is the largest among the groups measured (``redisclient.backlog``). The stream-wide rate cap
+    (``{S}:rate``, ``redisclient.ratecap``), when set, bounds the move too: at most the whole tokens its bucket holds
+    move (status ``rate_limited`` when none, with ``rate_wait_ms``), and what moved is taken from the bucket in the
+    same step. The rounds' bounds of ``params`` (``max_tasks``, ``max_scripts``, ``max_seconds``) are
+    ``publish_rounds``'s.
 
     Args:
         client: an asyncio Redis client.
         keys: the experiment's keys; the task stream is ``keys.stream``.
         group: the consumer group that must exist; its backlog bounds the move.
-        token: the caller's fencing token.
-        seq: the caller's turn number (>= 1), strictly increasing per token: the idempotency key.
-        batch_size: the most entries one call moves (>= 1).
-        threshold: the backlog bound in entries (>= 1); the move never takes the backlog past it.
-        owner: the claim's owner, stored when the claim hash is written.
-        lease_ms: the claim's lease, extended by a successful call (milliseconds).
-        missing_group: a missing stream or required group moves nothing (``wait``: status
-            ``waiting_for_group``), counts the stream's entries as its backlog (``zero``: at most
-            the threshold goes in), or refuses (``error``).
-        max_bytes: the backlog count and the move each read about this many bytes at most: the
-            move stops once the tasks moved reach it (at least one task moves), so a batch of
-            large tasks takes several calls instead of blocking Redis (``status`` stays
-            ``published``, with headroom left).
-        max_memory_fraction: with headroom left, nothing moves while Redis's used memory is at or
-            above this fraction of ``maxmemory`` (status ``memory``); None, or no ``maxmemory``
-            set, never (0 < f <= 1; ``redisclient.memory``).
-        fair_share: move at most this experiment's share of the headroom among the active
-            fair-share replayers of the stream, weighted (``redisclient.weights``, ``lua/fair.lua``);
-            the result's ``headroom`` is then that share.
-        groups: the groups whose backlog bounds the move, ``group`` among them, each required
-            to exist; None: every group of the stream (``redisclient.backlog.measure_backlog``).
-        moved_through: the last held entry ID the caller was told was moved (the replies'
-            ``last_moved_id``, of this resumption or one before it that the caller knows of; ''
-            for none): a task at or below it is moved again marked, and counted in
-            ``redelivered`` (``redisclient.failover``).
-        replayed: the resume's count the caller was last told (the replies' ``replayed``; None
-            for none): a replay record below it is reported as ``behind``.
-
-    The stream-wide rate cap (``{S}:rate``, ``redisclient.ratecap``), when set, bounds the move
-    too: at most the whole tokens its bucket holds move (status ``rate_limited`` when none, with
-    ``rate_wait_ms``), and what moved is taken from the bucket in the same step.
+        params: the script's token, seq, batch, threshold and settings (``PublishParams``).
+        groups: the groups whose backlog bounds the move, ``group`` among them, each required to exist; None: every
+            group of the stream (``redisclient.backlog.measure_backlog``).
 
     Returns:
         What the script did (see ``PublishStatus``); ``completed`` means the held stream is empty
         and the experiment is running again.
 
     Raises:
-        ValueError: a non-positive seq, batch_size, threshold or lease_ms; a byte budget, memory
-            fraction or groups list out of bounds; a ``moved_through`` that is no entry ID, a
-            ``replayed`` outside 0..2^53.
+        ValueError: a group name or groups list out of bounds.
         MissingConsumerGroupError: a required group (or the stream) is missing and the policy is
             ``error``.
         redis.exceptions.RedisError: on any Redis fault (e.g. WRONGTYPE on the task stream); a
@@ -110,28 +219,15 @@ async def publish_batch(
             ``noeviction`` (nothing moved); one starting ``XMCCORRUPT`` when ``{S}:rate`` holds
             no valid cap (nothing moved).
     """
-    if seq < 1:
-        raise ValueError(f"seq must be >= 1, got {seq}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1 entry, got {batch_size}")
-    validate_threshold(threshold)
-    validate_lease(lease_ms)
-    validate_byte_budget(max_bytes)
-    validate_entry_id("moved_through", moved_through)
-    if replayed is not None and not 0 <= replayed <= 2**53:
-        raise ValueError(f"replayed must be 0..2^53 or None, got {replayed}")
-    spec = groups_arg(group, groups)
     raw = await run_script(
         client,
         "publish",
         [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish,
          weights_key(keys.stream), replayers_key(keys.stream), rate_key(keys.stream), keys.replay, keys.released],
-        [token, seq, batch_size, threshold, group, missing_group.value, lease_ms, owner, max_bytes,
-         fraction_arg(max_memory_fraction), "1" if fair_share else "0", keys.experiment_id, spec, moved_through,
-         "" if replayed is None else replayed],
+        params.argv(keys, group, groups),
     )  # fmt: skip
     # the reply is flat (the publish record keeps it so); the reading takes the call's threshold
-    result = PublishResult.model_validate({**json.loads(raw), "threshold": threshold})
+    result = PublishResult.model_validate({**json.loads(raw), "threshold": params.threshold})
     if result.status is PublishStatus.NO_GROUP:
         raise MissingConsumerGroupError(keys.stream, result.reading.missing_group or group)
     return result
@@ -141,27 +237,12 @@ async def publish_rounds(
     client: RedisClient,
     keys: ExperimentKeys,
     group: str,
-    *,
-    token: int,
-    seq: int,
-    batch_size: int,
-    max_tasks: int | None,
-    max_scripts: int,
-    max_seconds: float,
-    threshold: int,
-    owner: str,
-    lease_ms: int,
-    missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
-    max_bytes: int = DEFAULT_BYTE_BUDGET,
-    max_memory_fraction: float | None = None,
-    fair_share: bool = False,
+    params: PublishParams,
     groups: Sequence[str] | None = None,
-    moved_through: str = "",
-    replayed: int | None = None,
 ) -> PublishRounds:
     """Publish in rounds of ``publish_batch`` while headroom is left: one call, several scripts.
 
-    Script ``i`` (from 0) takes seq ``seq + i`` and moves at most ``batch_size`` tasks, so each
+    Script ``i`` (from 0) takes seq ``params.seq + i`` and moves at most ``params.batch_size`` tasks, so each
     script blocks Redis no longer than one ``publish_batch`` (its batch and byte budget bound it),
     and other clients run between two of them. The next script runs only while the last one
     ``published`` and left headroom (``headroom_left``), set nothing aside, was not cut short by
@@ -175,33 +256,18 @@ async def publish_rounds(
     and runs no more.
 
     Args:
-        seq: the first script's seq (>= 1); the rounds use ``seq .. seq + scripts - 1``.
-        batch_size: the most tasks one script moves (entries, >= 1).
-        max_tasks: the most tasks all scripts together move (entries, >= 1), or None: no bound
-            besides the headroom (a replay's own rate cap passes what its bucket allows).
-        max_scripts: the most scripts (1..``MAX_ROUNDS``).
-        max_seconds: no script starts once this many seconds have passed since the first
-            began (0..``MAX_ROUNDS_SECONDS``, finite); the first always runs.
-        client, keys, group, token, threshold, owner, lease_ms, missing_group, max_bytes,
-        max_memory_fraction, fair_share, groups, moved_through, replayed: as ``publish_batch``
-            (every script takes the same: the tasks each moves come after the last one's).
+        client, keys, group, groups: as ``publish_batch``.
+        params: the call's parameters and its rounds' bounds (``PublishParams``).
 
     Returns:
         ``PublishRounds``: the first script's result and the last's, the scripts run and the
         tasks they moved.
 
     Raises:
-        ValueError: an argument out of its bounds (before anything is sent), or as
-            ``publish_batch``.
-        MissingConsumerGroupError, redis.exceptions.RedisError: as ``publish_batch``, from the
+        ValueError, MissingConsumerGroupError, redis.exceptions.RedisError: as ``publish_batch``, from the
             first script (a later one's fault ends the rounds instead).
     """
-    if not 1 <= max_scripts <= MAX_ROUNDS:
-        raise ValueError(f"max_scripts must be 1..{MAX_ROUNDS:,}, got {max_scripts}")
-    if not (math.isfinite(max_seconds) and 0 <= max_seconds <= MAX_ROUNDS_SECONDS):
-        raise ValueError(f"max_seconds must be finite, 0..{MAX_ROUNDS_SECONDS:g}, got {max_seconds}")
-    if max_tasks is not None and max_tasks < 1:
-        raise ValueError(f"max_tasks must be >= 1 entry or None, got {max_tasks}")
+    seq, max_tasks, max_scripts = params.seq, params.max_tasks, params.max_scripts
     results: list[PublishResult] = []
     moved = moved_bytes = fresh = fresh_redelivered = 0
     last_moved_id = ""
@@ -209,26 +275,11 @@ async def publish_rounds(
 
     async def script(seq: int, batch: int) -> PublishResult:
         return await publish_batch(
-            client,
-            keys,
-            group,
-            token=token,
-            seq=seq,
-            batch_size=batch,
-            threshold=threshold,
-            owner=owner,
-            lease_ms=lease_ms,
-            missing_group=missing_group,
-            max_bytes=max_bytes,
-            max_memory_fraction=max_memory_fraction,
-            fair_share=fair_share,
-            groups=groups,
-            moved_through=moved_through,
-            replayed=replayed,
+            client, keys, group, params.model_copy(update={"seq": seq, "batch_size": batch}), groups
         )
 
     while True:
-        batch = batch_size if max_tasks is None else min(batch_size, max_tasks - moved)
+        batch = params.batch_size if max_tasks is None else min(params.batch_size, max_tasks - moved)
         try:
             result = await script(next_seq, batch)
             if not results and result.status is PublishStatus.STALE and seq < result.last_seq < seq + max_scripts:
@@ -265,9 +316,9 @@ async def publish_rounds(
             or result.rate_limited
             or (max_tasks is not None and moved >= max_tasks)
             # with the fair share on, a script's headroom is the caller's share: one call takes one share
-            or (fair_share and moved >= results[0].reading.headroom)
+            or (params.fair_share and moved >= results[0].reading.headroom)
             or next_seq - seq + 1 >= max_scripts
-            or time.monotonic() - started >= max_seconds
+            or time.monotonic() - started >= params.max_seconds
         ):
             break
         next_seq += 1
