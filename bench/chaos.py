@@ -44,12 +44,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
+from xmc_resumption import search_attributes
 from xmc_resumption.consumer import entries_of
 from xmc_resumption.ops import start_resumption
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from xmc_resumption.services import free_port, installed_binary, wait_for_port, wait_until_serving
-from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
@@ -240,7 +240,7 @@ class TemporalServer:
         args = [installed_binary("temporal"), "server", "start-dev", "--headless", "--ip", "127.0.0.1",
                 "--port", str(self.port), "--db-filename", str(self.db_file), "--log-level", "warn",
                 "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"',
-                *fleet.dev_server_args()]  # fmt: skip
+                *search_attributes.dev_server_args()]  # fmt: skip
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, 60, self.proc)

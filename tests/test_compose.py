@@ -21,15 +21,17 @@ import pytest
 import yaml
 from redis import Redis
 
+from xmc_resumption import search_attributes
 from xmc_resumption.services import free_port, installed_binary, stop_process, wait_for_port, wait_until_serving
 from xmc_resumption.settings import Settings
 from xmc_resumption.worker import SHUTDOWN_LIMIT_SECONDS
-from xmc_resumption.workflows import fleet
 
 COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 LONG_RUNNING = ("redis", "temporal", "worker")
 
-SEARCH_ATTRIBUTES = dict(arg.split("=", 1) for arg in fleet.dev_server_args() if arg != "--search-attribute")
+SEARCH_ATTRIBUTES = dict(
+    arg.split("=", 1) for arg in search_attributes.dev_server_args() if arg != "--search-attribute"
+)
 """The custom search attributes the workflow upserts (the fleet view): the compose Temporal must
 register every one, or the first upsert fails the workflow task over and over."""
 

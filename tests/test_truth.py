@@ -106,7 +106,7 @@ async def test_a_turn_run_again_after_its_release_reports_the_release_and_counts
     assert check.fenced and check.released is not None
     assert (check.released.outcome, check.released.replayed, check.released.remaining) == ("completed", 30, 0)
     for seq in (1, 3, 4):  # a recorded seq, the last one, a new one: fenced by its own release
-        rerun = await publish(seq)
+        rerun = (await publish(seq)).final
         assert (rerun.status, rerun.moved, rerun.outcome, rerun.replayed) == (
             PublishStatus.RELEASED,
             0,

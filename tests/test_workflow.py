@@ -38,7 +38,7 @@ from tests.support.helpers import (
     throttled_replay,
     wait_for,
 )
-from xmc_resumption.activities.requests import PublishRoundsRequest
+from xmc_resumption.activities.requests import PublishRequest
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
@@ -281,7 +281,7 @@ class LostReplies(ResumptionActivities):
         return [self.publish_lossy if f.__name__ == "publish_rounds" else f for f in super().all()]
 
     @activity.defn(name="publish_rounds")
-    async def publish_lossy(self, req: PublishRoundsRequest) -> PublishRounds:
+    async def publish_lossy(self, req: PublishRequest) -> PublishRounds:
         result = await self.publish_rounds(req)
         if self.lost:
             self.lost -= 1

@@ -36,8 +36,7 @@ _Req = TypeVar("_Req")
 _Res = TypeVar("_Res")
 
 REDIS_CALL_TIMEOUT = timedelta(seconds=10)
-"""start-to-close of one Redis local activity: every script is O(batch + threshold). A bounded
-poll (``wait_for_drain``) gets its bound on top."""
+"""start-to-close of one Redis call: every script is O(batch + threshold); a poll gets its bound on top."""
 
 REDIS_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
@@ -46,29 +45,26 @@ REDIS_RETRY = RetryPolicy(
     maximum_attempts=6,
     non_retryable_error_types=list(NON_RETRYABLE_ERROR_TYPES),
 )
-"""A Redis fault (connection refused, timeout, failover, OOM) is retried inside the local activity
-for about 6 s of backoff. Retries stay bounded, as local activities' should: they run inside one
-workflow task. A fault that outlasts them makes the turn wait on a durable timer and start again
-from the top (``ResumptionWorkflow._wait_for_redis``), so an outage of any length is waited out,
-history stays small and continue-as-new still happens. Faults that retrying cannot mend are not
-retried."""
+"""A Redis fault (connection refused, timeout, failover, OOM) is retried for about 6 s of backoff; a fault retrying
+cannot mend is not.
+
+Retries stay bounded, as a local activity's should: they run inside one workflow task. A fault that outlasts them makes
+the turn wait on a durable timer and start over (``Waits.redis``), so an outage of any length is waited out and the
+history stays small."""
 
 RELEASE_RETRY = dataclasses.replace(REDIS_RETRY, maximum_attempts=7)
-"""The release gives up after 7 attempts (about 10 s of backoff), so a cancel or a failure ends
-even while Redis is away; the claim's lease then lapses and ``xmc status`` reports the experiment
-as orphaned. (A local activity's schedule-to-close timeout is not enforced by temporalio 1.35 on
-the dev server: attempts bound it, a timeout does not.)"""
+"""One round of release tries gives up after 7 attempts (about 10 s of backoff), so a cancel or a failure ends even
+while Redis is away (``workflows/release.py``); attempts bound it, since a local activity's schedule-to-close timeout
+is not enforced (docs/contract.md, "Faults")."""
 
 FAILED_CALL = (ActivityError, ApplicationError)
-"""What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a
-local activity that failed without retrying, the activity's ``ApplicationError`` itself (measured
-with temporalio 1.35)."""
+"""What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a local activity that
+failed without retrying, the activity's ``ApplicationError`` itself."""
 
 
 TASK_BUDGET_SECONDS = 0.5
-"""How long one workflow task may run local activities (seconds): past it, or when a call could
-pass it (a poll's bound), the call is a regular activity, so a query waits about this long at most
-(plus one Redis call)."""
+"""How long one workflow task may run local activities (seconds): a call that could pass it is a regular activity, so
+a query waits about this long at most (plus one Redis call)."""
 
 ROUNDS_LOCAL_SECONDS = 0.1
 """How long one ``publish_rounds`` call run as a local activity may start scripts for (seconds)."""

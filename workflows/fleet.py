@@ -1,15 +1,11 @@
 """The fleet view: search attributes that show every replay in Temporal visibility.
 
-The fleet view: the custom search attributes every resumption keeps up to date in Temporal visibility, so ``temporal
-workflow list --query 'XmcPhase="throttled"'`` (and ``xmc list``, and the web UI's list) show every replay without
-asking a live worker.
+``temporal workflow list --query 'XmcPhase="throttled"'`` (and ``xmc list``, and the web UI's list) show every replay
+without asking a live worker.
 
-Custom search attributes must be registered on the namespace before a workflow may set them
-(Temporal docs, "Custom Search Attributes"): the demo's and the tests' dev servers register them
-with ``--search-attribute NAME=TYPE`` (``dev_server_args``); on a real cluster an operator runs
-``register_commands`` once; the worker refuses to start without them (``missing``), because a
-workflow task that upserts an unknown attribute fails and retries for ever. ``FleetView`` keeps a
-run's attributes up to date.
+Custom search attributes must be registered on the namespace before a workflow may set them (Temporal docs, "Custom
+Search Attributes"): ``xmc_resumption.search_attributes`` registers and checks them. ``FleetView`` keeps a run's
+attributes up to date.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey, SearchAttributeUpdate
+from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 
 from xmc_resumption.workflows.models import Outcome, Phase, Progress
 
@@ -37,11 +33,6 @@ REMAINING = SearchAttributeKey.for_int("XmcRemaining")
 """Held tasks left at the last reading (Int, entries)."""
 
 ALL: tuple[SearchAttributeKey[Any], ...] = (EXPERIMENT_ID, STREAM, PHASE, OUTCOME, REPLAYED, REMAINING)
-
-_CLI_TYPE = {
-    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
-    SearchAttributeIndexedValueType.INT: "Int",
-}
 
 
 class FleetPhase(StrEnum):
@@ -75,35 +66,6 @@ def phase_values() -> list[str]:
     """
     values = [p.value for p in FleetPhase] + [o.value for o in Outcome] + [FAILED]
     return list(dict.fromkeys(values))
-
-
-def dev_server_args() -> list[str]:
-    """``temporal server start-dev`` flags that register ``ALL``: ``--search-attribute NAME=TYPE``."""
-    args: list[str] = []
-    for key in ALL:
-        args += ["--search-attribute", f"{key.name}={_CLI_TYPE[key.indexed_value_type]}"]
-    return args
-
-
-def register_commands(namespace: str = "default") -> list[str]:
-    """The ``temporal operator search-attribute create`` lines that register ``ALL`` on ``namespace``.
-
-    One line per attribute, for a real cluster (Temporal Cloud: ``tcld namespace search-attributes add`` with the same
-    names and types).
-    """
-    return [
-        f"temporal operator search-attribute create --namespace {namespace} "
-        f"--name {key.name} --type {_CLI_TYPE[key.indexed_value_type]}"
-        for key in ALL
-    ]
-
-
-def missing(registered: dict[str, SearchAttributeIndexedValueType | int]) -> list[SearchAttributeKey[Any]]:
-    """The keys of ``ALL`` that ``registered`` lacks or holds with another type.
-
-    ``registered``: name -> type, as the operator service lists a namespace's custom search attributes.
-    """
-    return [key for key in ALL if int(registered.get(key.name, -1)) != int(key.indexed_value_type)]
 
 
 FLEET_REFRESH = timedelta(seconds=30)

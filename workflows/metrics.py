@@ -1,18 +1,10 @@
-"""The replay's Prometheus metrics, emitted through the Temporal SDK's runtime.
+"""The replay's Prometheus metrics, emitted through the Temporal SDK's runtime (docs/contract.md, "Metrics").
 
-One exporter serves the SDK's own ``temporal_*`` metrics and these. They are named by Prometheus conventions
-(https://prometheus.io/docs/practices/naming/): base units (seconds, tasks), ``_total`` on counters (added by the
-exporter: ``PrometheusConfig(counters_total_suffix=True)``; the names below are without it), and labels of bounded
-cardinality: ``stream`` and ``consumer_group``, never the experiment (one series per experiment would grow without
-bound; the experiment is in the logs and in visibility's ``XmcExperimentId``).
-
-``Instruments`` creates the workflow's instruments. The workflow's meter skips replays, so a worker
-that replays a history after a restart does not count anything twice. The exporter adds
-``namespace``, ``task_queue`` and ``workflow_type`` to what the workflow emits. ``HELD_REMAINING``
-is the worker's, and the counts Redis decides (``REPLAYED``, and ``OUTCOMES`` of a release) are
-the activities' (``activities/metrics.py``), with the same labels: a workflow task whose completion
-is lost is run again live, not replayed, so what it emitted would be emitted twice
-(temporalio/temporal#5921); the scripts tell a fresh move or release from a repeated one.
+Named by Prometheus conventions: base units, ``_total`` on counters (added by the exporter; the names below are
+without it), labels of bounded cardinality (``stream``, ``consumer_group``; never the experiment). The workflow's
+meter skips replays; the counts Redis decides (``REPLAYED``, ``OUTCOMES`` of a release) and ``HELD_REMAINING`` are
+the activities' (``activities/metrics.py``): a workflow task whose completion is lost runs again live, not replayed
+(temporalio/temporal#5921), while the scripts tell a fresh move or release from a repeated one.
 """
 
 from __future__ import annotations

@@ -34,13 +34,11 @@ POLL_INTERVAL_BOUNDS = (0.002, 0.05)
 """Seconds between two readings of a poll: about a tenth of the expected wait, within these bounds."""
 
 WAIT_FLOOR_SECONDS = 0.5
-"""The least any throttle wait is bounded by (seconds), whatever ``throttle_seconds`` or
-``max_wait_seconds`` say: a durable timer lasts at least this long, and so does a poll whose
-backlog does not fall to its low watermark (a draining backlog ends it as soon as it does, so
-consumers that drain lose nothing). With stopped consumers each turn (check, measure, wait) then
-lasts at least this long: at most ``1 / WAIT_FLOOR_SECONDS`` turns a second, each of at most
-``POLL_READINGS + 3`` scripts (a poll's interval is at least a tenth of its expected wait, itself
-at least the floor when nothing drains); docs/contract.md, "Faults", has why the floor exists."""
+"""The least any throttle wait is bounded by (seconds), whatever ``throttle_seconds`` or ``max_wait_seconds`` say.
+
+A durable timer lasts at least this long, and so does a poll whose backlog does not fall to its low watermark (a
+draining backlog ends it at once). With stopped consumers a turn (check, publish, wait) then lasts at least this
+long; docs/contract.md, "Faults", has why."""
 
 POLL_READINGS = 11
 """The most backlog readings one poll takes when its backlog does not drain: its bound over its

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from xmc_resumption.workflows import fleet
+from xmc_resumption import search_attributes
 
 
 def installed_binary(name: str) -> str:
@@ -130,7 +130,7 @@ def local_temporal(
         log_file: where the server's output goes (discarded when None).
     """
     args = [installed_binary("temporal"), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
-            "--log-level", "warn", *fleet.dev_server_args()]  # fmt: skip
+            "--log-level", "warn", *search_attributes.dev_server_args()]  # fmt: skip
     args += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
     if db_file:
         args += ["--db-filename", str(db_file)]

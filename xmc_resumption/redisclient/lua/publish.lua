@@ -1,4 +1,4 @@
--- The atomic publish (docs/contract.md, "The loop", step 4): move the oldest held tasks into the task stream.
+-- The atomic publish (docs/contract.md, "The loop", step 2): move the oldest held tasks into the task stream.
 -- KEYS[1] task stream, KEYS[2] held stream, KEYS[3] state, KEYS[4] fence counter, KEYS[5] claim hash,
 -- KEYS[6] publish record (the idempotency record: token, seq, result, and `moved`, the tasks this
 --         token moved in all, the authority for the run's count; it does not lapse with the lease),
