@@ -40,14 +40,7 @@ MAX_LEASE_SECONDS = MAX_LEASE_MS / 1000
 
 
 class ThrottlePolicy(StrEnum):
-    """How long the replay waits once the backlog reaches the threshold (``workflows/throttle.py``).
-
-    ``fixed``: the seed's rule: a durable timer of ``throttle_seconds``, then back to the check.
-    ``adaptive``: estimate the consumers' drain rate and wait about as long as they need to bring
-    the backlog down to a low watermark (within ``min_wait_seconds`` .. ``max_wait_seconds``), then
-    top the stream up to the threshold. Short waits poll the backlog inside one local activity;
-    long ones are durable timers.
-    """
+    """How long the replay waits once the backlog reaches the threshold: docs/pacing.md, "The two policies"."""
 
     FIXED = "fixed"
     ADAPTIVE = "adaptive"

@@ -42,6 +42,9 @@ from xmc_resumption.workflows.models import (
 from xmc_resumption.workflows.ratecap import TaskBucket
 from xmc_resumption.workflows.throttle import Pacer, StallWatch
 
+COUNTS = {"token", "replayed", "remaining", "throttles", "turns", "runs"}
+"""The progress's counters a run hands the next one (``Carry``)."""
+
 
 @dataclass
 class RunState:
@@ -107,19 +110,10 @@ class RunState:
         The owner, request ID and start time are ``begin``'s.
         """
         carry = inp.carry
+        counts = carry.model_dump(include=COUNTS | {"drain_rate"}) | {"runs": carry.runs + 1} if carry else {}
         return cls(
             input=inp,
-            progress=Progress(
-                experiment_id=inp.experiment_id,
-                threshold=inp.max_backlog_threshold,
-                token=carry.token if carry else 0,
-                replayed=carry.replayed if carry else 0,
-                throttles=carry.throttles if carry else 0,
-                turns=carry.turns if carry else 0,
-                runs=carry.runs + 1 if carry else 1,
-                remaining=carry.remaining if carry else None,
-                drain_rate=carry.drain_rate if carry else None,
-            ),
+            progress=Progress(experiment_id=inp.experiment_id, threshold=inp.max_backlog_threshold, **counts),
             pacer=Pacer(
                 rate=carry.drain_rate if carry else None,
                 reaction=carry.reaction_seconds if carry else None,
@@ -395,33 +389,18 @@ class RunState:
         """The run's result, once ``progress.outcome`` is set."""
         p = self.progress
         assert p.outcome is not None, "set the outcome first"
-        return ResumptionResult(
-            experiment_id=p.experiment_id,
-            outcome=p.outcome,
-            replayed=p.replayed,
-            remaining=p.remaining or 0,
-            throttles=p.throttles,
-            turns=p.turns,
-            runs=p.runs,
-            token=p.token,
-            set_aside=p.set_aside,
-            release_error=p.release_error,
-        )
+        fields = p.model_dump(include=set(ResumptionResult.model_fields))
+        return ResumptionResult.model_validate(fields | {"remaining": p.remaining or 0})
 
     def carry(self) -> Carry:
         """What the next run needs, for continue-as-new."""
         p = self.progress
         assert self.started_at is not None, "begin() sets it before the first turn"
         return Carry(
-            token=p.token,
+            **p.model_dump(include=COUNTS),
             request_id=self.request_id,
             owner=self.owner,
             seq=self.seq,
-            replayed=p.replayed,
-            remaining=p.remaining,
-            throttles=p.throttles,
-            turns=p.turns,
-            runs=p.runs,
             started_at=self.started_at,
             drain_rate=self.pacer.rate,
             reaction_seconds=self.pacer.reaction,

@@ -3,10 +3,10 @@
 When to wait is one rule, computed inside Redis by ``redisclient/lua/backlog.lua``: the replay waits when the
 reading's ``headroom`` (``threshold - backlog``) is 0. This module decides how long and how, from the input's settings
 (``Pacing``) and what was measured (``Pacer``): ``fixed``, a durable timer of ``throttle_seconds``; ``adaptive``,
-about ``(backlog - L) / R`` for the consumers' drain rate R and a low watermark L (docs/pacing.md, "The two
-policies"), as a bounded poll or a durable timer (docs/pacing.md, "How a wait is done"). Either way the turn after a
-wait starts again at the pause and fencing check. Deterministic: its inputs are activity results and
-``workflow.now()`` readings the workflow passes in.
+about ``(backlog - L) / R`` for the consumers' drain rate R and a low watermark L
+(docs/pacing.md, "The two policies"), as a bounded poll or a durable timer
+(docs/pacing.md, "How a wait is done"). Either way the turn after a wait starts again at the pause and fencing check.
+Deterministic: its inputs are activity results and ``workflow.now()`` readings the workflow passes in.
 """
 
 from __future__ import annotations

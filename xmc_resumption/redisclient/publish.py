@@ -256,8 +256,11 @@ async def publish_rounds(
     and runs no more.
 
     Args:
-        client, keys, group, groups: as ``publish_batch``.
+        client: an asyncio Redis client.
+        keys: the experiment's keys; the task stream is ``keys.stream``.
+        group: the consumer group that must exist; its backlog bounds the move.
         params: the call's parameters and its rounds' bounds (``PublishParams``).
+        groups: the groups whose backlog bounds the move, as ``publish_batch``.
 
     Returns:
         ``PublishRounds``: the first script's result and the last's, the scripts run and the
