@@ -188,16 +188,8 @@ class Pacer:
         """Fold ``drained`` entries over ``seconds`` ending at workflow time ``at`` into the drain-rate estimate.
 
         ``empty``: the stream was empty at the end (the drain is then a lower bound of the rate); ``waited``: the
-        interval spans a throttle wait.
-
-        - A wait in which the consumers took nothing starts (or continues) a stop: the estimate is
-          kept, since it is what they take when they run (``plan`` then polls for their return).
-          Before anyone drained, such a wait sets the estimate to 0 (``plan``: the longest waits).
-        - A wait that ended with the stream empty, or the first interval after a stop (or after
-          an estimate of 0), raises the estimate to at least the drain seen, and an empty end
-          multiplies it by ``PROBE_GAIN``.
-        - Any other interval folds in as a moving average whose weight grows with its length (a
-          time constant of ``RATE_TIME_CONSTANT_SECONDS``), at least ``WAIT_SAMPLE_WEIGHT`` for a wait.
+        interval spans a throttle wait. The rules (a stop keeps the estimate, an empty end probes upwards by
+        ``PROBE_GAIN``, anything else is a moving average): docs/pacing.md, "Why adaptive is the default".
         """
         if seconds <= 0:
             return
