@@ -104,15 +104,6 @@ class BacklogReading(BaseModel):
     missing_group: str = ""
     groups: list[GroupBacklog] = []
 
-    @model_validator(mode="before")
-    @classmethod
-    def _recorded_without_headroom(cls, data: Any) -> Any:
-        # readings recorded in workflow histories before ``headroom`` existed: the same rule as
-        # lua/backlog.lua, so that those histories still replay
-        if isinstance(data, dict) and "headroom" not in data:
-            data = {**data, "headroom": max(0, data["threshold"] - data["pending"] - data["lag"])}
-        return data
-
     @property
     def backlog(self) -> int:
         """pending + lag, in entries; exact below the threshold, >= threshold when capped."""
@@ -190,8 +181,6 @@ class Release(BaseModel):
         remaining: held tasks left (entries; 0 in results recorded before it existed).
         repeated: the token had been released before (a retry, a re-executed turn): nothing
             changed, and the fields are that release's.
-
-    Recorded workflow histories hold the older reply, the bare token: it reads as ``token`` alone.
     """
 
     token: int
@@ -199,11 +188,6 @@ class Release(BaseModel):
     replayed: int | None = None
     remaining: int | None = None
     repeated: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_token(cls, data: Any) -> Any:
-        return {"token": data} if isinstance(data, int) and not isinstance(data, bool) else data
 
 
 class ClaimCheck(BaseModel):
