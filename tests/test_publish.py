@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 
 import pytest
 from redis.asyncio import Redis
@@ -17,6 +18,7 @@ from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishResult, PublishStatus
+from xmc_resumption.redisclient.scripts import source
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
 GROUP = "xmc-workers"
@@ -392,3 +394,21 @@ def test_a_publish_result_reads_the_flat_reply_and_writes_it_back_flat() -> None
         "last_moved_id": "",
         "redelivered_total": None,
     }
+
+
+def test_the_publish_parameters_reach_the_scripts_argv_whole_and_in_its_order() -> None:
+    """``PublishParams.argv`` is the one place the parameters become ``publish.lua``'s ARGV: every ARGV the script's
+    header names, in its order, each from its field."""
+    params = PublishParams(
+        token=7, seq=8, batch_size=9, threshold=10, owner="o", lease_ms=11, missing_group=MissingGroupPolicy.ZERO,
+        max_bytes=12, max_memory_fraction=0.5, fair_share=True, moved_through="1-1", replayed=13,
+    )  # fmt: skip
+    argv = params.argv(ExperimentKeys("s", "E9"), "g", ["g", "h"])
+    assert argv == [7, 8, 9, 10, "g", "zero", 11, "o", 12, "0.5", "1", "E9", "g h", "1-1", 13]
+    header = [line for line in source("publish").splitlines() if line.startswith("--")]
+    named = sorted({int(n) for line in header for n in re.findall(r"ARGV\[(\d+)\]", line)})
+    assert named == list(range(1, len(argv) + 1))
+    # the rounds' bounds are the call's, not the script's
+    assert params.model_copy(update={"max_scripts": 5, "max_seconds": 1.0}).argv(
+        ExperimentKeys("s", "E9"), "g", None
+    ) == [*argv[:12], "*", *argv[13:]]

@@ -16,9 +16,9 @@ itself; under the fixed one the next turn's publish measures again.
 
 The Redis calls are activities (``workflows/calls.py``). The run's state is one ``RunState`` (``workflows/state.py``),
 handed on as its ``Carry`` when the run continues as new (``_loop`` says when; the next run starts on the current
-Worker Deployment Version).
-Beside the loop: the Updates, signal and query (``workflows/handlers.py``, the base class), the waits
-(``workflows/waits.py``), what the run shows (``workflows/view.py``) and the hand-back (``workflows/release.py``).
+Worker Deployment Version). Beside the loop: the Updates, signal and query (``workflows/handlers.py``, the base
+class), the waits (``workflows/waits.py``), what the run shows (``workflows/view.py``) and the hand-back
+(``workflows/release.py``).
 """
 
 from __future__ import annotations
