@@ -1,15 +1,9 @@
 """How ``ResumptionWorkflow`` calls Redis: activities of ``ResumptionActivities``, called by name, bounded.
 
 Each call is a local activity with bounded retries, its result validated in workflow code (docs/contract.md,
-"Faults"). Workflow code only.
-
-A workflow task stays open while its local activities run back to back, and the server answers a
-query only once the open workflow task completes: chained publishes and polls could hold it up to
-the workflow-task heartbeat, and the ``progress`` query would wait as long (docs/contract.md,
-"Faults"). So a call that would keep the task open past ``TASK_BUDGET_SECONDS`` runs as a regular
-activity instead, which completes the workflow task (a waiting query is answered at once); a local
-activity's retry backoff past the budget is a durable timer (``local_retry_threshold``) for the same
-reason.
+"Faults"). A call that would keep the workflow task open past ``TASK_BUDGET_SECONDS`` runs as a regular activity
+instead, and a local activity's retry backoff past it is a durable timer, so a waiting query is answered within the
+budget (the server answers one only once the open workflow task completes). Workflow code only.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""A replay's own rate cap, ``max_tasks_per_second``, as a token bucket on workflow time.
+"""A replay's own rate cap, ``max_tasks_per_second``, as a token bucket on workflow time (pure code, no I/O).
 
-A replay's own rate cap, ``max_tasks_per_second``: a token bucket on workflow time (pure code, no I/O; docs/pacing.md).
-
-The bucket holds at most ``bucket_capacity(rate)`` tasks (``RATE_BURST_SECONDS`` of the rate, at
-least one) and refills at the rate; it starts full. Before a publish the workflow asks how many
-whole tasks it may move (``allowance``) and passes at most that as the batch; what moved is taken
-(``take``). With nothing allowed it waits until the bucket is full again, or holds what is left to move
-(``wait_seconds``), so a capped replay moves in bursts of at most the capacity and waits about
-once per burst. The
-stream-wide cap (``{S}:rate``) is the same arithmetic inside the publish script, on Redis's clock
+The rule (a bucket of ``bucket_capacity(rate)`` tasks that starts full and refills at the rate; a publish moves at most
+its ``allowance`` and ``take``s what moved): docs/pacing.md, "A replay's own cap: `max_tasks_per_second`".
+The stream-wide cap (``{S}:rate``) is the same arithmetic inside the publish script, on Redis's clock
 (``redisclient/lua/rate.lua``). Deterministic: its clock is ``workflow.now()``.
 """
 
