@@ -165,6 +165,12 @@ async def test_the_sync_client_resumes_and_waits_on_its_own_event_loop(
         await asyncio.to_thread(sync.pause, experiment)
         await asyncio.to_thread(sync.enqueue_many, experiment, [{"task": f"t{i}"} for i in range(10)])
         await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)  # the consumers' group
+        # plan, then resume many: the blocking client has both
+        plan = await asyncio.to_thread(sync.plan, experiment, sample_seconds=0.2, max_backlog_threshold=50)
+        assert (plan.experiment_id, plan.held, plan.threshold, plan.refusals) == (experiment, 10, 50, [])
+        with pytest.raises(NothingToResumeError, match="has no key on xmc-tasks-stream"):
+            await asyncio.to_thread(sync.check_resumable, [ResumptionInput(experiment_id=f"{experiment}-none")])
+        await asyncio.to_thread(sync.check_resumable, [ResumptionInput(experiment_id=experiment)])
         async with resumption_worker(temporal_env.client, task_queue, redis_url):
             [handle] = await asyncio.to_thread(sync.resume_many, [experiment])
             result = await asyncio.to_thread(sync.result, handle)

@@ -1,11 +1,13 @@
 """A typed client for producers and operators: ``XmcClient`` (asyncio) and ``XmcSyncClient`` (blocking).
 
-Producers pause an experiment and enqueue its tasks: ``pause``, ``enqueue``, ``enqueue_many`` (one
-script call for up to ``MAX_ENQUEUE_TASKS`` tasks), each task optionally with an idempotency key so
-that a retry after a lost reply adds it once. The contract behind them, for producers in any
+Producers pause an experiment and enqueue its tasks: ``pause``, ``enqueue``, ``enqueue_many`` (any
+number of tasks, in atomic script calls of up to ``MAX_ENQUEUE_TASKS``), each task optionally with
+an idempotency key so that a retry after a lost reply adds it once, and each call with a request ID
+so that such a retry answers as the lost send would have. The contract behind them, for producers in any
 language: docs/producers.md. Operators start, watch and stop resumptions: ``resume`` (one or many
-experiments, with the checks ``xmc resume`` makes), ``stop``, ``configure``, ``status``, ``held``,
-``list_resumptions``. The ``xmc`` command is a user of this module.
+experiments, with the checks ``xmc resume`` makes), ``plan``, ``stop``, ``configure``, ``status``,
+``held``, ``list_resumptions``; ``XmcSyncClient`` offers every one of them. The ``xmc`` command is
+a user of this module.
 
 Retries: a client made by ``from_settings`` turns redis-py's own retries off, because redis-py
 sends a command again after a connection error, and a command whose reply was lost has run: an
@@ -30,18 +32,21 @@ from xmc_resumption.client.views import (
     ResumeError,
     Stopping,
 )
-from xmc_resumption.redisclient.held import MAX_ENQUEUE_TASKS, Enqueued
+from xmc_resumption.redisclient.held import MAX_ENQUEUE_TASKS, Enqueued, EnqueueInterruptedError, FieldValue, Task
 
 __all__ = [
     "MAX_ENQUEUE_TASKS",
     "BacklogSummary",
+    "EnqueueInterruptedError",
     "Enqueued",
     "ExperimentStatus",
+    "FieldValue",
     "FleetRow",
     "HeldRow",
     "NothingToResumeError",
     "ResumeError",
     "Stopping",
+    "Task",
     "XmcClient",
     "XmcSyncClient",
 ]

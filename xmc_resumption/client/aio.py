@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -42,9 +43,10 @@ from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import ReplicaAckError
 from xmc_resumption.redisclient.held import (
     Enqueued,
+    EnqueueInterruptedError,
     IdempotencyKey,
     Task,
-    enqueue_args,
+    enqueue_calls,
     parse_enqueue_reply,
 )
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
@@ -77,11 +79,6 @@ RETRYABLE = (RedisConnectionError, RedisTimeoutError, ReplicaAckError)
 def retry_backoff(attempt: int) -> float:
     """The wait before retry ``attempt`` (0-based; seconds): ``RETRY_SECONDS`` doubled each time."""
     return float(RETRY_SECONDS * 2**attempt)
-
-
-def safe_to_repeat(keys: Sequence[IdempotencyKey] | None, tasks: int) -> bool:
-    """An enqueue may be sent again when every task carries an idempotency key."""
-    return keys is not None and len(keys) == tasks and all(k for k in keys)
 
 
 class XmcClient:
@@ -197,7 +194,9 @@ class XmcClient:
         keys = self.keys(experiment_id)
         await self._repeat(held_tasks.pause, self.redis, keys)
 
-    async def enqueue(self, experiment_id: str, task: Task, *, idempotency_key: IdempotencyKey = None) -> Enqueued:
+    async def enqueue(
+        self, experiment_id: str, task: Task, *, idempotency_key: IdempotencyKey = None, request_id: str | None = None
+    ) -> Enqueued:
         """Enqueue one task: to the task stream while the experiment runs, else behind its held tasks.
 
         Args:
@@ -205,39 +204,66 @@ class XmcClient:
             idempotency_key: a key (at most 256 bytes) that makes a retry add the task once: a call
                 with a key already recorded for this experiment adds nothing and returns the first
                 call's destination and entry ID with ``duplicate`` True. With a key the call is
-                retried after a connection error; without one it is not (it may have run).
+                retried after a connection error (and a retry that finds the task added by its own
+                lost first send answers ``duplicate`` False); without one it is not (it may have run).
+            request_id: see ``enqueue_many``.
 
         Raises:
             ValueError: a bad experiment ID, an empty task, too many fields, a key too long.
             redis.exceptions.RedisError: a Redis fault that outlasted the retries (with a key: call
-                again with the same key).
+                again with the same key and request ID).
         """
         keys = None if idempotency_key is None else [idempotency_key]
-        [done] = await self.enqueue_many(experiment_id, [task], idempotency_keys=keys)
+        [done] = await self.enqueue_many(experiment_id, [task], idempotency_keys=keys, request_id=request_id)
         return done
 
     async def enqueue_many(
-        self, experiment_id: str, tasks: Sequence[Task], *, idempotency_keys: Sequence[IdempotencyKey] | None = None
+        self,
+        experiment_id: str,
+        tasks: Sequence[Task],
+        *,
+        idempotency_keys: Sequence[IdempotencyKey] | None = None,
+        request_id: str | None = None,
     ) -> list[Enqueued]:
-        """Enqueue up to ``MAX_ENQUEUE_TASKS`` tasks in order, in one script call (one round trip, all or none).
+        """Enqueue any number of tasks in order, in atomic script calls of up to ``MAX_ENQUEUE_TASKS`` tasks.
 
-        The same rules as ``enqueue``, per task.
+        The same rules as ``enqueue``, per task. Each call (a chunk: at most ``MAX_ENQUEUE_TASKS``
+        tasks and 64 MiB, ``redisclient.held.enqueue_calls``) is one round trip, all of its tasks or
+        none, with one hold decision; the chunks go one after the other, so a pause or a replay
+        between two of them may send the later ones elsewhere (order is kept either way). Every
+        task is checked before the first call.
 
         Args:
-            idempotency_keys: None, or one key (or None) per task. The call is retried after a
-                connection error only when every task has a key.
+            idempotency_keys: None, or one key (or None) per task. A chunk is sent again after a
+                connection error only when every task in it has a key.
+            request_id: 1..64 bytes naming this enqueue; None: a new one. Give one to retry a
+                failed enqueue yourself: the same tasks, keys and request ID answer each task that
+                an earlier send added with ``duplicate`` False, as the first send would have.
 
         Returns:
             One ``Enqueued`` per task, in order.
 
         Raises:
-            ValueError: see ``redisclient.held.enqueue_args``. redis.exceptions.RedisError: as ``enqueue``.
+            ValueError, TypeError: see ``redisclient.held.enqueue_calls``; nothing was sent.
+            redis.exceptions.RedisError: as ``enqueue``, when the first chunk failed.
+            EnqueueInterruptedError: a later chunk failed; its ``enqueued`` holds the answers of the
+                chunks before it. Call again with the same tasks, keys and request ID.
         """
         keys = self.keys(experiment_id)
-        args = enqueue_args(tasks, idempotency_keys)
-        safe = safe_to_repeat(idempotency_keys, len(tasks))
-        reply = await self._repeat(run_script, self.redis, "enqueue", keys.enqueue_keys, args, safe=safe)
-        return parse_enqueue_reply(reply)
+        done: list[Enqueued] = []
+        for call in enqueue_calls(tasks, idempotency_keys, request_id):
+            try:
+                reply = await self._repeat(self._send_enqueue, keys, call.args, safe=call.safe)
+            except RedisError as err:
+                if not done:
+                    raise
+                raise EnqueueInterruptedError(done, len(tasks), err) from err
+            done += parse_enqueue_reply(reply)
+        return done
+
+    async def _send_enqueue(self, keys: ExperimentKeys, args: list[bytes]) -> Any:
+        """One enqueue script call, as sent (and sent again) by ``enqueue_many``; the script's reply."""
+        return await run_script(self.redis, "enqueue", keys.enqueue_keys, args)
 
     # --- operators -------------------------------------------------------------------------------
 

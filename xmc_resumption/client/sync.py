@@ -8,7 +8,16 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from xmc_resumption.client.aio import DEFAULT_THRESHOLD, RETRIES, RETRYABLE, XmcClient, retry_backoff, safe_to_repeat
+from redis.exceptions import RedisError
+
+from xmc_resumption.client.aio import (
+    DEFAULT_THRESHOLD,
+    QUERY_TIMEOUT_SECONDS,
+    RETRIES,
+    RETRYABLE,
+    XmcClient,
+    retry_backoff,
+)
 from xmc_resumption.client.views import (
     ExperimentStatus,
     FleetRow,
@@ -16,12 +25,15 @@ from xmc_resumption.client.views import (
     ResumptionHandle,
     Stopping,
 )
+from xmc_resumption.ops import DEFAULT_IDLE_SECONDS
+from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, Plan
 from xmc_resumption.redisclient.connection import SyncRedisClient
 from xmc_resumption.redisclient.held import (
     Enqueued,
+    EnqueueInterruptedError,
     IdempotencyKey,
     Task,
-    enqueue_args,
+    enqueue_calls,
     parse_enqueue_reply,
 )
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
@@ -66,16 +78,20 @@ class XmcSyncClient:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None, *, stream: str = DEFAULT_STREAM) -> XmcSyncClient:
+    def from_settings(
+        cls, settings: Settings | None = None, *, stream: str = DEFAULT_STREAM, retries: int = RETRIES
+    ) -> XmcSyncClient:
         """A client on the Redis of ``settings`` (read from the environment when None); redis-py's own retries off.
 
-        For operator calls, also on the Temporal and task queue of ``settings``.
+        For operator calls, also on the Temporal and task queue of ``settings``. ``retries``: as
+        ``XmcClient.from_settings``'s, for both.
         """
         settings = settings or Settings()
         return cls(
             settings.sync_redis(retries=0),
             stream=stream,
-            operator=lambda: XmcClient.from_settings(settings, stream=stream),
+            operator=lambda: XmcClient.from_settings(settings, stream=stream, retries=retries),
+            retries=retries,
             owns_redis=True,
         )
 
@@ -119,21 +135,44 @@ class XmcSyncClient:
         keys = self.keys(experiment_id)
         self._repeat(self.redis.set, keys.state, ExperimentState.PAUSED.value)
 
-    def enqueue(self, experiment_id: str, task: Task, *, idempotency_key: IdempotencyKey = None) -> Enqueued:
+    def enqueue(
+        self, experiment_id: str, task: Task, *, idempotency_key: IdempotencyKey = None, request_id: str | None = None
+    ) -> Enqueued:
         """``XmcClient.enqueue``."""
         keys = None if idempotency_key is None else [idempotency_key]
-        [done] = self.enqueue_many(experiment_id, [task], idempotency_keys=keys)
+        [done] = self.enqueue_many(experiment_id, [task], idempotency_keys=keys, request_id=request_id)
         return done
 
     def enqueue_many(
-        self, experiment_id: str, tasks: Sequence[Task], *, idempotency_keys: Sequence[IdempotencyKey] | None = None
+        self,
+        experiment_id: str,
+        tasks: Sequence[Task],
+        *,
+        idempotency_keys: Sequence[IdempotencyKey] | None = None,
+        request_id: str | None = None,
     ) -> list[Enqueued]:
-        """``XmcClient.enqueue_many``."""
+        """``XmcClient.enqueue_many``: any number of tasks, in atomic chunks of up to ``MAX_ENQUEUE_TASKS``.
+
+        Raises:
+            ValueError, TypeError: a bad task or key; nothing was sent.
+            redis.exceptions.RedisError: the first chunk failed after the retries.
+            EnqueueInterruptedError: a later chunk failed; ``enqueued`` holds the chunks done before it.
+        """
         keys = self.keys(experiment_id)
-        args = enqueue_args(tasks, idempotency_keys)
-        safe = safe_to_repeat(idempotency_keys, len(tasks))
-        reply = self._repeat(run_script_sync, self.redis, "enqueue", keys.enqueue_keys, args, safe=safe)
-        return parse_enqueue_reply(reply)
+        done: list[Enqueued] = []
+        for call in enqueue_calls(tasks, idempotency_keys, request_id):
+            try:
+                reply = self._repeat(self._send_enqueue, keys, call.args, safe=call.safe)
+            except RedisError as err:
+                if not done:
+                    raise
+                raise EnqueueInterruptedError(done, len(tasks), err) from err
+            done += parse_enqueue_reply(reply)
+        return done
+
+    def _send_enqueue(self, keys: ExperimentKeys, args: list[bytes]) -> Any:
+        """One enqueue script call, as sent (and sent again) by ``enqueue_many``; the script's reply."""
+        return run_script_sync(self.redis, "enqueue", keys.enqueue_keys, args)
 
     # --- operators (an XmcClient on the client's own event loop) ---------------------------------
 
@@ -154,6 +193,10 @@ class XmcSyncClient:
             return await use(self._operator)
 
         return asyncio.run_coroutine_threadsafe(run(), loop).result()
+
+    def check_resumable(self, inputs: Sequence[ResumptionInput], *, force: bool = False) -> None:
+        """``XmcClient.check_resumable``."""
+        self._call(lambda c: c.check_resumable(inputs, force=force))
 
     def resume(
         self, experiment: str | ResumptionInput, *, force: bool = False, task_queue: str | None = None, **fields: Any
@@ -195,10 +238,28 @@ class XmcSyncClient:
         return self._call(lambda c: c.configure(experiment_id, change, update_timeout=update_timeout))
 
     def status(
-        self, experiment_id: str, *, group: str = DEFAULT_GROUP, threshold: int = DEFAULT_THRESHOLD, run: bool = True
+        self,
+        experiment_id: str,
+        *,
+        group: str = DEFAULT_GROUP,
+        threshold: int = DEFAULT_THRESHOLD,
+        run: bool = True,
+        query_timeout: float = QUERY_TIMEOUT_SECONDS,
+        groups: Sequence[str] | None = None,
+        idle_seconds: float = DEFAULT_IDLE_SECONDS,
     ) -> ExperimentStatus:
         """``XmcClient.status``."""
-        return self._call(lambda c: c.status(experiment_id, group=group, threshold=threshold, run=run))
+        return self._call(
+            lambda c: c.status(
+                experiment_id,
+                group=group,
+                threshold=threshold,
+                run=run,
+                query_timeout=query_timeout,
+                groups=groups,
+                idle_seconds=idle_seconds,
+            )
+        )
 
     def held(self, *, limit: int = 1_000) -> tuple[list[HeldRow], bool]:
         """``XmcClient.held``."""
@@ -218,4 +279,17 @@ class XmcSyncClient:
             lambda c: c.list_resumptions(
                 running=running, phase=phase, experiment_id=experiment_id, stream=stream, limit=limit
             )
+        )
+
+    def plan(
+        self,
+        experiment: str | ResumptionInput,
+        *,
+        sample_seconds: float = DEFAULT_SAMPLE_SECONDS,
+        query_timeout: float = QUERY_TIMEOUT_SECONDS,
+        **fields: Any,
+    ) -> Plan:
+        """``XmcClient.plan``: blocks for about ``sample_seconds`` while it samples the consumers' drain."""
+        return self._call(
+            lambda c: c.plan(experiment, sample_seconds=sample_seconds, query_timeout=query_timeout, **fields)
         )
