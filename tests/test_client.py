@@ -198,6 +198,8 @@ def test_tasks_are_checked_in_python_before_a_call() -> None:
         held.enqueue_args([{"f": b"x" * (64 * 1024 * 1024)}])
     with pytest.raises(TypeError, match="cannot be a bool"):
         held.enqueue_args([{"f": True}])
+    with pytest.raises(TypeError, match="task 0: a field name is str or bytes, got int 7"):
+        held.enqueue_args([{7: "v"}])
     with pytest.raises(ValueError, match="a request ID has at most 128 bytes, got 129"):
         held.enqueue_args([{"f": "v"}], request_id=b"r" * 129)
     assert held.enqueue_args([{"f": 1, b"g": 2.5}], ["k"]) == [b"1", b"", b"k", b"2", b"f", b"1", b"g", b"2.5"]
@@ -487,7 +489,7 @@ def test_the_sync_client_offers_what_the_async_client_offers() -> None:
 # --- tasks as applications build them --------------------------------------------------------------
 
 APPLICATION = """
-from xmc_resumption.client import Enqueued, XmcClient, XmcSyncClient
+from xmc_resumption.client import Enqueued, Task, XmcClient, XmcSyncClient
 
 
 def order_task(order_id: str) -> dict[str, str]:
@@ -501,6 +503,8 @@ def produce(xmc: XmcSyncClient, orders: list[str]) -> int:
     counted: list[dict[str, str | int]] = [{"order": "o2", "n": 2}]
     raw: dict[bytes, bytes] = {b"order": b"o3"}
     xmc.enqueue_many("E1", [*counted, raw])
+    literal: list[Task] = [{"task": f"t{i}", "n": i} for i in range(3)]
+    xmc.enqueue_many("E1", literal)
     return sum(not d.duplicate for d in [one, *many])
 
 

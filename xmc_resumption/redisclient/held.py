@@ -31,10 +31,11 @@ from xmc_resumption.redisclient.scripts import run_script, source
 FieldValue = str | bytes | int | float
 """A task's value: stored byte for byte (text as UTF-8); an int or float is stored as its text."""
 
-Task = Mapping[str, FieldValue] | Mapping[bytes, FieldValue] | Mapping[str | bytes, FieldValue]
-"""A task: a stream entry's field map, e.g. a ``dict[str, str]``. Three mappings, not one with
-``str | bytes`` keys: a ``Mapping``'s key type is invariant, so ``dict[str, str]`` is no
-``Mapping[str | bytes, ...]`` for a type checker."""
+Task = Mapping[Any, FieldValue]
+"""A task: a stream entry's field map, field names ``str`` or ``bytes`` (checked when the call is
+built: ``TypeError``), e.g. a ``dict[str, str]``. The key type is ``Any`` because a ``Mapping``'s
+key type is invariant: under ``Mapping[str | bytes, ...]`` a type checker refuses a
+``dict[str, str]`` built elsewhere, and under a union of mappings it cannot type a literal."""
 
 IdempotencyKey = str | bytes | None
 """A task's idempotency key: None (or empty) for none; text is sent as UTF-8."""
@@ -127,6 +128,8 @@ def _task_args(i: int, task: Task, key: IdempotencyKey) -> list[bytes]:
         )
     args = [raw_key, str(len(task)).encode()]
     for field, value in task.items():
+        if not isinstance(field, str | bytes):
+            raise TypeError(f"task {i}: a field name is str or bytes, got {type(field).__name__} {field!r:.40}")
         args += [_as_bytes(field), _as_bytes(value)]
     return args
 
