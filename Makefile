@@ -1,8 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   venv + install + local redis-server and Temporal dev server + the 5,000-task demo
 #   make test   venv + install + the whole test suite (what CI runs through .ci/run); installs Debian's
-#               redis-server and chromium (for the web UI test) when missing, and the Node producer
-#               test's npm packages (tests/node, npm ci from its lock file, once)
+#               redis-server and chromium (for the web UI test) when missing, and the Node package's
+#               npm packages (clients/node, npm ci from its lock file, once)
 #   make test-fast  the tests not marked slow (tests/conftest.py)
 #   make wheel  the distribution's wheel in dist/ (offline: the venv's setuptools, no dependency)
 #   make bench  the benchmarks of issue 5 (fresh redis-server and dev server; ARGS=--smoke for a quick run)
@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-NODE_DEPS := tests/node/node_modules/.package-lock.json
+NODE_DEPS := clients/node/node_modules/.package-lock.json
 
 .PHONY: install node-deps demo test test-fast lint worker wheel bench clean
 
@@ -22,9 +22,9 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# the Node producer test's packages (tests/test_node_producer.py); skipped where npm is missing
-$(NODE_DEPS): tests/node/package-lock.json
-	@if command -v npm >/dev/null 2>&1; then cd tests/node && npm ci --no-audit --no-fund --loglevel=error; \
+# the Node package's npm packages (tests/test_node_producer.py); skipped where npm is missing
+$(NODE_DEPS): clients/node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then cd clients/node && npm ci --no-audit --no-fund --loglevel=error; \
 	else echo "npm not found: tests/test_node_producer.py will be skipped"; fi
 
 node-deps: $(NODE_DEPS)
@@ -60,4 +60,4 @@ worker: install
 	$(PY) -m worker
 
 clean:
-	rm -rf $(VENV) .xmc .pytest_cache .ruff_cache .mypy_cache build dist tests/node/node_modules
+	rm -rf $(VENV) .xmc .pytest_cache .ruff_cache .mypy_cache build dist clients/node/node_modules clients/node/types clients/node/src/script.js
