@@ -22,7 +22,9 @@ it twice. On each worker it:
 
 On the client and on a ``Replayer`` it sets the pydantic data converter (``pydantic_converter``).
 The metric conventions are the runtime's, which belongs to the process and not to a plugin:
-``prometheus_runtime`` builds one that follows them (docs/embedding.md, "Metrics").
+``prometheus_runtime`` builds one that follows them (docs/embedding.md, "Metrics"). Where Temporal
+is, is the SDK's envconfig's to say, as for ``xmc`` and the stand-alone worker:
+``Client.connect(**temporal_connect_config(), plugins=[ResumptionPlugin()])``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from xmc_resumption import search_attributes
 from xmc_resumption.activities.resumption import ResumptionActivities
-from xmc_resumption.settings import Settings, prometheus_runtime
+from xmc_resumption.settings import Settings, prometheus_runtime, temporal_connect_config
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 from xmc_resumption.workflows.versioned import PinnedResumptionWorkflow
@@ -59,6 +61,7 @@ __all__ = [
     "prometheus_runtime",
     "pydantic_converter",
     "sandbox_passthrough",
+    "temporal_connect_config",
 ]
 
 log = logging.getLogger("xmc.plugin")

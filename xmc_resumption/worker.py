@@ -7,10 +7,10 @@ and its activities, owns their Redis client and checks the namespace's search at
 module adds the process: the task queue ``XMC_TASK_QUEUE`` (default ``xmc-resumption``), Temporal
 from envconfig (``TEMPORAL_ADDRESS``, ...), Redis from ``XMC_REDIS_URL`` (checked once before
 connecting to Temporal, ``check_redis``), Prometheus metrics on ``XMC_METRICS_BIND`` when set, log
-lines on stderr as JSON or text (``XMC_LOG_FORMAT``, default ``json``; ``setup_logging``), and the
-signals and the shutdown bound: SIGINT or SIGTERM stops polling, lets running activities finish (up
-to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS`` at most); running workflows continue on any
-other worker, their durable timers intact.
+lines on stderr as JSON or text (``XMC_LOG_FORMAT``, default ``json``; ``runner.setup_logging``).
+The process is ``xmc_resumption.runner.run_worker``'s: SIGINT or SIGTERM stops polling, lets running
+activities finish (up to 10 s) and exits 0 (after ``SHUTDOWN_LIMIT_SECONDS`` at most); running
+workflows continue on any other worker, their durable timers intact.
 
 Bad settings, an unreachable Temporal or a Redis that refuses the configuration (a database that
 does not exist, wrong credentials, an endpoint that is not Redis) print one line and exit 2
@@ -19,18 +19,12 @@ does not exist, wrong credentials, an endpoint that is not Redis) print one line
 
 from __future__ import annotations
 
-import asyncio
-import gc
+import functools
 import logging
-import signal
 import sys
 from datetime import timedelta
 
-from pythonjsonlogger.core import RESERVED_ATTRS
-from pythonjsonlogger.json import JsonFormatter
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
-from temporalio import activity, workflow
-from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from xmc_resumption.errors import EXIT_OPERATOR_ERROR, is_certificate_refused, operator_message, redis_message
@@ -40,6 +34,10 @@ from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.redisclient.text import one_line
+from xmc_resumption.runner import JSON_FIELDS as JSON_FIELDS
+from xmc_resumption.runner import JSON_RENAMES as JSON_RENAMES
+from xmc_resumption.runner import SHUTDOWN_LIMIT_SECONDS as SHUTDOWN_LIMIT_SECONDS
+from xmc_resumption.runner import run_worker, setup_logging
 from xmc_resumption.settings import Settings, connect_temporal
 
 log = logging.getLogger("xmc.worker")
@@ -47,80 +45,6 @@ log = logging.getLogger("xmc.worker")
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=10)
 """How long a stopping worker lets running activities finish."""
-
-SHUTDOWN_LIMIT_SECONDS = 15.0
-"""How long a stopping worker waits for its shutdown at most (seconds). A workflow task that keeps
-running local activities back to back (an adaptive replay polling, or publishing without a wait)
-stays open, and temporalio 1.35's shutdown waits for it to end (measured: still blocked after
-30 s). Past this limit the worker exits anyway, like a crash: every Redis step is atomic and
-idempotent, and another worker takes the workflow over once its workflow task times out."""
-
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
-"""The ``text`` format: one line a record; ``extra`` fields are not shown."""
-
-JSON_FIELDS = ("levelname", "name", "message")
-"""The record attributes every JSON line starts with (after ``time``), renamed by ``JSON_RENAMES``;
-every ``extra`` field of the call follows them, under its own name."""
-
-JSON_RENAMES = {"levelname": "level", "name": "logger"}
-
-JSON_LEFT_OUT = (*RESERVED_ATTRS, "temporal_log")
-"""Record attributes that are not ``extra`` fields: the logging module's own, and the SDK core's
-forwarded entry (``temporal_log``: its message and fields are already in ``message``)."""
-
-EXPECTED_FAULTS = (RedisError, ApplicationError)
-"""Exceptions whose message says all: a Redis fault (connection, timeout, error reply) and the
-errors the activities raise on purpose (``activities/resumption.py`` ``_classified``)."""
-
-
-class ExpectedFaultFilter(logging.Filter):
-    """Log an activity attempt that failed with an expected fault as one line, without traceback.
-
-    temporalio logs every failed activity attempt on the ``temporalio.activity`` logger as
-    ``Completing activity as failed`` with ``exc_info``: during a Redis outage the local
-    activities' fast retries would flood the log with tracebacks. For an exception in
-    ``EXPECTED_FAULTS`` the record keeps its level and the activity's details and gains
-    ``error=Type: message`` on the same line; any other exception (a bug) keeps its traceback.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Rewrite ``record`` in place when it carries an expected fault; never drops a record."""
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, EXPECTED_FAULTS):
-            record.msg = f"{record.getMessage()} error={type(exc).__name__}: {one_line(str(exc))}"
-            record.args = None
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
-def setup_logging(log_format: str = "json", level: int = logging.INFO) -> None:
-    """Log to stderr, one line per record; expected activity faults without traceback.
-
-    Args:
-        log_format: ``json`` (``XMC_LOG_FORMAT``'s default): one JSON object a line (python-json-logger)
-            with ``time`` (ISO 8601, UTC), ``level``, ``logger``, ``message`` and every ``extra``
-            field of the call, e.g. a throttle wait's ``experiment_id``, ``reason`` and ``seconds``,
-            and the SDK's ``temporal_workflow`` / ``temporal_activity`` context (workflow ID, run
-            ID, attempt) as objects. The SDK loggers then stop appending that context to the
-            message as text. The SDK core's own warnings arrive on the logger
-            ``temporalio.core-...`` (``settings.sdk_runtime``), in the same format. ``text``:
-            ``LOG_FORMAT``, without the ``extra`` fields.
-        level: the root logger's level.
-    """
-    handler = logging.StreamHandler()
-    if log_format == "json":
-        handler.setFormatter(
-            JsonFormatter(JSON_FIELDS, rename_fields=JSON_RENAMES, timestamp="time", reserved_attrs=JSON_LEFT_OUT)
-        )
-        workflow.logger.workflow_info_on_message = False
-        activity.logger.activity_info_on_message = False
-    else:
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    handler.addFilter(ExpectedFaultFilter())
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-    logging.captureWarnings(True)  # warnings too, in the same format (logger ``py.warnings``)
 
 
 async def check_redis(settings: Settings) -> None:
@@ -174,58 +98,23 @@ async def _warn_about_eviction(redis: RedisClient) -> None:
         log.warning("%s; every resumption on this Redis fails until then", memory.problem)
 
 
-async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
-    """Run a worker with ``ResumptionPlugin`` until ``stop`` is set.
+async def build_worker(settings: Settings) -> Worker:
+    """Check Redis once, connect to Temporal and build the worker with ``ResumptionPlugin``.
 
     With ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` the plugin runs it as that Worker Deployment Version.
 
     Raises:
         TemporalUnreachableError: Temporal cannot be reached (``connect_temporal``).
-        SearchAttributesMissingError: the namespace lacks the fleet view's search attributes.
-        Exception: whatever else stops the worker (``Worker.run``).
+        RedisError: a Redis configuration that Redis refuses (``check_redis``).
     """
+    await check_redis(settings)
     client = await connect_temporal(metrics_bind=settings.metrics_bind, forward_core_logs=True)
-    worker = Worker(
+    return Worker(
         client,
         task_queue=settings.task_queue,
         plugins=[ResumptionPlugin(settings)],
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
     )
-    running = asyncio.create_task(worker.run())
-    version = settings.deployment_version()
-    if version is None:
-        log.info("worker polling task queue %s", settings.task_queue)
-    else:
-        log.info(
-            "worker polling task queue %s as Worker Deployment Version %s.%s",
-            settings.task_queue,
-            version.deployment_name,
-            version.build_id,
-        )
-    await asyncio.wait([running, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-    if running.done():
-        running.result()  # the worker failed, or the plugin refused to start it: raise why
-    log.info("stopping worker")
-    try:
-        await asyncio.wait_for(asyncio.shield(worker.shutdown()), SHUTDOWN_LIMIT_SECONDS)
-    except TimeoutError:
-        log.warning(
-            "worker still busy after %gs (a workflow task running local activities back to back); "
-            "exiting: another worker takes it over after its workflow task times out",
-            SHUTDOWN_LIMIT_SECONDS,
-        )
-        return
-    await running  # the plugin closes its Redis client when the run ends
-
-
-async def main(settings: Settings) -> None:
-    """Run the worker with ``settings`` until SIGINT/SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await check_redis(settings)
-    await run_worker(settings, stop)
 
 
 def cli() -> int:
@@ -238,7 +127,7 @@ def cli() -> int:
     try:
         settings = Settings()
         setup_logging(settings.log_format)
-        asyncio.run(main(settings))
+        run_worker(functools.partial(build_worker, settings))  # until SIGINT or SIGTERM
         return 0
     except Exception as err:
         message = operator_message(err, settings)
@@ -246,8 +135,6 @@ def cli() -> int:
             raise
         print(f"worker: {message}", file=sys.stderr)
         return EXIT_OPERATOR_ERROR
-    finally:
-        gc.collect()  # sdk-python#300: avoids an abort at interpreter exit (docs/development.md, "Temporal facts")
 
 
 if __name__ == "__main__":
