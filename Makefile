@@ -4,11 +4,14 @@
 #               redis-server and chromium (for the web UI test) when missing, and the Node package's
 #               npm packages (clients/node, npm ci from its lock file, once)
 #   make test-fast  the tests not marked slow (tests/conftest.py)
-#   make wheel  the distribution's wheel in dist/ (offline: the venv's setuptools, no dependency)
+#   make wheel  the distribution's wheel in dist/, built in a venv of setuptools only (.venv-build: the
+#               registry once, then offline), not the dev environment
 #   make bench  the benchmarks of issue 5 (fresh redis-server and dev server; ARGS=--smoke for a quick run)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+BUILD_VENV ?= .venv-build
+BUILD_PY := $(BUILD_VENV)/bin/python
 
 NODE_DEPS := clients/node/node_modules/.package-lock.json
 
@@ -48,9 +51,15 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-wheel: install
+# the wheel's build environment: pyproject.toml's build-system requirements (setuptools) and nothing else
+$(BUILD_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_PY) -m pip install --quiet $$($(BUILD_PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))")
+	touch $@
+
+wheel: $(BUILD_VENV)/.installed
 	rm -rf build
-	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w dist .
+	$(BUILD_PY) -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w dist .
 
 bench: install
 	scripts/ensure-redis-server
@@ -60,4 +69,4 @@ worker: install
 	$(PY) -m worker
 
 clean:
-	rm -rf $(VENV) .xmc .pytest_cache .ruff_cache .mypy_cache build dist clients/node/node_modules clients/node/types clients/node/src/script.js
+	rm -rf $(VENV) $(BUILD_VENV) .xmc .pytest_cache .ruff_cache .mypy_cache build dist clients/node/node_modules clients/node/types clients/node/src/script.js

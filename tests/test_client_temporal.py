@@ -6,6 +6,8 @@ operator calls on its own event loop."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,7 +21,16 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from tests.support.helpers import GROUP, STREAM, fill_backlog, hold_tasks, resumption_worker, stream_tasks, wait_for
+from tests.support.helpers import (
+    GROUP,
+    ROOT,
+    STREAM,
+    fill_backlog,
+    hold_tasks,
+    resumption_worker,
+    stream_tasks,
+    wait_for,
+)
 from xmc_resumption.client import FleetRow, NothingToResumeError, ResumeError, XmcClient, XmcSyncClient
 from xmc_resumption.errors import OperatorError
 from xmc_resumption.settings import Settings
@@ -190,3 +201,31 @@ async def test_the_sync_client_resumes_and_waits_on_its_own_event_loop(
         await asyncio.to_thread(sync.close)
         await terminate(temporal_env.client, experiment)
     assert [f[b"task"] for _, f in await redis.xrange("xmc-tasks-stream")] == [f"t{i}".encode() for i in range(10)]
+
+
+async def test_the_docs_plan_then_resume_many_script_runs(
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+) -> None:
+    """docs/producers.md's sync "plan, then resume many" script, run as it is in its own process."""
+    doc = (ROOT / "docs" / "producers.md").read_text()
+    after = doc[doc.index("Plan, then resume many, in sync code:") :]
+    code = after[after.index("```python\n") + 10 : after.index("\n```", after.index("```python\n"))]
+    for e in ("exp-1", "exp-2"):
+        await hold_tasks(redis, e, 5)
+    await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "XMC_REDIS_URL": redis_url,
+        "XMC_TASK_QUEUE": task_queue,
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+    }
+    try:
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
+            proc = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+            )
+    finally:
+        await terminate(temporal_env.client, "exp-1", "exp-2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["resumption-exp-1 completed", "resumption-exp-2 completed"]
+    assert len(await stream_tasks(redis)) == 10

@@ -3,9 +3,11 @@ environment next to an application with its own ``workflows`` and ``activities``
 example of docs/embedding.md, written from the page as it is), and that application's worker, with
 ``ResumptionPlugin``, runs a replay as the child of its own workflow.
 
-Why this is honest and still fast (about 10 s): the wheel is built by pip from a copy of the files
-the build reads (so the checkout gets no ``build/``), offline (``--no-build-isolation --no-index``:
-the dev extras' setuptools, as ``make wheel`` does). The fresh venv has no pip and no packages of
+The wheel is built by ``make wheel`` in a copy of the files the build reads and the Makefile (so
+the checkout gets no ``build/``): a venv of its own with pyproject.toml's build requirements and
+nothing else (setuptools from the registry), then pip offline (``--no-build-isolation
+--no-index``). The test checks that the build environment holds pip and setuptools only, and
+that no dev environment was made. The fresh venv the application runs in has no pip and no packages of
 its own; the wheel goes in with ``--no-deps``, and the third-party packages (temporalio, redis-py,
 pydantic...) come from the project venv's ``site-packages`` through one ``.pth`` line, added as a
 plain path: the ``.pth`` files in that directory, among them the editable install that maps
@@ -41,11 +43,8 @@ from xmc_resumption.services import free_port
 
 pytestmark = pytest.mark.real_server
 
-BUILT_FROM = ("pyproject.toml", "README.md", "LICENSE", "xmc_resumption", "workflows", "activities")
-"""What the build reads (pyproject.toml's packages, package-dir, readme and license-files)."""
-
-PIP_WHEEL = ("-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index")
-"""The Makefile's ``make wheel`` command, without its output directory."""
+BUILT_FROM = ("pyproject.toml", "README.md", "LICENSE", "xmc_resumption", "workflows", "activities", "Makefile")
+"""What the build reads (pyproject.toml's packages, package-dir, readme and license-files), and the Makefile."""
 
 EXAMPLE = ROOT / "docs" / "embedding.md"
 
@@ -76,18 +75,35 @@ def example_files(markdown: str) -> dict[str, str]:
 
 
 def build_wheel(out: Path) -> Path:
-    """Build the distribution's wheel from a copy of the checkout's files; returns its path."""
+    """``make wheel`` in a copy of the checkout's files; returns the wheel's path."""
     src = out / "src"
     for name in BUILT_FROM:
         path = ROOT / name
         if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
         else:
             src.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, src / name)
-    subprocess.run([sys.executable, *PIP_WHEEL, "-w", str(out / "dist"), str(src)], check=True, timeout=120)
-    (wheel,) = (out / "dist").glob("*.whl")
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+    env |= {k: v for k, v in os.environ.items() if k.startswith("PIP_")}  # the registry, as configured here
+    subprocess.run(["make", "-s", "wheel", f"PYTHON={sys.executable}"], cwd=src, env=env, check=True, timeout=300)
+    (wheel,) = (src / "dist").glob("*.whl")
     return wheel
+
+
+def test_make_wheel_needs_only_the_build_requirements(installed: tuple[Path, Path, Path]) -> None:
+    """The build environment ``make wheel`` made holds pip and pyproject.toml's build requirements
+    only; the dev environment (``.venv``) was never made."""
+    wheel, _, _ = installed
+    src = wheel.parent.parent
+    assert not (src / ".venv").exists()
+    listed = subprocess.run(
+        [src / ".venv-build" / "bin" / "python", "-m", "pip", "list", "--format=json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert sorted(p["name"] for p in json.loads(listed.stdout)) == ["pip", "setuptools"]
 
 
 def fresh_venv(where: Path, wheel: Path) -> Path:
