@@ -24,6 +24,7 @@ from tests.support.helpers import (
     throttled,
     wait_for,
 )
+from tests.test_dead_letters import POISON
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.workflows.models import (
@@ -139,3 +140,38 @@ def test_the_automatic_batch_survives_continue_as_new() -> None:
     assert (state.batch_size, nxt.input.batch_size, nxt.batch_size) == (128, None, START_BATCH_SIZE)
     explicit = RunState.of(ResumptionInput(experiment_id="E1", batch_size=7))
     assert explicit.batch_size == 7
+
+
+async def test_a_publish_that_left_headroom_is_followed_by_the_next_without_a_wait(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
+    """A publish waits only when the backlog reached the threshold; one that left headroom is followed by the next
+    publish at once, also when it moved nothing: three poison tasks each head a script of 10 (the script stops before
+    it, moving nothing), 30 tasks at threshold 100 with no consumer. The run never waits (``throttles`` 0, no throttle
+    reason), sets the three aside, and moves the 30 in order, never past the threshold."""
+    e = experiment()
+    keys = ExperimentKeys(STREAM, e)
+    names: list[bytes] = []
+    await held.pause(redis, keys)
+    for n in range(3):
+        await redis.xadd(keys.held, {"task": b"poison", **POISON})
+        names += await hold_tasks(redis, e, 10, start=10 * n)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=100,
+            batch_size=10,
+            throttle_policy="adaptive",
+        )
+        result = await handle.result()
+        progress = await handle.query(ResumptionWorkflow.progress)
+    assert (result.outcome, result.replayed, result.set_aside, result.throttles) == (Outcome.COMPLETED, 30, 3, 0)
+    assert progress.throttle_reason is None and progress.backlog == 30
+    assert await stream_tasks(redis) == names
+    assert await redis.xlen(keys.dead) == 3
+    calls = await redis_calls(handle)
+    assert [r["moved"] for k, r in calls if k == "publish_batch" and r["poison_id"]] == [0, 0, 0]
+    assert_never_over(calls, 100)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import uuid
 
 from tests.support.helpers import (
@@ -174,3 +175,59 @@ async def test_the_default_is_adaptive_and_polls_through_a_short_stop(
     assert_checked_after_every_wait(calls)
     assert_waited_at_the_threshold(calls)
     assert_never_over(calls, 50)
+
+
+async def test_the_drain_rate_is_the_consumers_rate_across_durable_waits(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
+    """One consumer acknowledges 40 tasks/s steadily and is never starved; ``min_wait_seconds`` 2.5 makes every wait
+    a durable timer, so the drain is seen only by the publishes: the backlog each one measures before its own move
+    against what the one before left. The ``drain_rate`` the progress shows is the consumer's rate (within a factor
+    of 1.5), the rate computed from its own acknowledgements and clock, not 0/s."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 380)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    stop, seen, reads = asyncio.Event(), [], []  # reads: (monotonic seconds once acknowledged, entries read)
+    rate, per_read = 40.0, 10
+
+    async def consumer() -> None:
+        """Read up to 10, acknowledge them, then sleep until 10 / 40 s after the read began."""
+        while not stop.is_set():
+            began = time.monotonic()
+            entries = entries_of(await redis.xreadgroup(GROUP, "c1", {STREAM: ">"}, count=per_read, block=50))
+            if entries:
+                seen.extend(fields[b"task"] for _, fields in entries)
+                await redis.xack(STREAM, GROUP, *[entry_id for entry_id, _ in entries])
+                await asyncio.sleep(max(0.0, began + len(entries) / rate - time.monotonic()))
+            reads.append((time.monotonic(), len(entries)))
+
+    reading = asyncio.create_task(consumer())
+    try:
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
+            handle = await start(
+                temporal_env.client,
+                task_queue,
+                experiment_id=e,
+                max_backlog_threshold=160,
+                batch_size=160,
+                throttle_policy="adaptive",
+                min_wait_seconds=2.5,
+            )
+            with temporal_env.auto_time_skipping_disabled():  # the consumer drains in real time: so do the timers
+                result = await asyncio.wait_for(handle.result(), 60)
+            progress = await handle.query(ResumptionWorkflow.progress)
+    finally:
+        stop.set()
+        await reading
+    calls = await redis_calls(handle)
+    assert (result.outcome, result.replayed, result.throttles) == (Outcome.COMPLETED, 380, 2)
+    assert [k for k, _ in calls].count("timer") == 2 and "wait_for_drain" not in [k for k, _ in calls]
+    # the consumer's rate while it had entries to read: over every two successive reads that were both full, by
+    # its own clock
+    busy = [(t1 - t0, n1) for (t0, n0), (t1, n1) in itertools.pairwise(reads) if n0 == n1 == per_read]
+    truth = sum(n for _, n in busy) / sum(seconds for seconds, _ in busy)
+    assert progress.drain_rate is not None
+    assert truth / 1.5 <= progress.drain_rate <= truth * 1.5, (progress.drain_rate, truth)
+    assert await stream_tasks(redis) == names and seen == names[: len(seen)]
+    assert_checked_after_every_wait(calls)
+    assert_never_over(calls, 160)

@@ -8,10 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 import uuid
+from collections.abc import Sequence
+from typing import cast
 
 import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHandle
 
 from tests.support.helpers import (
     STREAM,
@@ -26,11 +32,13 @@ from tests.support.helpers import (
     throttled_replay,
     wait_for,
 )
+from tests.support.proxy import SwitchableProxy
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.worker import JSON_FIELDS, JSON_RENAMES
-from xmc_resumption.workflows.models import Outcome, Phase
+from xmc_resumption.workflows.calls import RELEASE_RETRY
+from xmc_resumption.workflows.models import Outcome, Phase, ResumptionResult
 from xmc_resumption.workflows.release import MAX_RELEASE_ROUNDS
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
@@ -149,3 +157,89 @@ async def test_a_replayers_key_of_the_wrong_type_does_not_stop_the_release(
     [release] = await redis.lrange(keys.released, 0, -1)  # '<token> <outcome> <replayed> <remaining>'
     assert await redis.get(keys.fence) == str(int(release.split()[0]) + 1).encode()  # revoked
     assert await redis.get(replayers_key(STREAM)) == b"not a sorted set"
+
+
+async def test_a_release_with_redis_away_ends_after_its_rounds_while_the_lease_is_long(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
+    """A proxy between the worker and Redis cuts every connection while the run waits (a claim lease of an hour), and
+    the pause Update ends the wait. The release tries ``MAX_RELEASE_ROUNDS`` rounds of 7 attempts, a durable wait
+    between two, then the run ends ``paused`` and ``release_error`` says how many rounds failed and that the lease
+    still runs: the run does not go on trying for the lease's hour. Redis still holds the claim."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    keys = ExperimentKeys(STREAM, e)
+    await hold_tasks(redis, e, 10)
+    await fill_backlog(redis, 5)
+    proxy = SwitchableProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+    await proxy.start()
+    with socket.socket() as refusing:  # bound, never listening: every connection to it is refused
+        refusing.bind(("127.0.0.1", 0))
+        try:
+            async with resumption_worker(temporal_env.client, task_queue, proxy.url):
+                handle = await start(
+                    temporal_env.client,
+                    task_queue,
+                    experiment_id=e,
+                    max_backlog_threshold=5,
+                    throttle_policy="fixed",
+                    throttle_seconds=600,
+                    claim_lease_seconds=3_600,
+                    redis_retry_seconds=30,
+                )
+                await wait_for(handle, throttled)
+                proxy.switch(refusing.getsockname()[1], reset=True)
+                await handle.execute_update(ResumptionWorkflow.pause)
+                result = await asyncio.wait_for(result_within_rounds(handle), 60)
+                events = (await handle.fetch_history()).events
+        finally:
+            await proxy.close()
+    assert (result.outcome, result.replayed, result.remaining) == (Outcome.PAUSED, 0, 10)
+    told = result.release_error
+    assert told is not None and told.startswith(f"claim not released after {MAX_RELEASE_ROUNDS} round(s) of tries: ")
+    assert "its lease lapses by" in told  # not "has lapsed": the rounds ended, not the lease
+    # each round: one local activity of 7 attempts (its backoff past the task budget on durable timers), then a
+    # durable wait before the next round
+    assert release_rounds(events) == [(RELEASE_RETRY.maximum_attempts, True)] * MAX_RELEASE_ROUNDS
+    waits = [summary for summary in timer_summaries(events) if summary.startswith("release failed")]
+    assert waits == [
+        f"release failed ({n} of at most {MAX_RELEASE_ROUNDS} rounds): trying again"
+        for n in range(1, MAX_RELEASE_ROUNDS)
+    ]
+    assert await redis.hget(keys.claim, "token") == str(result.token).encode()  # the claim lives on, unreleased
+
+
+async def result_within_rounds(handle: WorkflowHandle) -> ResumptionResult:
+    """The run's result; fails (and ends the run) as soon as its history shows more than ``MAX_RELEASE_ROUNDS`` release
+    rounds."""
+    ending = asyncio.ensure_future(handle.result())
+    try:
+        while not ending.done():
+            rounds = len(release_rounds((await handle.fetch_history()).events))
+            if rounds > MAX_RELEASE_ROUNDS:
+                await handle.terminate("the release went on past its rounds")
+                raise AssertionError(f"{rounds} rounds of release tries: more than {MAX_RELEASE_ROUNDS}")
+            await asyncio.wait({ending}, timeout=0.5)
+        return cast(ResumptionResult, ending.result())
+    finally:
+        ending.cancel()
+
+
+def release_rounds(events: Sequence[HistoryEvent]) -> list[tuple[int, bool]]:
+    """The ``release_claim`` local activities that ended (no backoff after them): (last attempt, failed), in order."""
+    ended = []
+    for event in events:
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = event.marker_recorded_event_attributes
+            data = json.loads(marker.details["data"].payloads[0].data) if "data" in marker.details else {}
+            if data.get("activity_type") == "release_claim" and data["backoff"] is None:
+                ended.append((data["attempt"], marker.HasField("failure")))
+    return ended
+
+
+def timer_summaries(events: Sequence[HistoryEvent]) -> list[str]:
+    """The summary of every durable timer started, in order ('' for one without)."""
+    return [
+        json.loads(e.user_metadata.summary.data) if e.user_metadata.summary.data else ""
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+    ]

@@ -5,6 +5,7 @@ during a throttle wait."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import socket
 import time
@@ -12,7 +13,7 @@ import uuid
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
@@ -317,3 +318,84 @@ async def test_a_long_outage_before_the_claim_continues_as_new_and_claims_once(
     assert await issued_tokens(redis, ExperimentKeys(STREAM, e)) == [result.token]  # one claim,
     assert await fencing.current_token(redis, ExperimentKeys(STREAM, e)) == result.token + 1  # then its release
     assert await stream_tasks(redis) == names
+
+
+async def test_continue_as_new_carries_the_rate_cap_s_bucket(temporal_env, redis, redis_url, task_queue) -> None:
+    """100 tasks at ``max_tasks_per_second`` 20, one turn a run: every run starts where the last left the bucket, so
+    across the boundaries too every window of the stream holds at most 20 per second of it plus the bucket's 20 (the
+    entry IDs' milliseconds: Redis's clock; 1 s of slack for a publish that lands late after the workflow time the
+    bucket counted it at)."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 100)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(
+            temporal_env.client, task_queue, experiment_id=e, batch_size=100, max_tasks_per_second=20, turns_per_run=1
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        histories = await chain_histories(temporal_env.client, handle)
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 100)
+    assert await stream_tasks(redis) == names
+    assert result.runs == len(histories) >= 5
+    added = [int(entry_id.split(b"-")[0]) for entry_id, _ in await redis.xrange(STREAM)]
+    windows = [(j - i + 1, (added[j] - added[i]) / 1000) for i in range(len(added)) for j in range(i, len(added))]
+    worst = max(windows, key=lambda w: w[0] - 20 * w[1])  # (tasks, seconds) furthest over 20/s
+    assert worst[0] <= 20 * (worst[1] + 1.0) + 20, f"{worst[0]} tasks within {worst[1]:g}s (runs: {result.runs})"
+
+
+async def test_continue_as_new_carries_the_seq_redis_recorded(temporal_env, redis, redis_url, task_queue) -> None:
+    """30 tasks at threshold 4, one turn a run, against a consumer. Each publish script records its seq in Redis (the
+    publish's idempotency record), so when a run ends the last seq Redis recorded is the number of scripts the chain
+    ran so far: each run carries that seq, and the next run's first publish moves tasks (a seq carried below it
+    would be refused as stale by every run, one turn each, for ever). Checked on the chain as it runs, so a wrong
+    carry fails at the first boundary it crosses."""
+    e = f"E{uuid.uuid4().hex[:6]}"
+    names = await hold_tasks(redis, e, 30)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+    try:
+        async with resumption_worker(temporal_env.client, task_queue, redis_url):
+            handle = await start(
+                temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=4, batch_size=4, turns_per_run=1
+            )
+            ending = asyncio.ensure_future(handle.result())
+            try:
+                async with asyncio.timeout(60):
+                    while True:
+                        ended = ending.done()
+                        histories = await chain_histories(temporal_env.client, handle)
+                        try:
+                            assert_seq_carried(histories)
+                        except AssertionError:
+                            await handle.terminate("the seq carried is not the one Redis recorded")
+                            raise
+                        if ended:
+                            break
+                        await asyncio.wait({ending}, timeout=0.2)
+            finally:
+                ending.cancel()
+            result = ending.result()
+    finally:
+        stop.set()
+        await consumer
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 30)
+    assert result.runs == len(histories) >= 8  # 30 tasks at 4 a publish, one publish a run
+    assert await stream_tasks(redis) == names and seen == names
+
+
+def assert_seq_carried(histories: list[WorkflowHistory]) -> None:
+    """Each run of a chain carries the last seq its publishes used (the seqs of all the chain's scripts so far, one
+    each), and each run's first publish is neither stale nor repeated and moves tasks."""
+    scripts = 0
+    for n, history in enumerate(histories):
+        publishes = [r for kind, r in history_calls(history) if kind == "publish_batch"]
+        if publishes and n > 0:
+            first = publishes[0]
+            assert first["status"] in ("published", "completed") and not first.get("repeated"), (n, first)
+            assert first["moved"] > 0, (n, first)
+        scripts += sum(r["rounds"]["scripts"] for r in publishes if "rounds" in r)
+        last = history.events[-1]
+        if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            carried = json.loads(last.workflow_execution_continued_as_new_event_attributes.input.payloads[0].data)
+            assert carried["carry"]["seq"] == scripts, (n, carried["carry"], scripts)
