@@ -46,9 +46,9 @@ from temporalio.service import RPCError
 
 from xmc_resumption import search_attributes
 from xmc_resumption.consumer import entries_of
-from xmc_resumption.ops import start_resumption
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.runs import start_resumption
 from xmc_resumption.services import free_port, installed_binary, wait_for_port, wait_until_serving
 from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow

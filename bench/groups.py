@@ -26,9 +26,9 @@ from typing import Any
 from bench.env import BenchEnv, bench_services, worker_process
 from bench.tasks import hold_tasks
 from xmc_resumption.consumer import run_consumer
-from xmc_resumption.ops import start_resumption
 from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.runs import start_resumption
 from xmc_resumption.workflows.models import ResumptionInput
 
 AUDIT = "audit"

@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.env import BenchEnv
 from xmc_resumption.history import history_events_per_run
-from xmc_resumption.ops import start_resumption
+from xmc_resumption.runs import start_resumption
 from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult
 
 

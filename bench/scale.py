@@ -42,9 +42,9 @@ from bench.env import BenchEnv, WorkerProcess, worker_process
 from bench.replay import build_input
 from bench.sampler import sampler_process
 from bench.tasks import READ_CHUNK, hold_tasks
-from xmc_resumption.ops import start_resumption
 from xmc_resumption.redisclient import held, weights
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, ExperimentKeys, replayers_key, weights_key
+from xmc_resumption.runs import start_resumption
 
 CONSUMERS = 2
 """Paced consumers sharing the rate R (entries/s each: R / CONSUMERS)."""

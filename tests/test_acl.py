@@ -33,13 +33,13 @@ from xmc_resumption.activities.requests import (
     SetAsideRequest,
 )
 from xmc_resumption.activities.resumption import ResumptionActivities
-from xmc_resumption.ops import experiment_status
 from xmc_resumption.redisclient import deadletter, held, weights
 from xmc_resumption.redisclient.acl import denial_message
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text
 from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.redisclient.scripts import source
 from xmc_resumption.services import free_port
+from xmc_resumption.status import experiment_status
 
 pytestmark = pytest.mark.real_server
 

@@ -36,9 +36,9 @@ from bench.scale import check_stream
 from bench.tasks import hold_tasks
 from tests.support.helpers import chain_histories, throttled, wait_for
 from xmc_resumption.consumer import entries_of
-from xmc_resumption.ops import start_resumption
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, ExperimentKeys
+from xmc_resumption.runs import start_resumption
 from xmc_resumption.workflows.models import ResumptionInput
 
 pytestmark = pytest.mark.real_server

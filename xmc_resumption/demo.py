@@ -28,9 +28,9 @@ from temporalio.client import Client, WorkflowHandle
 
 from xmc_resumption.consumer import entries_of, run_consumer
 from xmc_resumption.history import history_events_per_run
-from xmc_resumption.ops import start_resumption
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.runs import start_resumption
 from xmc_resumption.services import free_port, local_redis, local_temporal, port_is_free, stop_process
 from xmc_resumption.settings import Settings, connect_temporal
 from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult, ThrottlePolicy

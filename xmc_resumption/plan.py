@@ -23,7 +23,6 @@ from redis.exceptions import ResponseError
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from xmc_resumption.errors import KeyContentError
-from xmc_resumption.ops import live_run, state_and_held
 from xmc_resumption.redisclient import fencing
 from xmc_resumption.redisclient.acl import acl_user, allowed_commands, denial_message, is_denial
 from xmc_resumption.redisclient.backlog import measure_backlog
@@ -32,6 +31,8 @@ from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_k
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.redisclient.ratecap import StreamRate, rate_key, stream_rate
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, RedisMemory
+from xmc_resumption.runs import live_run
+from xmc_resumption.status import state_and_held
 from xmc_resumption.workflows.eta import eta_seconds
 from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
 
@@ -104,7 +105,7 @@ class Plan(BaseModel):
         estimate_basis: how the estimate was made, in words.
         refusals: why ``xmc resume`` (or the run's first steps) would refuse; waits: why the replay
             would wait at its start; notes: anything else worth knowing.
-        run: the resumption in Temporal (``ops.live_run``), None when there never was one, or
+        run: the resumption in Temporal (``runs.live_run``), None when there never was one, or
             ``{"error": ...}`` when Temporal was not asked.
     """
 

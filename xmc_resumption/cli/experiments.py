@@ -28,13 +28,13 @@ from xmc_resumption.cli.common import (
 from xmc_resumption.cli.params import EntryIdType, FiniteFloat, NameListType
 from xmc_resumption.client import MAX_ENQUEUE_TASKS
 from xmc_resumption.errors import EXIT_OPERATOR_ERROR, OperatorError
-from xmc_resumption.ops import DEFAULT_IDLE_SECONDS, MAX_LISTED
 from xmc_resumption.redisclient import deadletter
 from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.held import Task
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.text import MAX_DETAIL_CHARS, one_line
+from xmc_resumption.status import DEFAULT_IDLE_SECONDS, MAX_LISTED
 from xmc_resumption.workflows.models import Phase, ResumptionInput
 
 MAX_TASKS_ENQUEUED = 1_000_000
@@ -157,7 +157,7 @@ def status(
 def _status_text(doc: Mapping[str, Any]) -> str:
     """``xmc status`` as text: one fact a line.
 
-    A part that could not be read says ``unknown`` and why (``ops.experiment_status``); keys it does not
+    A part that could not be read says ``unknown`` and why (``status.experiment_status``); keys it does not
     know are printed as they are.
     """
     e, s = doc["experiment_id"], doc["stream"]

@@ -43,14 +43,11 @@ from xmc_resumption.errors import (
     RunFailedError,
     workflow_failure_message,
 )
-from xmc_resumption.ops import (
-    MAX_LISTED,
-    add_etas,
-    fleet_query,
-)
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
 from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND
 from xmc_resumption.redisclient.text import one_line
+from xmc_resumption.runs import add_etas, fleet_query
+from xmc_resumption.status import MAX_LISTED
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
 from xmc_resumption.workflows.models import TASK_QUEUE, ResumptionInput, workflow_id_for

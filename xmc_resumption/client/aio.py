@@ -22,21 +22,6 @@ from xmc_resumption.client.views import (
     Stopping,
 )
 from xmc_resumption.errors import operator_message
-from xmc_resumption.ops import (
-    DEFAULT_IDLE_SECONDS,
-    MAX_LISTED,
-    experiment_status,
-    fleet_query,
-    has_keys,
-    held_experiments,
-    list_resumptions,
-    live_run,
-    refuse_evicting_redis,
-    run_update,
-    running_handle,
-    start_resumption,
-    state_and_held,
-)
 from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, Plan, plan
 from xmc_resumption.redisclient import held as held_tasks
 from xmc_resumption.redisclient.connection import RedisClient
@@ -53,7 +38,17 @@ from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, Exper
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.redisclient.text import one_line
+from xmc_resumption.runs import fleet_query, list_resumptions, live_run, run_update, running_handle, start_resumption
 from xmc_resumption.settings import Settings, connect_temporal
+from xmc_resumption.status import (
+    DEFAULT_IDLE_SECONDS,
+    MAX_LISTED,
+    experiment_status,
+    has_keys,
+    held_experiments,
+    refuse_evicting_redis,
+    state_and_held,
+)
 from xmc_resumption.workflows.control import Control, ControlChange, EffectiveSettings
 from xmc_resumption.workflows.models import TASK_QUEUE, ResumptionInput
 
@@ -277,7 +272,7 @@ class XmcClient:
     async def check_resumable(self, inputs: Sequence[ResumptionInput], *, force: bool = False) -> None:
         """The checks ``resume`` makes before it starts anything.
 
-        Redis's eviction policy must be ``noeviction`` (``ops.refuse_evicting_redis``), and an experiment
+        Redis's eviction policy must be ``noeviction`` (``status.refuse_evicting_redis``), and an experiment
         that is running and holds no tasks, or that has no key at all on the stream, has nothing to resume
         (unless ``force``).
 
@@ -440,7 +435,7 @@ class XmcClient:
     async def held(self, *, limit: int = 1_000) -> tuple[list[HeldRow], bool]:
         """Every experiment on this stream that Redis holds something for, found by ``SCAN``.
 
-        See ``ops.held_experiments``: paused, orphaned, resuming, unknown, stranded, bad_keys.
+        See ``status.held_experiments``: paused, orphaned, resuming, unknown, stranded, bad_keys.
 
         Returns:
             (rows, truncated): truncated when more than ``limit`` (1..``MAX_LISTED``) were found.
@@ -459,7 +454,7 @@ class XmcClient:
     ) -> list[FleetRow]:
         """The resumptions Temporal visibility knows, newest first, narrowed by the filters; no worker needed.
 
-        A continue-as-new chain shows once (``ops.fleet_query``).
+        A continue-as-new chain shows once (``runs.fleet_query``).
 
         Raises:
             ValueError: a bad phase, experiment ID, stream, or ``limit`` outside 1..``MAX_LISTED``.

@@ -25,7 +25,6 @@ from xmc_resumption.client.views import (
     ResumptionHandle,
     Stopping,
 )
-from xmc_resumption.ops import DEFAULT_IDLE_SECONDS
 from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, Plan
 from xmc_resumption.redisclient.connection import SyncRedisClient
 from xmc_resumption.redisclient.held import (
@@ -40,6 +39,7 @@ from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, Exper
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.scripts import run_script_sync
 from xmc_resumption.settings import Settings
+from xmc_resumption.status import DEFAULT_IDLE_SECONDS
 from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
 from xmc_resumption.workflows.models import ResumptionInput, ResumptionResult
 

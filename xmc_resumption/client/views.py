@@ -50,11 +50,11 @@ class ExperimentStatus(BaseModel):
             of those groups holding pending entries while idle for ``idle_seconds``, the most
             pending first (``redisclient.consumers``).
         redis_memory: Redis's eviction policy and memory; ``problem`` says why a resumption refuses it.
-        run: the resumption ``resumption-<E>`` in Temporal (``ops.live_run``: IDs, status, search
+        run: the resumption ``resumption-<E>`` in Temporal (``runs.live_run``: IDs, status, search
             attributes, ``progress`` while it runs), ``{"error": <one line>}`` when Temporal could not
             be asked, None when there never was one or it was not asked.
         unknown: the parts that could not be read (a key of the wrong type, a command the ACL user
-            may not run) -> why; each such part is None above (``ops.experiment_status``).
+            may not run) -> why; each such part is None above (``status.experiment_status``).
     """
 
     experiment_id: str
@@ -74,7 +74,7 @@ class ExperimentStatus(BaseModel):
 
 
 class HeldRow(BaseModel):
-    """One experiment Redis holds something for (``XmcClient.held``; see ``ops.held_experiments``)."""
+    """One experiment Redis holds something for (``XmcClient.held``; see ``status.held_experiments``)."""
 
     experiment_id: str
     state: str | None
