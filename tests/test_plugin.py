@@ -368,3 +368,23 @@ async def test_a_worker_whose_deployment_config_disagrees_with_the_settings_is_r
                 version=WorkerDeploymentVersion("xmc", "b8"), use_worker_versioning=True
             ),
         )
+
+
+async def test_the_plugin_on_both_the_client_and_the_worker_is_one_line_naming_it(
+    temporal_env: WorkflowEnvironment, redis_url: str
+) -> None:
+    """Issue 26, row 8 (docs/embedding.md: not both): one line naming the plugin, before the SDK's
+    "More than one activity named acquire_claim"."""
+    settings = Settings(redis_url=redis_url)
+    client = await Client.connect(
+        temporal_env.client.service_client.config.target_host, plugins=[ResumptionPlugin(settings)]
+    )
+    # the SDK warns first, then the plugin refuses
+    with pytest.warns(UserWarning, match="same plugin type"), pytest.raises(ValueError) as twice:
+        Worker(client, task_queue="q", plugins=[ResumptionPlugin(settings)])
+    assert str(twice.value) == (
+        "xmc_resumption.ResumptionPlugin is given twice to this worker (to Client.connect and to the Worker, "
+        "or beside the resumption's own activities): give it to one of them"
+    )
+    with pytest.raises(ValueError, match=r"^xmc_resumption\.ResumptionPlugin is given twice"):
+        Worker(temporal_env.client, task_queue="q", plugins=[ResumptionPlugin(settings), ResumptionPlugin(settings)])

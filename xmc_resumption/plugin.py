@@ -194,13 +194,20 @@ class ResumptionPlugin(SimplePlugin):
             ValueError: the worker's client lacks the pydantic data converter (the plugin was given
                 to the worker only; give it to ``Client.connect`` instead, or connect with
                 ``temporalio.contrib.pydantic.pydantic_data_converter``); or its ``deployment_config``
-                disagrees with the settings' (``deployment_config``).
+                disagrees with the settings' (``deployment_config``); or the worker has the
+                resumption's activities already (the plugin was given to both the client and the
+                worker: the SDK would refuse the second set by its first activity's name).
         """
         client = config["client"]
         if not issubclass(client.data_converter.payload_converter_class, PydanticPayloadConverter):
             raise ValueError(
                 "ResumptionPlugin: the worker's client lacks the pydantic data converter; give the plugin to "
                 "Client.connect(plugins=[...]) or connect with temporalio.contrib.pydantic.pydantic_data_converter"
+            )
+        if any(isinstance(getattr(a, "__self__", None), ResumptionActivities) for a in config.get("activities", ())):
+            raise ValueError(
+                f"{PLUGIN_NAME} is given twice to this worker (to Client.connect and to the Worker, or "
+                "beside the resumption's own activities): give it to one of them"
             )
         runtime = client.service_client.config.runtime or Runtime.default()
         activities = ResumptionActivities(meter=runtime.metric_meter)
