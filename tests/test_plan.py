@@ -171,7 +171,11 @@ async def test_the_estimate_is_the_sampled_drain(redis: Redis) -> None:
     assert group.drain_rate is not None and 250 < group.drain_rate < 500, group
     assert adaptive.rate == group.drain_rate
     assert adaptive.estimate_seconds == eta_seconds(2_000, 0, group.drain_rate)  # backlog >= 500: no headroom
-    assert adaptive.estimate_basis == f"{GROUP}'s drain rate over a 1s sample ({group.drain_rate:,.1f}/s)"
+    assert adaptive.estimate_basis == (
+        f"{GROUP} took {group.drain_rate:,.1f}/s with a backlog all along over a 1s sample (what its consumers "
+        f"can take), producers added 0.0/s: {group.drain_rate:,.1f}/s left for the replay"
+    )
+    assert (group.caught_up, group.drain_note, adaptive.added_rate) == (False, None, 0)
     assert fixed.rate == 50 and fixed.estimate_seconds == 2_000 / 50
     assert "bounded by fixed waits: threshold / throttle_seconds = 50.0/s" in fixed.estimate_basis
     assert capped.rate == 20 and capped.estimate_seconds == capped.at_least_seconds == 2_000 / 20
@@ -211,3 +215,105 @@ def test_nothing_to_plan_is_a_refusal(redis: Redis, xmc: Xmc) -> None:
         "experiment P-none is running and holds no tasks on xmc-tasks-stream: nothing to resume"
     )
     one_line(xmc("plan", "P-none", "--sample-seconds", "-1"), "xmc plan: error: Invalid value for '--sample-seconds'")
+
+
+async def produce(redis: Redis, stop: asyncio.Event, per_second: float) -> None:
+    """Another experiment's producer: ``per_second`` entries a second into the task stream, in tens."""
+    i = 0
+    while not stop.is_set():
+        async with redis.pipeline(transaction=False) as pipe:
+            for _ in range(10):
+                pipe.xadd(STREAM, {"task": f"live-{i}"})
+                i += 1
+            await pipe.execute()
+        await asyncio.sleep(10 / per_second)
+
+
+async def test_a_caught_up_group_shows_a_lower_bound_not_what_producers_add(redis: Redis, xmc: Xmc) -> None:
+    """Issue 26, row 4: the group is caught up and producers add about 100/s; its consumers could take
+    far more. What it acknowledged is what producers added, so the plan calls it a lower bound and
+    gives no estimate from it (before: ~100/s taken as the consumers' speed, an estimate printed)."""
+    e = f"P{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 3_000)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    stop, seen = asyncio.Event(), []
+    tasks = [asyncio.create_task(consume(redis, "c1", stop, seen)), asyncio.create_task(produce(redis, stop, 100))]
+    try:
+        await asyncio.sleep(0.3)
+        ran = await asyncio.to_thread(xmc, "plan", e, "--sample-seconds", "1.5", "--json")
+        text = await asyncio.to_thread(xmc, "plan", e, "--sample-seconds", "1")
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    assert ran.returncode == 0, ran
+    doc = json.loads(ran.stdout)
+    assert (doc["rate"], doc["estimate_seconds"]) == (None, None), doc["estimate_basis"]
+    [group] = doc["groups"]
+    assert group["caught_up"] is True and 50 < group["drain_rate"] < 150, group
+    assert (
+        group["drain_note"]
+        == "it caught up during the sample: the rate is what reached it, its consumers may take more"
+    )
+    assert 50 < doc["added_rate"] < 150
+    assert doc["estimate_basis"] == (
+        f"no estimate: {GROUP}: it caught up during the sample: the rate is what reached it, its consumers may take "
+        "more; a sample shows what the consumers can take only while they have entries to read (the run's ETA "
+        "tells once it feeds them)"
+    )
+    assert "estimated time: unknown (no estimate: " in text.stdout
+    assert (
+        f"  group {GROUP} (this replay's): 1 consumers, backlog 0 (pending 0 + lag 0), drain at least " in text.stdout
+    )
+
+
+async def test_producers_share_the_consumers_with_the_replay(redis: Redis) -> None:
+    """Consumers taking about 400/s with a backlog all along while producers add about 100/s: the
+    replay gets what is left, about 300/s (before: 400/s, as if the producers were not there)."""
+    e = f"P{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 2_000)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    async with redis.pipeline(transaction=False) as pipe:
+        for i in range(3_000):
+            pipe.xadd(STREAM, {"task": f"other-{i}"})
+        await pipe.execute()
+    stop, seen = asyncio.Event(), []
+    tasks = [
+        asyncio.create_task(consume(redis, "c1", stop, seen, per_read=20, rate=400)),
+        asyncio.create_task(produce(redis, stop, 100)),
+    ]
+    try:
+        await asyncio.sleep(0.2)
+        found = await plan(redis, ResumptionInput(experiment_id=e), temporal=None, sample_seconds=1.5)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    [group] = found.groups
+    assert found.added_rate is not None and group.drain_rate is not None and not group.caught_up
+    assert 50 < found.added_rate < 150 and 250 < group.drain_rate < 500
+    assert found.rate == pytest.approx(group.drain_rate - found.added_rate)
+    assert found.estimate_seconds == eta_seconds(2_000, 0, found.rate)
+    assert f"producers added {found.added_rate:,.1f}/s: {found.rate:,.1f}/s left for the replay" in (
+        found.estimate_basis
+    )
+
+
+async def test_idle_consumers_say_why_the_plan_cannot_tell(redis: Redis) -> None:
+    """Idle consumers, nothing added (the usual state before a resume): no rate, and the basis says
+    why (before: "nothing to drain during the sample: its rate is unknown", no word on what would tell)."""
+    e = f"P{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 100)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+    try:
+        found = await plan(redis, ResumptionInput(experiment_id=e), temporal=None, sample_seconds=0.5)
+    finally:
+        stop.set()
+        await consumer
+    [group] = found.groups
+    assert (group.drain_rate, group.caught_up, found.added_rate, found.estimate_seconds) == (None, True, 0, None)
+    assert found.estimate_basis == (
+        f"no estimate: {GROUP}: nothing reached it during the sample: how fast its consumers go is unknown; a sample "
+        "shows what the consumers can take only while they have entries to read (the run's ETA tells once it "
+        "feeds them)"
+    )

@@ -4,8 +4,8 @@ See docs/operating.md, "Plan".
 
 ``plan`` reads Redis and asks Temporal, and writes nothing: the held tasks (count, bytes, oldest and
 newest entry), every consumer group's backlog on the task stream by the replay's own rule
-(``redisclient.backlog``), the groups' drain rate sampled over a short interval, the time the
-replay would take at that rate, and every reason the start would be refused or would wait: Redis's
+(``redisclient.backlog``), what the consumers can take and what producers add, sampled over a short
+interval (``drain``), the time the replay would take, and every reason the start would be refused or would wait: Redis's
 eviction policy, the ACL user's permissions (asked with ``redis.acl_check_cmd``, nothing run), used
 memory over ``max_memory_fraction``, a resumption already running in Temporal, a missing stream or
 group, a backlog already at the threshold, a rate cap.
@@ -13,7 +13,6 @@ group, a backlog already at the threshold, a rate cap.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -22,18 +21,18 @@ from pydantic import BaseModel
 from redis.exceptions import ResponseError
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from xmc_resumption.drain import GroupReading, estimate, read_groups, sample_drain
 from xmc_resumption.errors import KeyContentError
 from xmc_resumption.redisclient import fencing
 from xmc_resumption.redisclient.acl import acl_user, allowed_commands, denial_message, is_denial
-from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.redisclient.ratecap import StreamRate, rate_key, stream_rate
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, RedisMemory
+from xmc_resumption.redisclient.text import show_name
 from xmc_resumption.runs import live_run
 from xmc_resumption.status import state_and_held
-from xmc_resumption.workflows.eta import eta_seconds
 from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
 
 MAX_SAMPLE_SECONDS = 60.0
@@ -60,28 +59,6 @@ class HeldEntry(BaseModel):
     time: datetime
 
 
-class GroupReading(BaseModel):
-    """One consumer group of the task stream.
-
-    Attributes:
-        group: its name; consumers: its consumers (XINFO GROUPS).
-        pending, lag, backlog: by the replay's rule (``redisclient.backlog``), counted up to the
-            threshold (``capped``: the true backlog is larger).
-        drain_rate: entries it acknowledged per second over the sample (entries delivered to it
-            minus the growth of its PEL), None when not sampled or when it had nothing to drain.
-        drain_note: why the rate is unknown or only a lower bound, or None.
-    """
-
-    group: str
-    consumers: int
-    pending: int
-    lag: int
-    backlog: int
-    capped: bool
-    drain_rate: float | None = None
-    drain_note: str | None = None
-
-
 class Plan(BaseModel):
     """What ``plan`` found; ``refusals`` empty means ``xmc resume`` would start.
 
@@ -95,9 +72,13 @@ class Plan(BaseModel):
         stream_exists: whether the task stream exists; groups: every consumer group on it.
         redis_memory: Redis's memory settings; stream_rate: the stream-wide cap (``{S}:rate``) or None.
         sample_seconds: how long the drain was sampled (seconds; 0: not sampled).
-        rate: the tasks per second the estimate uses: the group's sampled drain rate, bounded under
-            ``fixed`` by ``threshold / throttle_seconds`` (what fixed waits let through once the
-            consumers outpace them) and by the rate caps; None when unknown.
+        added_rate: entries producers added to the task stream per second over the sample (None:
+            not sampled, or more than ``drain.COUNT_LIMIT``).
+        rate: the tasks per second the estimate uses (``drain.estimate``): what the slowest
+            bounding group's consumers took while they had a backlog all along, less what producers
+            added, bounded under ``fixed`` by ``threshold / throttle_seconds`` (what fixed waits let
+            through once the consumers outpace them) and by the rate caps; None when unknown (a
+            group that caught up shows only a lower bound of what its consumers can take).
         estimate_seconds: ``max(0, held - headroom) / rate``, at least ``held / cap``
             (``workflows/eta.py``: the ETA's rule), None when unknown.
         at_least_seconds: ``held / cap`` under a rate cap (the lower of the replay's and the
@@ -125,6 +106,7 @@ class Plan(BaseModel):
     redis_memory: RedisMemory | None
     stream_rate: StreamRate | None
     sample_seconds: float
+    added_rate: float | None = None
     rate: float | None
     estimate_seconds: float | None
     at_least_seconds: float | None
@@ -214,86 +196,6 @@ def required_commands(keys: ExperimentKeys) -> list[list[str]]:
     ]
 
 
-async def _snapshot(redis: RedisClient, stream: str) -> tuple[float, dict[str, dict[str, Any]]]:
-    """Redis's clock (seconds) and XINFO GROUPS of ``stream``, by group name."""
-    seconds, micros = await redis.time()
-    groups = await redis.xinfo_groups(stream)
-    by_name = {as_text(g["name"]): g for g in groups}
-    return seconds + micros / 1e6, by_name
-
-
-async def _delivered(
-    redis: RedisClient, stream: str, before: dict[str, Any], after: dict[str, Any]
-) -> tuple[int, bool]:
-    """Entries delivered to a group between two XINFO GROUPS readings; returns (entries, exact).
-
-    The change of its ``entries-read`` when Redis knows both, else counted by XRANGE between the two
-    last-delivered-ids (up to ``ENTRIES_READ_LIMIT``).
-    """
-    first, last = as_text(before["last-delivered-id"]), as_text(after["last-delivered-id"])
-    if first == last:
-        return 0, True
-    read0, read1 = before.get("entries-read"), after.get("entries-read")
-    if isinstance(read0, int) and isinstance(read1, int) and read1 >= read0:
-        return read1 - read0, True
-    counted, start = 0, "(" + first
-    while counted < ENTRIES_READ_LIMIT:
-        chunk: list[Any] = await redis.xrange(stream, min=start, max=last, count=READ_CHUNK) or []
-        counted += len(chunk)
-        if len(chunk) < READ_CHUNK:
-            return counted, True
-        start = "(" + as_text(chunk[-1][0])
-    return counted, False
-
-
-async def _sample_drain(redis: RedisClient, stream: str, groups: list[GroupReading], seconds: float) -> None:
-    """Fill in each group's drain rate from two XINFO GROUPS readings ``seconds`` apart."""
-    t0, before = await _snapshot(redis, stream)
-    await asyncio.sleep(seconds)
-    t1, after = await _snapshot(redis, stream)
-    elapsed = max(t1 - t0, 1e-6)
-    for g in groups:
-        if g.group not in before or g.group not in after:
-            g.drain_note = "the group appeared or went away during the sample"
-            continue
-        delivered, exact = await _delivered(redis, stream, before[g.group], after[g.group])
-        acked = delivered + int(before[g.group]["pending"]) - int(after[g.group]["pending"])
-        if acked <= 0 and g.backlog == 0 and delivered == 0:
-            g.drain_note = "nothing to drain during the sample: its rate is unknown"
-            continue
-        g.drain_rate = max(0, acked) / elapsed
-        if not exact:
-            g.drain_note = f"more than {ENTRIES_READ_LIMIT} entries delivered: the rate is a lower bound"
-        elif (await measure_backlog(redis, stream, g.group, 1)).backlog == 0:
-            g.drain_note = "it drained everything during the sample: its rate may be higher"
-
-
-def _estimate(
-    inp: ResumptionInput, held: int, headroom: int, group: GroupReading | None, cap: float | None, sampled: float
-) -> tuple[float | None, float | None, float | None, str]:
-    """(rate, estimate_seconds, at_least_seconds, basis) for ``held`` tasks with ``headroom`` at the start.
-
-    At ``group``'s sampled drain rate (over ``sampled`` seconds), under the rate ``cap``.
-    """
-    at_least = eta_seconds(held, headroom, cap, cap) if cap is not None else None
-    capped = f"; at least held / the rate cap ({cap:g}/s)" if cap is not None else ""
-    drained = group.drain_rate if group is not None else None
-    if group is None or drained is None:
-        why = group.drain_note if group is not None and group.drain_note else "the group's drain rate was not sampled"
-        return None, None, at_least, f"no estimate: {why}{capped}"
-    if drained <= 0:
-        return None, None, at_least, f"no estimate: {group.group} drained nothing over the {sampled:g}s sample{capped}"
-    rate = drained
-    basis = f"{group.group}'s drain rate over a {sampled:g}s sample ({drained:,.1f}/s)"
-    if inp.throttle_policy is ThrottlePolicy.FIXED and inp.max_backlog_threshold / inp.throttle_seconds < rate:
-        # fixed waits let about a threshold through per wait once the consumers outpace that
-        rate = inp.max_backlog_threshold / inp.throttle_seconds
-        basis += f", bounded by fixed waits: threshold / throttle_seconds = {rate:,.1f}/s"
-    if cap is not None and cap < rate:
-        basis += f", and by the rate cap ({cap:g}/s)"
-    return min(rate, cap or rate), eta_seconds(held, headroom, rate, cap), at_least, basis
-
-
 async def plan(
     redis: RedisClient,
     inp: ResumptionInput,
@@ -375,8 +277,8 @@ async def plan(
         )
     if claim:
         notes.append(
-            f"a live claim (token {claim.get('token')}, owner {claim.get('owner')}): a new resumption takes it "
-            "over and fences that replayer"
+            f"a live claim (token {claim.get('token')}, owner {show_name(claim.get('owner', ''))}): a new resumption "
+            "takes it over and fences that replayer"
         )
 
     memory: RedisMemory | None = None
@@ -409,26 +311,13 @@ async def plan(
         notes.append(f"this replay's own rate cap: at most {inp.max_tasks_per_second:g} tasks/s")
 
     groups: list[GroupReading] = []
+    added: float | None = None
     stream_exists, measurable = bool(await redis.exists(keys.stream)), True
     if stream_exists:
         try:
-            for g in await redis.xinfo_groups(keys.stream):
-                name = as_text(g["name"])
-                reading = await measure_backlog(
-                    redis, keys.stream, name, inp.max_backlog_threshold, max_bytes=inp.max_bytes_per_call
-                )
-                groups.append(
-                    GroupReading(
-                        group=name,
-                        consumers=int(g["consumers"]),
-                        pending=reading.pending,
-                        lag=reading.lag,
-                        backlog=reading.backlog,
-                        capped=reading.capped,
-                    )
-                )
+            groups = await read_groups(redis, keys.stream, inp.max_backlog_threshold, inp.max_bytes_per_call)
             if sample_seconds > 0 and groups:
-                await _sample_drain(redis, keys.stream, groups, sample_seconds)
+                added = await sample_drain(redis, keys.stream, groups, sample_seconds)
         except ResponseError as err:
             if str(err).startswith("WRONGTYPE"):
                 measurable = False
@@ -451,13 +340,20 @@ async def plan(
             )
         else:
             waits.append(f"{what}: the replay waits for it (missing_group '{inp.missing_group}')")
-    elif own is not None and own.backlog >= inp.max_backlog_threshold:
+    # the groups that bound the replay, its own first (as the replay measures them: redisclient.backlog)
+    bounding = [g for g in groups if inp.consumer_groups is None or g.group in inp.consumer_groups]
+    bounding.sort(key=lambda g: g.group != inp.consumer_group)
+    limiting = max(bounding, key=lambda g: g.backlog, default=None)
+    if own is not None and limiting is not None and limiting.backlog >= inp.max_backlog_threshold:
         waits.append(
-            f"backlog of {own.group} is {own.backlog}{'+' if own.capped else ''} >= threshold "
-            f"{inp.max_backlog_threshold}: the replay waits for the consumers first"
+            f"backlog of {show_name(limiting.group)} is {limiting.backlog}{'+' if limiting.capped else ''} >= "
+            f"threshold {inp.max_backlog_threshold}: the replay waits for the consumers first"
         )
-    if own is not None and own.consumers == 0:
-        notes.append(f"group {own.group} has no consumer: nothing drains what the replay moves")
+    notes += [
+        f"group {show_name(g.group)} has no consumer: nothing drains what the replay moves"
+        for g in bounding
+        if g.consumers == 0
+    ]
 
     run: dict[str, Any] | None
     if temporal is None:
@@ -472,8 +368,9 @@ async def plan(
             )
 
     caps = [c for c in (inp.max_tasks_per_second, cap_row.limit if cap_row else None) if c]
-    headroom = max(0, inp.max_backlog_threshold - own.backlog) if own is not None else inp.max_backlog_threshold
-    rate, estimate, at_least, basis = _estimate(inp, held, headroom, own, min(caps) if caps else None, sample_seconds)
+    headroom = max(0, inp.max_backlog_threshold - (limiting.backlog if limiting is not None else 0))
+    sampled = sample_seconds if groups else 0.0
+    guess = estimate(inp, held, headroom, bounding, added, min(caps) if caps else None, sampled)
     return Plan(
         experiment_id=inp.experiment_id,
         stream=inp.stream,
@@ -490,11 +387,12 @@ async def plan(
         groups=groups,
         redis_memory=memory,
         stream_rate=cap_row,
-        sample_seconds=sample_seconds if groups else 0.0,
-        rate=rate,
-        estimate_seconds=estimate,
-        at_least_seconds=at_least,
-        estimate_basis=basis,
+        sample_seconds=sampled,
+        added_rate=added,
+        rate=guess.rate,
+        estimate_seconds=guess.seconds,
+        at_least_seconds=guess.at_least,
+        estimate_basis=guess.basis,
         refusals=refusals,
         waits=waits,
         notes=notes,

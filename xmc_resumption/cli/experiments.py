@@ -33,7 +33,7 @@ from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.held import Task
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
-from xmc_resumption.redisclient.text import MAX_DETAIL_CHARS, one_line
+from xmc_resumption.redisclient.text import MAX_DETAIL_CHARS, one_line, show_name
 from xmc_resumption.status import DEFAULT_IDLE_SECONDS, MAX_LISTED
 from xmc_resumption.workflows.models import Phase, ResumptionInput
 
@@ -179,7 +179,8 @@ def _status_text(doc: Mapping[str, Any]) -> str:
         lines.append(f"  claim: {why('claim')}")
     elif claim:
         lease = int(claim.get("lease_ms", "0")) / 1000
-        lines.append(f"  claim: token {claim.get('token')} owned by {claim.get('owner')}, lease {lease:.0f}s left")
+        owner = show_name(str(claim.get("owner", "")))
+        lines.append(f"  claim: token {claim.get('token')} owned by {owner}, lease {lease:.0f}s left")
     elif doc["exists"] is not False:
         lines.append("  claim: none")
     lines.append(f"  fencing token: {doc['fence'] if 'fence' not in unknown else why('fence')}")
@@ -192,7 +193,10 @@ def _status_text(doc: Mapping[str, Any]) -> str:
     if "idle_consumers" in unknown:
         lines.append(f"  idle consumers holding pending entries: {why('idle_consumers')}")
     elif idle:
-        held_by = (f"{c['group']}/{c['consumer']} holds {c['pending']}, idle {c['idle_ms'] / 1000:.0f}s" for c in idle)
+        held_by = (
+            f"{show_name(c['group'])}/{show_name(c['consumer'])} holds {c['pending']}, idle {c['idle_ms'] / 1000:.0f}s"
+            for c in idle
+        )
         lines.append("  idle consumers holding pending entries: " + "; ".join(held_by))
     memory = doc.get("redis_memory")
     if memory:
@@ -227,18 +231,22 @@ def _backlog_lines(b: Mapping[str, Any]) -> list[str]:
     limiting = next((g for g in groups if g["name"] == b.get("limiting_group")), None)
     if b["status"] != "ok" and b.get("missing_group"):
         what = "stream" if b["status"] == "no_stream" else "consumer group"
-        name = b["missing_group"] if what == "consumer group" else "(so no group)"
+        name = show_name(b["missing_group"]) if what == "consumer group" else "(so no group)"
         lines = [f"  backlog: {what} {name} missing: a replay waits for it under missing_group wait"]
     else:
         side = "at or over" if b["pending"] + b["lag"] >= b["threshold"] else "under"
         shown = part(limiting) if limiting else part({**b, "counted": True})
         lines = [
-            f"  backlog of {b.get('limiting_group') or b['group']}: {shown}, {side} {b['threshold']} "
+            f"  backlog of {show_name(b.get('limiting_group') or b['group'])}: {shown}, {side} {b['threshold']} "
             f"(counted up to --threshold)" + (f"; the largest of {len(groups)} groups" if len(groups) > 1 else "")
         ]
     if len(groups) > 1:
-        lines += [f"    group {g['name']}: {part(g)}" for g in groups]
+        lines += [f"    group {show_name(g['name'])}: {part(g)}" for g in groups]
     return lines
+
+
+STALL_CHARS = 2_000
+"""Longest stall reason ``xmc status`` shows (characters): it names up to five idle consumers."""
 
 
 def _run_text(run: Mapping[str, Any] | None) -> str:
@@ -252,19 +260,23 @@ def _run_text(run: Mapping[str, Any] | None) -> str:
         text += (
             f": {progress['phase']}, replayed {progress['replayed']}, remaining {or_missing(progress['remaining'])}, "
             f"backlog {or_missing(progress['backlog'])}/{progress['threshold']}"
-            + (f" of {progress['limiting_group']}" if progress.get("limiting_group") else "")
+            + (f" of {show_name(progress['limiting_group'])}" if progress.get("limiting_group") else "")
             + f", ETA {eta_text(progress.get('eta_seconds'), progress.get('eta_at'))}"
             + (
-                f", waiting for a consumer group: {progress['throttle_reason']}"
+                f", waiting for a consumer group: {one_line(progress['throttle_reason'])}"
                 if progress["phase"] == Phase.WAITING_FOR_GROUP.value
                 else ""
             )
             + (
-                f", STALLED {progress['stalled_seconds']:.0f}s: {progress['stall_reason']}"
+                f", STALLED {progress['stalled_seconds']:.0f}s: {one_line(progress['stall_reason'], STALL_CHARS)}"
                 if progress["stalled"]
                 else ""
             )
-            + (f", RATE LIMITED: {progress['rate_reason']}" if progress["phase"] == Phase.RATE_LIMITED.value else "")
+            + (
+                f", RATE LIMITED: {one_line(progress['rate_reason'])}"
+                if progress["phase"] == Phase.RATE_LIMITED.value
+                else ""
+            )
         )
     else:
         text += f": phase {or_missing(run['phase'])}, replayed {or_missing(run['replayed'])}, "
@@ -370,4 +382,5 @@ def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_jso
 def _claim_text(claim: Mapping[str, str]) -> str:
     if not claim:
         return "-"
-    return f"token {claim.get('token')} by {claim.get('owner')}, {int(claim.get('lease_ms', '0')) / 1000:.0f}s left"
+    owner = show_name(str(claim.get("owner", "")))
+    return f"token {claim.get('token')} by {owner}, {int(claim.get('lease_ms', '0')) / 1000:.0f}s left"

@@ -26,6 +26,7 @@ from xmc_resumption.errors import OperatorError
 from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, MAX_SAMPLE_SECONDS, Plan
 from xmc_resumption.redisclient import ratecap
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
+from xmc_resumption.redisclient.text import show_name
 from xmc_resumption.workflows.models import ResumptionInput
 from xmc_resumption.workflows.text import duration_text
 
@@ -86,11 +87,13 @@ def plan_text(p: Plan) -> str:
         lines.append(f"  task stream {p.stream}: missing")
     for g in p.groups:
         own = " (this replay's)" if g.group == p.consumer_group else ""
-        rate = "-" if g.drain_rate is None else f"{g.drain_rate:,.1f}/s"
+        rate = "-" if g.drain_rate is None else f"{'at least ' if g.caught_up else ''}{g.drain_rate:,.1f}/s"
         lines.append(
-            f"  group {g.group}{own}: {g.consumers} consumers, backlog {g.backlog}{'+' if g.capped else ''} "
+            f"  group {show_name(g.group)}{own}: {g.consumers} consumers, backlog {g.backlog}{'+' if g.capped else ''} "
             f"(pending {g.pending} + lag {g.lag}), drain {rate}" + (f" ({g.drain_note})" if g.drain_note else "")
         )
+    if p.sample_seconds and p.added_rate is not None:
+        lines.append(f"  producers added {p.added_rate:,.1f}/s to {p.stream} during the {p.sample_seconds:g}s sample")
     estimate = "unknown" if p.estimate_seconds is None else f"~{duration_text(p.estimate_seconds)}"
     if p.at_least_seconds is not None:
         estimate += f", at least {duration_text(p.at_least_seconds)}"

@@ -10,15 +10,15 @@ wrong after XDEL, XTRIM, XGROUP SETID and for groups created at ``$`` (see tests
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
-from xmc_resumption.redisclient.keys import validate_name
+from xmc_resumption.redisclient.keys import as_text, json_reply, validate_name
 from xmc_resumption.redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy
 from xmc_resumption.redisclient.scripts import run_script
+from xmc_resumption.redisclient.text import show_name
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,38 @@ async def measure_backlog(
     """
     validate_threshold(threshold)
     validate_byte_budget(max_bytes)
-    args = [group, threshold, max_bytes, missing_group.value, groups_arg(group, groups)]
-    raw = json.loads(await run_script(client, "measure", [stream], args))
+    spec = groups_arg(group, groups)
+    return await _measure(client, stream, [group, threshold, max_bytes, missing_group.value, spec], missing_group)
+
+
+async def measure_group(
+    client: RedisClient, stream: str, name: str | bytes, threshold: int, max_bytes: int = DEFAULT_BYTE_BUDGET
+) -> BacklogReading:
+    """Measure one consumer group found on ``stream`` alone, by the replay's rule (``measure_backlog``).
+
+    Args:
+        name: the group's name as ``XINFO GROUPS`` gave it: any name Redis accepts (bytes, as they are,
+            for a name that is not UTF-8), not held to ``validate_name``'s rule.
+        threshold, max_bytes: as ``measure_backlog``.
+
+    Returns:
+        Its reading; ``status`` ``no_group`` (or ``no_stream``) once it is gone, headroom 0.
+
+    Raises:
+        ValueError, redis.exceptions.ResponseError: as ``measure_backlog``.
+    """
+    validate_threshold(threshold)
+    validate_byte_budget(max_bytes)
+    policy = MissingGroupPolicy.WAIT
+    return await _measure(client, stream, [name, threshold, max_bytes, policy.value, ""], policy)
+
+
+async def _measure(
+    client: RedisClient, stream: str, args: list[str | bytes | int], missing_group: MissingGroupPolicy
+) -> BacklogReading:
+    """Run the measure script with checked ``args`` (its ARGV) and read its reading."""
+    group, threshold = as_text(args[0]) if isinstance(args[0], bytes) else str(args[0]), int(args[1])
+    raw = json_reply(await run_script(client, "measure", [stream], args))
     # Lua turns a NULL reply into false, and cjson encodes that as JSON false
     raw["xinfo_lag"] = raw["xinfo_lag"] if raw["xinfo_lag"] is not False else None
     reading = BacklogReading.model_validate({**raw, "threshold": threshold})
@@ -135,7 +165,7 @@ async def measure_backlog(
             "XINFO lag disagrees with the counted lag",
             extra={
                 "stream": stream,
-                "group": reading.limiting_group,
+                "group": show_name(reading.limiting_group),
                 "xinfo_lag": reading.xinfo_lag,
                 "lag": reading.lag,
             },

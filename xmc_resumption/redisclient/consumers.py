@@ -33,36 +33,45 @@ async def idle_consumers(
 
     The most pending first (then the longest idle), at most ``limit``.
 
-    A group (or the stream) that does not exist holds nothing: it is skipped.
+    The groups are names found in Redis (a backlog reading's groups, its limiting group): any name
+    Redis accepts, as ``keys.as_text`` gives it, found again in ``XINFO GROUPS`` (so a name that is not
+    UTF-8 reaches its group). A group (or the stream) that does not exist holds nothing: it is
+    skipped.
 
     Args:
         client: an asyncio Redis client (any ``decode_responses`` setting).
-        stream: the task stream's key.
-        groups: the consumer groups to read (1..``MAX_GROUPS`` names, ``validate_name``'s rule).
+        stream: the task stream's key (``validate_name``'s rule).
+        groups: the consumer groups to read (1..``MAX_GROUPS`` names).
         min_idle_ms: the idle window (milliseconds, 0..2**53).
         limit: the most consumers returned (1..``MAX_IDLE_LISTED``).
 
     Raises:
         ValueError: an argument out of its bounds.
         redis.exceptions.RedisError: any Redis fault but a missing group or stream (e.g. WRONGTYPE,
-            or NOPERM for an ACL user without ``xinfo|consumers``).
+            or NOPERM for an ACL user without ``xinfo|groups`` or ``xinfo|consumers``).
     """
     validate_name("stream", stream)
     if not 1 <= len(groups) <= MAX_GROUPS:
         raise ValueError(f"groups must name 1..{MAX_GROUPS} consumer groups, got {len(groups)}")
-    for group in groups:
-        validate_name("consumer group", group)
     if not 0 <= min_idle_ms <= MAX_IDLE_MS:
         raise ValueError(f"min_idle_ms must be 0..2**53 milliseconds, got {min_idle_ms}")
     if not 1 <= limit <= MAX_IDLE_LISTED:
         raise ValueError(f"limit must be 1..{MAX_IDLE_LISTED}, got {limit}")
+    try:
+        named = {as_text(g["name"]): g["name"] for g in await client.xinfo_groups(stream)}
+    except ResponseError as err:
+        if _gone(err):
+            return []  # no stream: nothing to hold
+        raise
     found: list[IdleConsumer] = []
     for group in dict.fromkeys(groups):
+        if group not in named:
+            continue
         try:
-            consumers = await client.xinfo_consumers(stream, group)
+            consumers = await client.xinfo_consumers(stream, named[group])
         except ResponseError as err:
-            if str(err).startswith(("NOGROUP", "no such key", "ERR no such key")):
-                continue  # nothing to hold: the group (or the stream) is gone
+            if _gone(err):
+                continue  # nothing to hold: the group went away meanwhile
             raise
         for c in consumers:
             pending, idle = int(c["pending"]), int(c["idle"])
@@ -70,6 +79,11 @@ async def idle_consumers(
                 found.append(IdleConsumer(group=group, consumer=as_text(c["name"]), pending=pending, idle_ms=idle))
     found.sort(key=lambda c: (-c.pending, -c.idle_ms, c.group, c.consumer))
     return found[:limit]
+
+
+def _gone(err: ResponseError) -> bool:
+    """True for the reply of an ``XINFO`` on a stream or group that does not exist."""
+    return str(err).startswith(("NOGROUP", "no such key", "ERR no such key"))
 
 
 def describe_idle(consumers: Sequence[IdleConsumer]) -> str:

@@ -7,8 +7,10 @@ Lua script may touch them all.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 NAME_CHARACTERS = "letters, digits and . _ : / @ + = -"
 _NAME = re.compile(r"[A-Za-z0-9._:/@+=-]{1,200}")
@@ -156,8 +158,35 @@ def replayers_key(stream: str) -> str:
 
 
 def as_text(value: bytes | str) -> str:
-    """A reply as text, whether the client decodes responses or not (UTF-8)."""
-    return value.decode() if isinstance(value, bytes) else value
+    """A reply as text, whether the client decodes responses or not.
+
+    UTF-8; a byte that is no part of a UTF-8 character becomes the four characters ``\\xNN``. Redis
+    takes any bytes as a name (a consumer group, a consumer), so a name found in Redis may not be
+    UTF-8: it is then never an error, and two such names stay apart. ``show_name``
+    (``redisclient.text``) shows it on one line.
+    """
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+
+
+def json_reply(raw: bytes | str) -> Any:
+    """A script's JSON reply, parsed; its strings as ``as_text`` makes them.
+
+    ``cjson`` passes the bytes of a name found in Redis through as they are, so the reply need not be
+    UTF-8 (``json.loads`` would refuse it).
+    """
+    if isinstance(raw, str):
+        return json.loads(raw)
+    return _as_text_strings(json.loads(raw.decode("utf-8", "surrogateescape")))
+
+
+def _as_text_strings(value: Any) -> Any:
+    if isinstance(value, str):
+        return as_text(value.encode("utf-8", "surrogateescape")) if not value.isascii() else value
+    if isinstance(value, list):
+        return [_as_text_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {_as_text_strings(k): _as_text_strings(v) for k, v in value.items()}
+    return value
 
 
 _TYPES = {

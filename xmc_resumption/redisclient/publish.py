@@ -10,7 +10,6 @@ script atomically, so a retried or zombie call can never duplicate, lose or over
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -23,7 +22,7 @@ from xmc_resumption.redisclient.connection import RedisClient, drop_stale_connec
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.failover import validate_entry_id
 from xmc_resumption.redisclient.fencing import validate_lease
-from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key, weights_key
+from xmc_resumption.redisclient.keys import ExperimentKeys, json_reply, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import fraction_arg, validate_fraction
 from xmc_resumption.redisclient.ratecap import rate_key
 from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishRounds, PublishStatus
@@ -227,7 +226,7 @@ async def publish_batch(
         params.argv(keys, group, groups),
     )  # fmt: skip
     # the reply is flat (the publish record keeps it so); the reading takes the call's threshold
-    result = PublishResult.model_validate({**json.loads(raw), "threshold": params.threshold})
+    result = PublishResult.model_validate({**json_reply(raw), "threshold": params.threshold})
     if result.status is PublishStatus.NO_GROUP:
         raise MissingConsumerGroupError(keys.stream, result.reading.missing_group or group)
     return result

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from xmc_resumption.redisclient.text import show_name
+
 
 class ExperimentState(StrEnum):
     """An experiment's state (docs/contract.md, "The state machine"): absent key means running."""
@@ -465,8 +467,9 @@ class IdleConsumer(BaseModel):
     idle_ms: int
 
     def describe(self) -> str:
-        """One phrase, e.g. ``taskiq/worker-1 holds 50 pending, idle 12s``."""
-        return f"{self.group}/{self.consumer} holds {self.pending} pending, idle {self.idle_ms / 1000:.0f}s"
+        """One phrase, e.g. ``taskiq/worker-1 holds 50 pending, idle 12s`` (the names as ``show_name`` shows them)."""
+        who = f"{show_name(self.group)}/{show_name(self.consumer)}"
+        return f"{who} holds {self.pending} pending, idle {self.idle_ms / 1000:.0f}s"
 
 
 class RedisMemory(BaseModel):

@@ -62,14 +62,22 @@ local function xmc_arg_name(what, v)
 end
 
 -- The backlog arguments, checked: the required group, the missing-group policy, the groups spec
--- ('*': every group of the stream; else names separated by single spaces, the required group among
--- them, at most XMC_MAX_GROUPS, no repeats), the threshold (entries) and the byte budget.
+-- ('*': every group of the stream; '': the required group alone, any name Redis accepts, as found in
+-- XINFO GROUPS; else names separated by single spaces, the required group among them, at most
+-- XMC_MAX_GROUPS, no repeats), the threshold (entries) and the byte budget. Out of the spec '' the
+-- required group follows keys.py's name rule.
 -- Returns {group, policy, names (nil for every group), threshold, budget}.
 local function xmc_backlog_args(group, policy, spec, threshold, budget)
-  local a = {group = xmc_arg_name('consumer group', group), threshold = xmc_arg_int('threshold', threshold, 1, XMC_MAX_THRESHOLD),
+  local a = {threshold = xmc_arg_int('threshold', threshold, 1, XMC_MAX_THRESHOLD),
              budget = xmc_arg_int('byte budget', budget, 1, XMC_MAX_BUDGET)}
   if not XMC_POLICIES[policy] then xmc_arg_error('missing-group policy must be wait, zero or error', policy) end
   a.policy = policy
+  if spec == '' then
+    if type(group) ~= 'string' then xmc_arg_error('consumer group must be a string', group) end
+    a.group, a.names = group, {group}
+    return a
+  end
+  a.group = xmc_arg_name('consumer group', group)
   if spec == '*' then return a end
   if type(spec) ~= 'string' then xmc_arg_error('groups must be * or names separated by spaces', spec) end
   local names, seen, required = {}, {}, false

@@ -1,0 +1,133 @@
+"""Issue 26, rows 1 and 2: names found in Redis are data, not operator input.
+
+Another team's consumer groups and consumers on the shared task stream may bear any name Redis
+accepts: blanks, braces, non-ASCII letters, a line break, no character at all, bytes that are no
+UTF-8. ``xmc status`` (text and JSON), ``xmc plan``, ``xmc resume --dry-run``, the
+``idle_consumers`` activity and a stalled run each take them, and show each on one line
+(``redisclient.text.show_name``) while JSON keeps the name itself. The operator's own names (E, S,
+G) keep their rule: tests/test_names.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+from redis.asyncio import Redis
+from temporalio.testing import ActivityEnvironment
+
+from tests.support.helpers import GROUP, STREAM, hold_tasks
+from tests.test_cli import Xmc, xmc_fixture  # noqa: F401  (the fixture)
+from xmc_resumption.activities.requests import ExperimentRef, IdleConsumersRequest
+from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.redisclient import fencing
+from xmc_resumption.redisclient.backlog import measure_backlog
+from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
+from xmc_resumption.redisclient.results import PublishStatus
+
+AUDIT, BRACES, UMLAUT, EMPTY = "audit team", "grp{1}", "ümlaut", ""
+NOT_UTF8 = b"bin\xff"
+"""A group whose name is no UTF-8: its text is ``bin\\xff`` (``keys.as_text``)."""
+DEAD = "dead\nline"
+"""A consumer whose name holds a line break."""
+
+FOUND = [AUDIT, BRACES, UMLAUT, EMPTY, "bin\\xff"]
+SHOWN = {GROUP: GROUP, AUDIT: '"audit team"', BRACES: BRACES, UMLAUT: UMLAUT, EMPTY: '""', "bin\\xff": '"bin\\\\xff"'}
+"""How ``show_name`` shows each (spelled out, so this file imports nothing the code before the issue lacks)."""
+
+
+async def foreign_groups(redis: Redis) -> None:
+    """The replay's group and five of another team's, each 6 entries behind; ``DEAD`` in ``grp{1}``
+    read 4 of them and holds them (pending), as does ``c1`` in the group that is no UTF-8 (1)."""
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    for name in (AUDIT, BRACES, UMLAUT, EMPTY, NOT_UTF8):
+        await redis.xgroup_create(STREAM, name, id="$")
+    for i in range(6):
+        await redis.xadd(STREAM, {"task": f"other-{i}"})
+    await redis.xreadgroup(BRACES, DEAD, {STREAM: ">"}, count=4)
+    await redis.xreadgroup(NOT_UTF8, "c1", {STREAM: ">"}, count=1)
+
+
+def test_a_found_name_is_shown_on_one_line() -> None:
+    from xmc_resumption.redisclient.text import show_name
+
+    assert {name: show_name(name) for name in SHOWN} == SHOWN
+    assert [show_name(n) for n in (GROUP, BRACES, UMLAUT)] == [GROUP, BRACES, UMLAUT]
+    assert [show_name(n) for n in (AUDIT, DEAD, EMPTY, "bin\\xff", "a\u202eb", 'q"')] == [
+        '"audit team"', '"dead\\nline"', '""', '"bin\\\\xff"', '"a\\u202eb"', '"q\\""'
+    ]  # fmt: skip
+    long = show_name("x\n" * 500)
+    assert long.endswith('..." (1000 characters)') and len(long) <= 80 + 30 and "\n" not in long
+
+
+async def test_status_shows_every_found_name_escaped_and_json_keeps_it(redis: Redis, xmc: Xmc) -> None:
+    e = f"N{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 3)
+    await foreign_groups(redis)
+    text = await asyncio.to_thread(xmc, "status", e, "--idle-seconds", "0")
+    doc = await asyncio.to_thread(xmc, "status", e, "--idle-seconds", "0", "--json")
+    assert (text.returncode, text.stderr) == (0, ""), text
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith(f"{e} on {STREAM}: paused") and all(line.startswith("  ") for line in lines[1:])
+    for name in (GROUP, AUDIT, UMLAUT, EMPTY):
+        assert f"    group {SHOWN[name]}: 0 pending + 6 undelivered" in lines, name
+    assert f"    group {BRACES}: 4 pending + 2 undelivered" in lines
+    assert '    group "bin\\\\xff": 1 pending + 5 undelivered' in lines
+    idle = next(line for line in lines if line.startswith("  idle consumers holding pending entries: "))
+    assert f'{BRACES}/"dead\\nline" holds 4, idle ' in idle and '"bin\\\\xff"/c1 holds 1, idle ' in idle
+    assert doc.returncode == 0, doc
+    status = json.loads(doc.stdout)
+    assert {g["name"] for g in status["backlog"]["groups"]} == {GROUP, *FOUND}
+    assert [(c["group"], c["consumer"], c["pending"]) for c in status["idle_consumers"]] == [
+        (BRACES, DEAD, 4),
+        ("bin\\xff", "c1", 1),
+    ]
+
+
+async def test_plan_and_a_dry_run_take_every_found_name(redis: Redis, xmc: Xmc) -> None:
+    e = f"N{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 3)
+    await foreign_groups(redis)
+    doc = await asyncio.to_thread(xmc, "plan", e, "--sample-seconds", "0.3", "--json")
+    text = await asyncio.to_thread(xmc, "plan", e, "--sample-seconds", "0")
+    dry = await asyncio.to_thread(xmc, "resume", e, "--dry-run", "--sample-seconds", "0")
+    assert (doc.returncode, doc.stderr) == (0, ""), doc
+    groups = {g["group"]: (g["pending"], g["lag"], g["backlog"]) for g in json.loads(doc.stdout)["groups"]}
+    assert groups == {BRACES: (4, 2, 6), "bin\\xff": (1, 5, 6), **{n: (0, 6, 6) for n in (GROUP, AUDIT, UMLAUT, EMPTY)}}
+    for ran in (text, dry):
+        assert (ran.returncode, ran.stderr) == (0, ""), ran
+        lines = ran.stdout.splitlines()
+        assert all(line.startswith("  ") for line in lines[1:]), ran.stdout
+        for name in FOUND:
+            assert any(line.startswith(f"  group {SHOWN[name]}: ") for line in lines), (name, ran.stdout)
+        assert lines[-1] == "  xmc resume would start; nothing was written"
+
+
+async def test_a_group_whose_name_is_no_utf8_bounds_the_replay_like_any_other(redis: Redis) -> None:
+    """The measure and publish scripts pass such a name through their JSON replies as it is (before:
+    ``json.loads`` refused the reply, so every measure and publish of the stream failed)."""
+    keys = ExperimentKeys(STREAM, "N2")
+    await hold_tasks(redis, keys.experiment_id, 5)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, NOT_UTF8, id="$")
+    other = await redis.xadd(STREAM, {"task": "other"})
+    reading = await measure_backlog(redis, STREAM, GROUP, 10)
+    assert [(g.name, g.lag) for g in reading.groups] == [(GROUP, 1), ("bin\\xff", 1)]
+    await redis.xreadgroup(GROUP, "c1", {STREAM: ">"})
+    await redis.xack(STREAM, GROUP, other)  # the replay's group drained it: the other one bounds the replay
+    token = (await fencing.acquire_claim(redis, keys, "me", 60_000)).token
+    params = PublishParams(token=token, seq=1, batch_size=3, threshold=3, owner="me", lease_ms=60_000)
+    result = await publish_batch(redis, keys, GROUP, params)
+    assert (result.status, result.moved, result.reading.limiting_group) == (PublishStatus.PUBLISHED, 2, "bin\\xff")
+
+
+async def test_the_idle_consumers_activity_takes_any_group(redis: Redis) -> None:
+    """The activity a stalled run calls, with the limiting group found in Redis (before: refused,
+    non-retryable, by the operator's name rule)."""
+    await foreign_groups(redis)
+    ref = ExperimentRef(experiment_id="N1", stream=STREAM, consumer_group=GROUP)
+    request = IdleConsumersRequest(ref=ref, groups=[BRACES, "bin\\xff", AUDIT, "gone"], min_idle_ms=0)
+    found = await ActivityEnvironment().run(ResumptionActivities(redis).idle_consumers, request)
+    assert [(c.group, c.consumer, c.pending) for c in found] == [(BRACES, DEAD, 4), ("bin\\xff", "c1", 1)]
+    assert found[0].describe().startswith('grp{1}/"dead\\nline" holds 4 pending, idle ')
