@@ -13,10 +13,11 @@ import asyncio
 import json
 import uuid
 
+import pytest
 from redis.asyncio import Redis
-from temporalio.testing import ActivityEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from tests.support.helpers import GROUP, STREAM, hold_tasks
+from tests.support.helpers import GROUP, STREAM, hold_tasks, resumption_worker, run_module, start, wait_for
 from tests.test_cli import Xmc, xmc_fixture  # noqa: F401  (the fixture)
 from xmc_resumption.activities.requests import ExperimentRef, IdleConsumersRequest
 from xmc_resumption.activities.resumption import ResumptionActivities
@@ -25,6 +26,8 @@ from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import PublishStatus
+from xmc_resumption.workflows.models import Outcome
+from xmc_resumption.workflows.text import details_markdown
 
 AUDIT, BRACES, UMLAUT, EMPTY = "audit team", "grp{1}", "ümlaut", ""
 NOT_UTF8 = b"bin\xff"
@@ -131,3 +134,46 @@ async def test_the_idle_consumers_activity_takes_any_group(redis: Redis) -> None
     found = await ActivityEnvironment().run(ResumptionActivities(redis).idle_consumers, request)
     assert [(c.group, c.consumer, c.pending) for c in found] == [(BRACES, DEAD, 4), ("bin\\xff", "c1", 1)]
     assert found[0].describe().startswith('grp{1}/"dead\\nline" holds 4 pending, idle ')
+
+
+@pytest.mark.real_server
+async def test_a_stall_names_an_idle_consumer_of_any_group_on_one_line(
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+) -> None:
+    """Another team's group ``audit team`` holds the replay back: its consumer ``dead\\nline`` read
+    the 4 entries that fill the threshold and died. The stall names it, on one line, in the
+    progress, the UI's details, ``xmc status`` and the result (before: the activity refused the
+    group's name, so nobody was named; and a named consumer's line break split the reason)."""
+    e = f"N{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 10)
+    await redis.xgroup_create(STREAM, AUDIT, id="$", mkstream=True)
+    for i in range(4):
+        await redis.xadd(STREAM, {"task": f"other-{i}"})
+    await redis.xgroup_create(STREAM, GROUP, id="$")
+    await redis.xreadgroup(AUDIT, DEAD, {STREAM: ">"}, count=4)
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(
+            temporal_env.client,
+            task_queue,
+            experiment_id=e,
+            max_backlog_threshold=4,
+            throttle_seconds=1,
+            stall_window_seconds=2,
+            max_stall_seconds=20,
+        )
+        progress = await wait_for(handle, lambda p: p.stalled and bool(p.idle_consumers), timeout=30)
+        env = {"XMC_REDIS_URL": redis_url, "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host}
+        status = await asyncio.to_thread(run_module, "xmc_resumption", "status", e, "--idle-seconds", "1", **env)
+        await handle.execute_update("pause")
+        result = await asyncio.wait_for(handle.result(), 30)
+    assert [(c.group, c.consumer, c.pending) for c in progress.idle_consumers] == [(AUDIT, DEAD, 4)]
+    reason = progress.stall_reason
+    assert reason is not None and "\n" not in reason
+    assert reason.startswith('backlog 4 of group "audit team" (pending 4) not going down')
+    assert 'pending entries held by idle consumers: "audit team"/"dead\\nline" holds 4 pending, idle ' in reason
+    assert '- backlog: 4 / threshold 4 (group `"audit team"`)' in details_markdown(progress)
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert all(line.startswith("  ") for line in lines[1:]), status.stdout
+    assert "STALLED" in status.stdout and '"audit team"/"dead\\nline" holds 4' in status.stdout
+    assert result.outcome is Outcome.PAUSED and result.replayed == 0

@@ -27,6 +27,7 @@ from xmc_resumption.redisclient.results import (
     Release,
     ReleaseRecord,
 )
+from xmc_resumption.redisclient.text import show_name
 from xmc_resumption.workflows.control import INVALID_CONTROL, RESUMPTION_ENDING, ControlChange, InvalidControlError
 from xmc_resumption.workflows.eta import NetRate, eta_seconds
 from xmc_resumption.workflows.models import (
@@ -232,7 +233,7 @@ class RunState:
         stalled = p.stalled_seconds >= self.input.stall_window_seconds
         started = stalled and not p.stalled
         p.stalled = stalled
-        group = f" of group {reading.limiting_group}" if reading.limiting_group else ""
+        group = f" of group {show_name(reading.limiting_group)}" if reading.limiting_group else ""
         if moved:
             self.hold = None
         self.stall_base = (

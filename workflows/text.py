@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from xmc_resumption.redisclient.text import show_name
+
 # the module, not its names: models.py imports this one for ``ResumptionInput.start_options``
 from xmc_resumption.workflows import models
 
@@ -70,7 +72,7 @@ def details_markdown(p: Progress) -> str:
         "",  # a blank line, so that markdown renders the list below as a list
         f"- replayed: {p.replayed}, remaining: {unknown if p.remaining is None else p.remaining}",
         f"- backlog: {unknown if p.backlog is None else p.backlog} / threshold {p.threshold}"
-        + (f" (group `{p.limiting_group}`)" if p.limiting_group else ""),
+        + (f" (group `{show_name(p.limiting_group)}`)" if p.limiting_group else ""),
         f"- pacing: {p.policy.value}"
         + (f", drain ~{p.drain_rate:,.0f}/s" if p.drain_rate is not None else "")
         + (f", low watermark {p.low_watermark}" if p.low_watermark is not None else ""),

@@ -17,6 +17,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from xmc_resumption.redisclient.text import show_name
+
 if TYPE_CHECKING:
     from xmc_resumption.redisclient.results import BacklogReading
 
@@ -123,7 +125,7 @@ def wait_reason(reading: BacklogReading, threshold: int, moved: int = 0) -> str:
     if reading.bytes_capped:
         return f"undelivered entries pass the byte budget (pending {pending} + lag {lag}+ counted)"
     lag_text = "not counted" if capped and lag == 0 else f"{lag}{plus}"
-    group = f" in group {reading.limiting_group}" if reading.limiting_group else ""
+    group = f" in group {show_name(reading.limiting_group)}" if reading.limiting_group else ""
     return f"backlog {pending + lag}{plus} >= {threshold} (pending {pending} + lag {lag_text}){group}"
 
 

@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.requests import DrainWaitRequest, IdleConsumersRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
     from xmc_resumption.redisclient.results import BacklogReading, DrainWait
+    from xmc_resumption.redisclient.text import show_name
     from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call, failure_text
     from xmc_resumption.workflows.models import Phase
     from xmc_resumption.workflows.state import RunState
@@ -219,7 +220,7 @@ class Waits:
                     min_idle_ms=round(inp.stall_window_seconds * 1000),
                     limit=IDLE_CONSUMERS_SHOWN,
                 ),
-                summary=f"stalled: which consumers of {group} hold pending entries while idle",
+                summary=f"stalled: which consumers of {show_name(group)} hold pending entries while idle",
             )
         except FAILED_CALL as err:
             workflow.logger.warning(
