@@ -38,7 +38,11 @@ async def test_rate_shows_sets_and_clears_the_stream_cap(redis: Redis, xmc: Xmc)
     one_line(xmc("rate", "--set", "0"), "xmc rate: error: Invalid value for '--set': 0.0 is not in the range")
     one_line(xmc("rate", "--set", "5", "--clear"), "xmc rate: error: --set and --clear exclude each other")
     await redis.hset(ratecap.rate_key(STREAM), "limit", "fast")
-    one_line(xmc("rate"), "xmc rate: {xmc-tasks-stream}:rate holds no valid rate cap")
+    one_line(
+        xmc("rate"),
+        'xmc rate: XMCCORRUPT {xmc-tasks-stream}:rate field limit holds "fast", not a number in [0.001, 1000000]: '
+        f"every publish into {STREAM} fails until it is mended (xmc rate --stream {STREAM} --clear removes it)",
+    )
     assert json.loads(xmc("rate", "--clear", "--json").stdout)["limit"] is None
     assert not await redis.exists(ratecap.rate_key(STREAM))
 

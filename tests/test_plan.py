@@ -317,3 +317,27 @@ async def test_idle_consumers_say_why_the_plan_cannot_tell(redis: Redis) -> None
         "shows what the consumers can take only while they have entries to read (the run's ETA tells once it "
         "feeds them)"
     )
+
+
+async def test_a_damaged_rate_cap_refuses_a_resume_as_it_refuses_a_dry_run(
+    temporal_env: WorkflowEnvironment, redis: Redis, xmc: Xmc
+) -> None:
+    """Issue 26, row 7: a ``{S}:rate`` every publish would refuse. ``xmc resume --dry-run`` and plain
+    ``xmc resume`` refuse with the same words (one check: ``ratecap.stream_rate``), and nothing starts
+    (before: plain resume started a run that failed at its first publish)."""
+    e = f"P{uuid.uuid4().hex[:6]}"
+    await hold_tasks(redis, e, 5)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await redis.hset(ratecap.rate_key(STREAM), mapping={"limit": "10", "tokens": "-1"})
+    env = {"temporal": address(temporal_env)}
+    dry = await asyncio.to_thread(xmc, "resume", e, "--dry-run", "--sample-seconds", "0", **env)
+    plain = await asyncio.to_thread(xmc, "resume", e, **env)
+    reason = 'XMCCORRUPT {xmc-tasks-stream}:rate field tokens holds "-1", not a number in [0, 1000000]'
+    assert dry.returncode == 2 and dry.stderr.splitlines() == [
+        f"xmc resume: the start would be refused: {e}: {reason}: every publish into {STREAM} fails until it is "
+        f"mended (xmc rate --stream {STREAM} --clear removes it)"
+    ], dry
+    one_line(plain, f"xmc resume: {reason}: every publish into {STREAM} fails until it is mended")
+    with pytest.raises(RPCError) as missing:
+        await temporal_env.client.get_workflow_handle(f"resumption-{e}").describe()
+    assert missing.value.status is RPCStatusCode.NOT_FOUND

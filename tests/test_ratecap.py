@@ -5,7 +5,6 @@ retried publish takes its tokens once."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import pytest
@@ -122,26 +121,35 @@ async def test_the_bucket_bounds_every_window_shared_by_two_replays(redis: Redis
 
 
 async def test_a_corrupt_or_wrong_typed_cap_moves_nothing(redis: Redis) -> None:
+    """Each damage fails the publish, nothing moved, and ``stream_rate`` (what ``xmc rate``, ``xmc plan``
+    and ``xmc resume`` read) refuses it with the publish's own words: one rule (``lua/rate.lua``)."""
     keys = ExperimentKeys(STREAM, "R2")
+    key = "{xmc-tasks-stream}:rate"
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
     token = await hold(redis, keys, 10)
-    await redis.hset("{xmc-tasks-stream}:rate", "limit", "fast")
-    with pytest.raises(ResponseError, match=re.escape("XMCCORRUPT {xmc-tasks-stream}:rate field limit holds")):
-        await publish(redis, keys, token, 1)
-    with pytest.raises(ValueError, match="holds no valid rate cap"):
-        await ratecap.stream_rate(redis, STREAM)
-    await redis.hset("{xmc-tasks-stream}:rate", mapping={"limit": "10", "tokens": "nan"})
-    with pytest.raises(ResponseError, match="field tokens holds"):
-        await publish(redis, keys, token, 1)
-    await redis.delete("{xmc-tasks-stream}:rate")
-    await redis.hset("{xmc-tasks-stream}:rate", "tokens", "3")
-    with pytest.raises(ResponseError, match="has no field limit"):
-        await publish(redis, keys, token, 1)
-    await redis.delete("{xmc-tasks-stream}:rate")
-    await redis.set("{xmc-tasks-stream}:rate", "10")
-    with pytest.raises(
-        ResponseError, match=re.escape("WRONGTYPE {xmc-tasks-stream}:rate is a string, expected a hash")
-    ):
-        await publish(redis, keys, token, 1)
+    damages = [
+        ({"limit": "fast"}, 'XMCCORRUPT {xmc-tasks-stream}:rate field limit holds "fast", not a number'),
+        ({"limit": "\u0661\u0660"}, "XMCCORRUPT {xmc-tasks-stream}:rate field limit holds"),  # Arabic-Indic 10
+        ({"limit": "10", "tokens": "nan"}, "XMCCORRUPT {xmc-tasks-stream}:rate field tokens holds"),
+        ({"limit": "10", "tokens": "-1"}, "XMCCORRUPT {xmc-tasks-stream}:rate field tokens holds"),
+        ({"limit": "10", "at": "1e300"}, "XMCCORRUPT {xmc-tasks-stream}:rate field at holds"),
+        # Redis turns a line break in an error reply into a blank; the other breaks come escaped
+        ({"limit": "1\n2"}, 'XMCCORRUPT {xmc-tasks-stream}:rate field limit holds "1\\ 2", not a number'),
+        ({"limit": "1\x0b2\u2028"}, 'XMCCORRUPT {xmc-tasks-stream}:rate field limit holds "1\\x0b2\\u2028"'),
+        ({"tokens": "3"}, "XMCCORRUPT {xmc-tasks-stream}:rate has no field limit"),
+        ("10", "WRONGTYPE {xmc-tasks-stream}:rate is a string, expected a hash"),
+    ]
+    for damage, reply in damages:
+        await redis.delete(key)
+        await (redis.set(key, damage) if isinstance(damage, str) else redis.hset(key, mapping=damage))
+        with pytest.raises(ResponseError) as refused:
+            await publish(redis, keys, token, 1)
+        assert str(refused.value).startswith(reply), (damage, refused.value)
+        assert len(str(refused.value).splitlines()) == 1
+        with pytest.raises(ratecap.DamagedRateCapError) as read:
+            await ratecap.stream_rate(redis, STREAM)
+        assert str(read.value) == f"{refused.value}: every publish into {STREAM} fails until it is mended " + (
+            f"(xmc rate --stream {STREAM} --clear removes it)"
+        )
     assert await redis.xlen(keys.held) == 10 and await redis.xlen(STREAM) == 0
     assert await redis.hget(keys.publish, "seq") is None  # no idempotency record: nothing was written

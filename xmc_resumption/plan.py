@@ -28,7 +28,7 @@ from xmc_resumption.redisclient.acl import acl_user, allowed_commands, denial_me
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import read_memory
-from xmc_resumption.redisclient.ratecap import StreamRate, rate_key, stream_rate
+from xmc_resumption.redisclient.ratecap import DamagedRateCapError, StreamRate, rate_key, stream_rate
 from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, RedisMemory
 from xmc_resumption.redisclient.text import show_name
 from xmc_resumption.runs import live_run
@@ -298,13 +298,10 @@ async def plan(
     cap_row: StreamRate | None = None
     try:
         cap_row = await stream_rate(redis, inp.stream)
-    except ValueError as err:
-        refusals.append(f"{err}: every publish into {inp.stream} would fail")
+    except DamagedRateCapError as err:
+        refusals.append(str(err))  # xmc resume refuses with the same words (XmcClient.check_resumable)
     except ResponseError as err:
-        if str(err).startswith("WRONGTYPE"):
-            refusals.append(f"{rate_key(inp.stream)} is no hash: every publish into {inp.stream} would fail")
-        else:
-            denied(err, "reading the stream's rate cap")
+        denied(err, "reading the stream's rate cap")
     if cap_row is not None:
         waits.append(f"the stream's rate cap ({cap_row.key}): at most {cap_row.limit:g} tasks/s for all its replays")
     if inp.max_tasks_per_second is not None:

@@ -21,7 +21,7 @@ from xmc_resumption.client.views import (
     ResumptionHandle,
     Stopping,
 )
-from xmc_resumption.errors import operator_message
+from xmc_resumption.errors import OperatorError, operator_message
 from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, Plan, plan
 from xmc_resumption.redisclient import held as held_tasks
 from xmc_resumption.redisclient.connection import RedisClient
@@ -35,6 +35,7 @@ from xmc_resumption.redisclient.held import (
     parse_enqueue_reply,
 )
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
+from xmc_resumption.redisclient.ratecap import DamagedRateCapError, stream_rate
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.redisclient.text import one_line
@@ -272,13 +273,14 @@ class XmcClient:
     async def check_resumable(self, inputs: Sequence[ResumptionInput], *, force: bool = False) -> None:
         """The checks ``resume`` makes before it starts anything.
 
-        Redis's eviction policy must be ``noeviction`` (``status.refuse_evicting_redis``), and an experiment
-        that is running and holds no tasks, or that has no key at all on the stream, has nothing to resume
-        (unless ``force``).
+        Redis's eviction policy must be ``noeviction`` (``status.refuse_evicting_redis``), the stream's rate
+        cap one a publish accepts (``ratecap.stream_rate``: ``plan``'s refusal too), and an experiment that is
+        running and holds no tasks, or that has no key at all on the stream, has nothing to resume (unless
+        ``force``).
 
         Raises:
-            OperatorError: the eviction policy (naming it). NothingToResumeError: one line naming
-                each experiment with nothing to resume.
+            OperatorError: the eviction policy (naming it), a damaged ``{S}:rate`` (naming the key and the
+                field). NothingToResumeError: one line naming each experiment with nothing to resume.
             KeyContentError: a state or held key of the wrong type.
         """
         idle: list[str] = []
@@ -295,6 +297,10 @@ class XmcClient:
                     )
         for stream in dict.fromkeys(inp.stream for inp in inputs):
             await self._repeat(refuse_evicting_redis, self.redis, ExperimentKeys(stream, "x"))
+            try:  # the check xmc plan makes: a cap every publish would refuse (ratecap.stream_rate)
+                await self._repeat(stream_rate, self.redis, stream)
+            except DamagedRateCapError as err:
+                raise OperatorError(str(err)) from err
         if idle and not force:
             raise NothingToResumeError("; ".join(idle) + ": nothing to resume")
 

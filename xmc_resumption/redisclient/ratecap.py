@@ -16,9 +16,11 @@ from __future__ import annotations
 import math
 
 from pydantic import BaseModel
+from redis.exceptions import ResponseError
 
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.keys import as_text, validate_name
+from xmc_resumption.redisclient.keys import json_reply, validate_name
+from xmc_resumption.redisclient.scripts import run_script
 
 MAX_TASKS_PER_SECOND = 1_000_000.0
 """The highest cap accepted (tasks per second; ``XMC_MAX_TASK_RATE`` in ``rate.lua``)."""
@@ -92,25 +94,35 @@ async def clear_stream_rate(client: RedisClient, stream: str) -> bool:
     return bool(await client.delete(rate_key(stream)))
 
 
+class DamagedRateCapError(ValueError):
+    """``{S}:rate`` holds what every publish into the stream refuses (``lua/rate.lua``): nothing would move.
+
+    The message is the script's reply (``XMCCORRUPT ...`` or ``WRONGTYPE ...``, naming the key and the
+    field) and what to do about it.
+    """
+
+
 async def stream_rate(client: RedisClient, stream: str) -> StreamRate | None:
-    """The stream's cap, None when it has none.
+    """The stream's cap as every publish reads it, None when it has none; writes nothing.
+
+    Read by ``lua/rate_status.lua``, with the publish script's own rule (``lua/rate.lua``), so what it
+    accepts a publish accepts. ``xmc plan`` refuses a damaged key as ``xmc resume`` does with this one
+    check.
 
     Raises:
-        ValueError: the key holds a limit that is no valid rate (the publish script refuses it too).
-        redis.exceptions.RedisError: on any Redis fault (WRONGTYPE when the key is not a hash).
+        ValueError: a bad stream name.
+        DamagedRateCapError: a field that is no number in its bounds, a hash without ``limit``, or a
+            key of another type.
+        redis.exceptions.RedisError: any other Redis fault.
     """
     key = rate_key(stream)
-    raw_limit, raw_tokens, raw_at = await client.hmget(key, ["limit", "tokens", "at"])
-    if raw_limit is None:
-        return None
     try:
-        limit = validate_rate(float(as_text(raw_limit)))
-        capacity = bucket_capacity(limit)
-        tokens = float(as_text(raw_tokens)) if raw_tokens is not None else capacity
-        seconds, micros = await client.time()
-        now_ms = seconds * 1000 + micros // 1000
-        at = float(as_text(raw_at)) if raw_at is not None else now_ms
-    except ValueError as err:
-        raise ValueError(f"{key} holds no valid rate cap: {err}") from err
-    tokens = min(capacity, tokens + max(0.0, now_ms - at) * limit / 1000)
-    return StreamRate(key=key, limit=limit, capacity=capacity, tokens=tokens)
+        found = json_reply(await run_script(client, "rate_status", [key], []))
+    except ResponseError as err:
+        if not str(err).startswith(("XMCCORRUPT", "WRONGTYPE")):
+            raise
+        raise DamagedRateCapError(
+            f"{err}: every publish into {stream} fails until it is mended (xmc rate --stream {stream} --clear "
+            "removes it)"
+        ) from err
+    return StreamRate(key=key, **found) if found else None

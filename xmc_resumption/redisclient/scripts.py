@@ -34,12 +34,14 @@ from redis.exceptions import ResponseError
 from xmc_resumption.redisclient.connection import RedisClient, ReplicaAcks, SyncRedisClient, replica_acks
 from xmc_resumption.redisclient.errors import ReplicaAckError
 from xmc_resumption.redisclient.keys import as_text, wrong_type
+from xmc_resumption.redisclient.text import script_reply
 
 _FRAGMENTS = {
     "measure": ("backlog",),
     "publish": ("tokens", "redelivery", "backlog", "memory", "fair", "rate"),
     "acquire": ("tokens", "redelivery", "memory"),
     "memory_status": ("memory",),
+    "rate_status": ("rate",),
     "check": ("tokens",),
     "release": ("tokens",),
     "held_again": ("tokens", "redelivery"),
@@ -144,7 +146,7 @@ async def run_script(client: RedisClient, name: str, keys: list[str], args: list
                 return await script(client, name)(keys=keys, args=args)
             return await _acknowledged(client, name, keys, args, acks)
     except ResponseError as err:
-        reply = _SCRIPT_SUFFIX.sub("", str(err))
+        reply = script_reply(_SCRIPT_SUFFIX.sub("", str(err)))
         if reply == str(err):
             raise
         raise type(err)(reply) from err
@@ -190,7 +192,7 @@ def run_script_sync(client: SyncRedisClient, name: str, keys: list[str], args: l
             raise ReplicaAckError(name, acked, acks.replicas, acks.timeout_ms)
         return reply
     except ResponseError as err:
-        reply = _SCRIPT_SUFFIX.sub("", str(err))
+        reply = script_reply(_SCRIPT_SUFFIX.sub("", str(err)))
         if reply.startswith("WRONGTYPE"):
             reply = _wrong_type_reply(reply, keys, [as_text(client.type(key)) for key in keys])
         if reply == str(err):
@@ -218,7 +220,7 @@ async def naming_wrong_type(client: RedisClient, keys: Sequence[str]) -> AsyncIt
     try:
         yield
     except ResponseError as err:
-        reply = _SCRIPT_SUFFIX.sub("", str(err))
+        reply = script_reply(_SCRIPT_SUFFIX.sub("", str(err)))
         if not reply.startswith("WRONGTYPE"):
             raise
         types = [as_text(await client.type(key)) for key in keys]

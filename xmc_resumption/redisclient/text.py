@@ -57,3 +57,16 @@ def show_name(name: str, limit: int = MAX_NAME_CHARS) -> str:
         shown.append(escaped)
         used += len(escaped)
     return '"' + "".join(shown) + '"'
+
+
+def script_reply(reply: str) -> str:
+    r"""A script's error reply on one line: its control characters escaped (``\xNN``, ``\uNNNN``).
+
+    Redis turns the line breaks of an error reply into blanks, but passes the other characters
+    ``str.splitlines`` breaks at (``\x0b``, ``\x1c``, U+2028, ...), and a script quoting a value it found
+    (Lua's ``%q``) leaves them as they are.
+    """
+    return "".join(_escaped(c) if c != " " and (c in _BREAKS or not c.isprintable()) else c for c in reply)
+
+
+_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
