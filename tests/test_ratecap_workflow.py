@@ -15,6 +15,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
 from tests.support.helpers import GROUP, STREAM, consume, hold_tasks, redis_calls, resumption_worker, start, wait_for
+from tests.support.proxy import losing_proxy
+from tests.test_client import port_of
 from xmc_resumption.redisclient import ratecap
 from xmc_resumption.workflows.control import ControlChange, EffectiveSettings
 from xmc_resumption.workflows.models import AUTO_BATCH_SIZE, Outcome, Phase, ResumptionInput, ThrottlePolicy
@@ -159,3 +161,36 @@ async def test_the_stream_cap_holds_the_replay_and_a_long_rate_wait_is_no_stall(
 def test_a_cap_on_the_input_is_bounded_and_finite(bad: float) -> None:
     with pytest.raises(ValidationError, match="max_tasks_per_second"):
         ResumptionInput(experiment_id="E", max_tasks_per_second=bad)
+
+
+def windows_bound(added_ms: list[int], rate: float, capacity: float) -> list[tuple[int, int]]:
+    """The windows ``(i, j)`` of the entries added at ``added_ms`` (their IDs' milliseconds, Redis's
+    clock) that hold more than ``rate x w + capacity`` tasks, w the window's seconds; +1 ms: an ID's
+    millisecond holds anything up to 1 ms later."""
+    return [
+        (i, j)
+        for i in range(len(added_ms))
+        for j in range(i, len(added_ms))
+        if j - i + 1 > rate * (added_ms[j] - added_ms[i] + 1) / 1000 + capacity
+    ]
+
+
+async def test_a_slow_first_publish_does_not_let_the_cap_move_more_in_its_first_second(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
+    """Issue 26, row 3: ``max_tasks_per_second`` 2 (a bucket of 2, full at the start), one task a
+    publish (batch 1), the first publish 0.4 s late on the way to Redis. Any window of w seconds
+    of the stream holds at most 2w + 2 tasks, the first second included (before: the bucket counted
+    the first publish's way to Redis as refill, and 3 tasks landed within a few milliseconds)."""
+    e = experiment()
+    await hold_tasks(redis, e, 6)
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    with losing_proxy(port_of(redis_url)) as proxy:
+        proxy.delay(b"}:rate", 0.4)  # the publish script's KEYS: only it names {S}:rate
+        url = redis_url.replace(str(port_of(redis_url)), str(proxy.port))
+        async with resumption_worker(temporal_env.client, task_queue, url):
+            handle = await start(temporal_env.client, task_queue, experiment_id=e, batch_size=1, max_tasks_per_second=2)
+            result = await handle.result()
+    assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 6)
+    added = [int(entry_id.split(b"-")[0]) for entry_id, _ in await redis.xrange(STREAM)]
+    assert windows_bound(added, 2, 2) == [], [a - added[0] for a in added]

@@ -276,7 +276,7 @@ class ResumptionWorkflow(ControlHandlers):
         # a call asked again after a lost reply moved what Redis counted then
         moved = max(rounds.moved, p.replayed - replayed_before)
         if cap is not None:
-            state.bucket.take(moved)
+            state.bucket.take(moved, workflow.now())
         if moved:
             p.throttles_in_a_row = 0
             state.pacer.published(workflow.now())

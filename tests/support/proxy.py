@@ -7,6 +7,9 @@ between the write and the reply. It can also hold what the server sends: in fron
 a replica's replication link, a held proxy is a replica that lags by exactly the writes made
 since ``hold()``, however fast the machine is.
 
+``LosingProxy`` can also hold a request back before forwarding it (``delay``): a slow network
+between a worker and Redis.
+
 ``SwitchableProxy`` is a stable address (a DNS name, Sentinel's answer, a cloud endpoint): new
 connections go to its current target, which a failover switches to the promoted replica.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -32,6 +36,9 @@ class LosingProxy:
     when the server's side closes (the server was killed) are dropped with the connection, never
     relayed: they are what a replica behind this proxy never gets. ``held_bytes`` counts the bytes
     kept now.
+
+    ``delay(marker, seconds, times)``: the next ``times`` requests holding ``marker`` reach the server
+    ``seconds`` late.
     """
 
     def __init__(self, upstream: int) -> None:
@@ -39,6 +46,7 @@ class LosingProxy:
         self.lost = 0
         self._command = b""
         self._times = 0
+        self._delayed: tuple[bytes, float, int] = (b"", 0.0, 0)
         self._lock = threading.Lock()
         self._holding = False
         self._kept: dict[socket.socket, list[bytes]] = {}
@@ -74,6 +82,19 @@ class LosingProxy:
         with self._lock:
             return sum(len(chunk) for kept in self._kept.values() for chunk in kept)
 
+    def delay(self, marker: bytes, seconds: float, times: int = 1) -> None:
+        with self._lock:
+            self._delayed = (marker, seconds, times)
+
+    def _lateness(self, request: bytes) -> float:
+        """Seconds to hold ``request`` back (and counts it): 0 unless it holds the delayed marker."""
+        with self._lock:
+            marker, seconds, times = self._delayed
+            if times > 0 and marker and marker in request:
+                self._delayed = (marker, seconds, times - 1)
+                return seconds
+            return 0.0
+
     def _claim(self, request: bytes) -> bool:
         """True when this request is one whose reply is to be lost (and counts it)."""
         with self._lock:
@@ -106,6 +127,8 @@ class LosingProxy:
             while request := client.recv(1 << 20):
                 if self._claim(request):
                     losing.set()
+                if late := self._lateness(request):
+                    time.sleep(late)
                 upstream.sendall(request)
         except OSError:
             pass
