@@ -120,6 +120,57 @@ async def test_the_bucket_bounds_every_window_shared_by_two_replays(redis: Redis
             assert j - i + 1 <= limit * (added[j] - first + 2) / 1000 + ratecap.bucket_capacity(limit), (i, j)
 
 
+def over_bound(added_ms: list[int], limit: float) -> list[tuple[int, int]]:
+    """The windows ``(i, j)`` of the entries added at ``added_ms`` (their IDs' milliseconds: Redis's
+    clock) holding more than ``limit x w + bucket_capacity(limit)`` tasks, w the window's seconds; +1
+    ms: an ID's millisecond holds anything up to 1 ms later."""
+    capacity = ratecap.bucket_capacity(limit)
+    return [
+        (i, j)
+        for i in range(len(added_ms))
+        for j in range(i, len(added_ms))
+        if j - i + 1 > limit * (added_ms[j] - added_ms[i] + 1) / 1000 + capacity
+    ]
+
+
+async def stream_ms(redis: Redis) -> list[int]:
+    """When each task reached the stream: its entry ID's milliseconds."""
+    return [int(entry_id.split(b"-")[0]) for entry_id, _ in await redis.xrange(STREAM)]
+
+
+async def test_the_first_second_of_a_cap_obeys_the_bound(redis: Redis) -> None:
+    """A cap of 2/s set just now (a full bucket of 2), one task a publish as fast as the script answers
+    for 1.6 s: every window of w seconds holds at most 2w + 2, the first second included."""
+    keys = ExperimentKeys(STREAM, "R3")
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    token = await hold(redis, keys, 20)
+    await ratecap.set_stream_rate(redis, STREAM, 2)
+    deadline, seq = time.monotonic() + 1.6, 0
+    while time.monotonic() < deadline:
+        seq += 1
+        await publish(redis, keys, token, seq, batch=1)
+    added = await stream_ms(redis)
+    assert 4 <= len(added) <= 6 and over_bound(added, 2) == [], [a - added[0] for a in added]
+
+
+async def test_an_idle_bucket_holds_no_more_than_its_capacity(redis: Redis) -> None:
+    """Issue 26's survivor: a cap of 40/s whose bucket was emptied, then 3 s idle, then one publish
+    that may move 500: it moves the capacity (40), not 3 s of refill (120), and every window of the
+    stream holds at most 40w + 40."""
+    keys = ExperimentKeys(STREAM, "R4")
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    token = await hold(redis, keys, 300)
+    await ratecap.set_stream_rate(redis, STREAM, 40)
+    first = await publish(redis, keys, token, 1, batch=500)
+    assert first.moved == 40 and first.rate_limited
+    await asyncio.sleep(3)
+    idle = await ratecap.stream_rate(redis, STREAM)  # reads, writes nothing
+    after = await publish(redis, keys, token, 2, batch=500)
+    assert after.moved == 40 and after.rate_limited, after
+    assert over_bound(await stream_ms(redis), 40) == []
+    assert idle is not None and idle.tokens == idle.capacity == 40
+
+
 async def test_a_corrupt_or_wrong_typed_cap_moves_nothing(redis: Redis) -> None:
     """Each damage fails the publish, nothing moved, and ``stream_rate`` (what ``xmc rate``, ``xmc plan``
     and ``xmc resume`` read) refuses it with the publish's own words: one rule (``lua/rate.lua``)."""
