@@ -24,19 +24,32 @@ from xmc_resumption.cli.params import (
     MAX_TASK_QUEUE_LENGTH,
     EntryIdType,
     FiniteFloat,
+    IntegerRange,
     NameListType,
     NameType,
     TaskQueueType,
 )
 from xmc_resumption.services import free_port
 
-NOT_NUMBERS = ["nan", "NaN", "inf", "-inf", "abc", "", " ", "true", "1,5", "0x10"]
-"""Never a number on the command line."""
+NOT_NUMBERS = ["nan", "NaN", "inf", "-inf", "abc", "", " ", "true", "1,5", "0x10", "\u0661\u0660", "\uff11", "1_0"]
+"""Never a number on the command line: Arabic-Indic and fullwidth digits and underscores too, which
+Python's ``int()`` and ``float()`` take (issue 26, row 9)."""
 
 NOT_INTEGERS = [*NOT_NUMBERS, "1.5", "1e3", "9" * 30]
 BAD_NAMES = ["", "a b", "{S}", "x*", "é", "x" * 201, "a\nb", "a'b"]
 GOOD_NAMES = ["E1", "a.b_c:d/e@f+g=h-i", "x" * 200]
-BAD_ENTRY_IDS = ["", "abc", "1", "1-", "-1-0", "1-1-1", "1-1 ", f"{MAX_ENTRY_ID_PART + 1}-0", f"0-{'9' * 30}"]
+BAD_ENTRY_IDS = [
+    "",
+    "abc",
+    "1",
+    "1-",
+    "-1-0",
+    "1-1-1",
+    "1-1 ",
+    f"{MAX_ENTRY_ID_PART + 1}-0",
+    f"0-{'9' * 30}",
+    "\u0661-0",
+]
 GOOD_TASK_QUEUES = ["xmc-resumption", "q/ü é", "x" * MAX_TASK_QUEUE_LENGTH]
 BAD_TASK_QUEUES = ["", " q", "q ", "a\nb", "x" * (MAX_TASK_QUEUE_LENGTH + 1)]
 GOOD_ENTRY_IDS = ["0-0", "1-1", f"{MAX_ENTRY_ID_PART}-{MAX_ENTRY_ID_PART}"]
@@ -56,6 +69,7 @@ def values(param: click.Parameter) -> tuple[list[str], list[str]]:
     if isinstance(param, click.Option) and param.is_flag:
         return [], []  # a flag takes no value: checked by test_a_flag_takes_no_value
     if isinstance(t, click.IntRange) and not isinstance(t, FiniteFloat):
+        assert isinstance(t, IntegerRange), f"{param.opts}: click.IntRange takes any script's digits: use IntegerRange"
         assert t.min is not None and t.max is not None, f"{param.opts}: an integer range needs both bounds"
         assert not (t.min_open or t.max_open), f"{param.opts}: use closed integer bounds"
         good = [str(t.min), str(t.max)] + ([str(param.default)] if isinstance(param.default, int) else [])
@@ -223,3 +237,15 @@ def test_set_and_stop_with_a_good_value_get_as_far_as_temporal(
     assert (code, out) == (2, ""), err
     assert err.splitlines()[0].startswith(f"xmc {name}: cannot reach Temporal at TEMPORAL_ADDRESS="), err
     assert len(err.splitlines()) == 1, err
+
+
+def test_a_rate_in_arabic_indic_digits_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26, row 9: ``xmc rate --set`` with Arabic-Indic 10 is refused like any other number
+    that is not in ASCII digits (before: read as 10 and written for every replay of the stream)."""
+    code = main(["rate", "--set", "\u0661\u0660"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "xmc rate: error: Invalid value for '--set': '\u0661\u0660' is not a number in ASCII digits. "
+        "(see xmc rate --help)"
+    ]

@@ -122,6 +122,14 @@ def test_bad_resume_input_names_the_field() -> None:
         ({"XMC_REDIS_URL": f"redis://:{SECRET}@127.0.0.1:port/0"}, "XMC_REDIS_URL: the port is not a number"),
         ({"XMC_REDIS_URL": "redis://127.0.0.1/0?db=x"}, "XMC_REDIS_URL: Invalid value for 'db' in connection URL"),
         ({"XMC_METRICS_BIND": "9090"}, "XMC_METRICS_BIND: must be host:port with a port in 1..65535"),
+        # a number in another script's digits (Python's int() takes Arabic-Indic 1 as 1; issue 26, row 9)
+        ({"XMC_REDIS_URL": "redis://127.0.0.1/\u0661"}, "XMC_REDIS_URL: the database must be a number"),
+        (
+            {"XMC_REDIS_URL": "redis://127.0.0.1/0?socket_timeout=\u0661"},
+            "XMC_REDIS_URL: socket_timeout must be a number in ASCII",
+        ),
+        ({"XMC_METRICS_BIND": "0.0.0.0:\u0669\u0660"}, "XMC_METRICS_BIND: must be host:port with a port in 1..65535"),
+        ({"XMC_REDIS_TIMEOUT_SECONDS": "\u0661"}, "XMC_REDIS_TIMEOUT_SECONDS: Input should be a valid number"),
         ({"XMC_TASK_QUEUE": ""}, "XMC_TASK_QUEUE: String should have at least 1 character"),
         ({"XMC_BUILD_ID": "b7"}, "XMC_DEPLOYMENT_NAME and XMC_BUILD_ID go together (a Worker Deployment Version)"),
         ({"XMC_DEPLOYMENT_NAME": "x.y", "XMC_BUILD_ID": "b7"}, "XMC_DEPLOYMENT_NAME: must not contain '.'"),

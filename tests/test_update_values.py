@@ -43,19 +43,20 @@ NAN, INF, NEG_INF = Json("NaN"), Json("Infinity"), Json("-Infinity")
 NOTHING = object()
 """No argument at all."""
 
-INT_HOSTILE: list[Any] = [True, False, "5", "", 5.5, 5.0, 0, -1, 10**30, NAN, INF, None, [], {}, [5], "abc"]
+INT_HOSTILE: list[Any] = [True, False, "5", "\u0665", "", 5.5, 5.0, 0, -1, 10**30, NAN, INF, None, [], {}, [5], "abc"]
 """Never a good integer setting (a threshold, a batch size)."""
 
 HOSTILE: dict[Control, list[tuple[Any, str]]] = {
     Control.SET_THRESHOLD: [(v, "max_backlog_threshold") for v in [*INT_HOSTILE, 100_001]],
     Control.SET_BATCH_SIZE: [(v, "batch_size") for v in [*INT_HOSTILE, 10_001]],
     Control.SET_THROTTLE_SECONDS: [
-        *((v, "throttle_seconds") for v in [True, "5", "", NAN, INF, NEG_INF, 0, -1, 1e308, None, [], {}]),
+        *((v, "throttle_seconds") for v in [True, "5", "\u0665", "", NAN, INF, NEG_INF, 0, -1, 1e308, None, [], {}]),
         (500, "claim_lease_seconds"),  # longer than the lease (120 s): the rule over two fields
     ],
     Control.SET_THROTTLE_POLICY: [(v, "throttle_policy") for v in ["", "bogus", "FIXED", 1, True, None, [], {}]],
     Control.SET_MAX_TASKS_PER_SECOND: [
-        (v, "max_tasks_per_second") for v in [True, "5", "", NAN, INF, NEG_INF, -1, 0.0001, 1e7, None, [], {}]
+        (v, "max_tasks_per_second")
+        for v in [True, "5", "\u0661\u0660", "", NAN, INF, NEG_INF, -1, 0.0001, 1e7, None, [], {}]
     ],
     Control.CONFIGURE: [
         (5, "configure: the change must be a JSON object"),

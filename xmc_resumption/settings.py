@@ -250,10 +250,14 @@ class Settings(BaseSettings):
                 message = "the port is not a number (in a password, '/', '?' and '#' must be escaped: %2F, %3F, %23)"
             raise ValueError(message) from None
         parts = urlsplit(url)
-        if parts.scheme in ("redis", "rediss") and "db" not in kwargs:
+        if parts.scheme in ("redis", "rediss"):
+            # redis-py reads the path with int(), which takes any script's digits (Arabic-Indic 1 as 1)
             db = parts.path.strip("/")
-            if db and not db.isdigit():
+            if db and not (db.isascii() and db.isdigit()):
                 raise ValueError(f"the database must be a number (redis://host:port/0), got {db[:40]!r}")
+        for name, value in parse_qsl(parts.query):
+            if isinstance(kwargs.get(name), int | float) and not value.isascii():
+                raise ValueError(f"{name} must be a number in ASCII digits, got {value[:40]!r}")
         return url
 
     @field_validator("redis_cluster")
@@ -281,7 +285,7 @@ class Settings(BaseSettings):
         if not bind:
             return None
         host, sep, port = bind.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not sep or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise ValueError(f"must be host:port with a port in 1..65535, got {bind[:80]!r}")
         return bind
 

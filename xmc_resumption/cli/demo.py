@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from xmc_resumption.cli.common import cli, run_sync, settings_of
-from xmc_resumption.cli.params import FiniteFloat, field_type
+from xmc_resumption.cli.params import FiniteFloat, IntegerRange, field_type
 from xmc_resumption.demo import DemoOptions, run_demo
 from xmc_resumption.workflows.models import ResumptionInput
 
@@ -20,7 +20,7 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
 @cli.command("demo", short_help="replay held tasks end to end on local services")
 @click.option(
     "--tasks",
-    type=click.IntRange(1, 10_000_000),
+    type=IntegerRange(1, 10_000_000),
     default=DEFAULTS["tasks"],
     show_default=True,
     help="tasks to hold and replay",
@@ -34,7 +34,7 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoOptions)}
 )
 @click.option(
     "--consumers",
-    type=click.IntRange(1, 1_000),
+    type=IntegerRange(1, 1_000),
     default=DEFAULTS["consumers"],
     show_default=True,
     help="consumers in the group",

@@ -25,7 +25,7 @@ from xmc_resumption.cli.common import (
     settings_of,
     text_table,
 )
-from xmc_resumption.cli.params import EntryIdType, FiniteFloat, NameListType
+from xmc_resumption.cli.params import EntryIdType, FiniteFloat, IntegerRange, NameListType
 from xmc_resumption.client import MAX_ENQUEUE_TASKS
 from xmc_resumption.errors import EXIT_OPERATOR_ERROR, OperatorError
 from xmc_resumption.redisclient import deadletter
@@ -59,7 +59,7 @@ def pause(ctx: click.Context, experiment_id: str, stream: str, as_json: bool) ->
 
 @experiment_command(cli, "enqueue", "enqueue synthetic tasks through the pause-aware script")
 @click.option(
-    "--count", type=click.IntRange(1, MAX_TASKS_ENQUEUED), default=100, show_default=True, help="tasks to enqueue"
+    "--count", type=IntegerRange(1, MAX_TASKS_ENQUEUED), default=100, show_default=True, help="tasks to enqueue"
 )
 def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, count: int) -> None:
     """``xmc enqueue E --count N``: N synthetic tasks through the pause-aware enqueue script.
@@ -341,7 +341,7 @@ def dead(
 @cli.command("held", short_help="experiments paused or orphaned in Redis, with their held tasks")
 @click.option("--stream", type=STREAM_NAME, default=DEFAULT_STREAM, show_default=True, help="the task stream")
 @click.option("--orphaned", is_flag=True, help="only orphaned experiments (resuming, no live claim)")
-@click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=1_000, show_default=True, help="most experiments")
+@click.option("--limit", type=IntegerRange(1, MAX_LISTED), default=1_000, show_default=True, help="most experiments")
 @json_option
 @click.pass_context
 def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_json: bool) -> None:

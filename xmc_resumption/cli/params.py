@@ -4,7 +4,9 @@ A value that breaks the rule of the thing it sets is refused with one line namin
 
 A number that reaches Redis, a timer or a timeout is finite and bounded (the house rule), so there
 is no plain ``click.INT`` / ``click.FLOAT`` / ``click.STRING`` option: integers are
-``click.IntRange`` with both bounds, decimals ``FiniteFloat`` (nan and inf refused, both bounds),
+``IntegerRange`` with both bounds, decimals ``FiniteFloat`` (nan and inf refused, both bounds),
+each written in ASCII digits only (``INTEGER``, ``DECIMAL``: Python's ``int()`` and ``float()`` take
+any script's digits, Arabic-Indic U+0661 U+0660 for 10, and the Lua scripts and Redis take none),
 names ``NameType`` (``redisclient.keys.validate_name``), lists of names ``NameListType``, entry
 IDs ``EntryIdType``, task queues ``TaskQueueType``, choices ``click.Choice``. An option that sets
 a field of a pydantic model takes its type from that field (``field_type``), so the model stays the
@@ -30,16 +32,50 @@ MAX_ENTRY_ID_PART = 2**64 - 1
 """Each part of a stream entry ID (``<ms>-<seq>``) is an unsigned 64-bit integer (Redis streams)."""
 
 
+INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+"""An integer as the command line takes it: ASCII digits, a sign, blanks around."""
+
+DECIMAL = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*", re.ASCII)
+"""A decimal as the command line takes it: ASCII digits, a point, an exponent, a sign, blanks around."""
+
+
+def _ascii_number(
+    kind: click.ParamType[Any],
+    pattern: re.Pattern[str],
+    value: Any,
+    param: click.Parameter | None,
+    ctx: click.Context | None,
+) -> None:
+    """Fail unless ``value`` (a command-line text; a number given in code passes) matches ``pattern``."""
+    if isinstance(value, str) and not pattern.fullmatch(value):
+        kind.fail(f"{value[:40]!r} is not a number in ASCII digits.", param, ctx)
+
+
+class IntegerRange(click.IntRange):
+    """An integer within ``min``..``max``, both bounds given, written in ASCII digits (``INTEGER``).
+
+    ``click.IntRange`` alone takes any script's digits (Arabic-Indic U+0661 U+0660 as 10) and underscores.
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        _ascii_number(self, INTEGER, value, param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class FiniteFloat(click.FloatRange):
     """A decimal within ``min``..``max``; nan, inf and values that overflow to inf (``1e999``) are refused.
 
-    ``min_open`` / ``max_open`` exclude the bound. ``click.FloatRange`` alone lets nan through: every
-    comparison with nan is false.
+    Written in ASCII digits (``DECIMAL``: ``float()`` takes any script's digits, and ``1_0``). ``min_open`` /
+    ``max_open`` exclude the bound. ``click.FloatRange`` alone lets nan through: every comparison with nan
+    is false.
     """
 
     name = "float"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            self.fail(f"{value[:40]!r} is not a finite number.", param, ctx)
+        _ascii_number(self, DECIMAL, value, param, ctx)
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{str(value)[:40]!r} is not a finite number.", param, ctx)
@@ -96,7 +132,7 @@ class EntryIdType(click.ParamType[str]):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value)
-        match = re.fullmatch(r"(\d{1,20})-(\d{1,20})", text)
+        match = re.fullmatch(r"([0-9]{1,20})-([0-9]{1,20})", text)
         if not match or any(int(part) > MAX_ENTRY_ID_PART for part in match.groups()):
             self.fail(f"not a stream entry ID (<ms>-<seq>, each 0..2^64-1): {text[:40]!r}", param, ctx)
         return text
@@ -152,7 +188,7 @@ def field_type(model: type[BaseModel], name: str) -> click.ParamType[Any]:
     if annotation is int and (ge is not None or gt is not None) and (le is not None or lt is not None):
         low = int(ge) if ge is not None else int(gt) + 1  # type: ignore[arg-type]
         high = int(le) if le is not None else int(lt) - 1  # type: ignore[arg-type]
-        return click.IntRange(low, high)
+        return IntegerRange(low, high)
     if annotation is float and (ge is not None or gt is not None) and (le is not None or lt is not None):
         return FiniteFloat(
             ge if ge is not None else gt, le if le is not None else lt, min_open=ge is None, max_open=le is None

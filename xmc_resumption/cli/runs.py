@@ -32,7 +32,7 @@ from xmc_resumption.cli.common import (
     settings_of,
     text_table,
 )
-from xmc_resumption.cli.params import FiniteFloat, field_type
+from xmc_resumption.cli.params import FiniteFloat, IntegerRange, field_type
 from xmc_resumption.cli.planning import plan_text, run_plan, sample_option
 from xmc_resumption.cli.watch import Watcher
 from xmc_resumption.client import NothingToResumeError, ResumeError
@@ -62,7 +62,7 @@ newest first); the others show '-'. The queries run together, all within ``QUERY
 @click.option("--phase", type=click.Choice(fleet.phase_values()), help="only this XmcPhase (an outcome once ended)")
 @click.option("--experiment", "experiment_id", type=EXPERIMENT_ID, help="only this experiment")
 @click.option("--stream", type=STREAM_NAME, help="only resumptions into this stream")
-@click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=200, show_default=True, help="most runs listed")
+@click.option("--limit", type=IntegerRange(1, MAX_LISTED), default=200, show_default=True, help="most runs listed")
 @click.option(
     "--eta/--no-eta",
     default=True,
