@@ -323,7 +323,9 @@ class ResumptionActivities:
     async def idle_consumers(self, req: IdleConsumersRequest) -> list[IdleConsumer]:
         """The consumers holding pending entries of the request's groups while idle for its window.
 
-        Read with ``XINFO CONSUMERS``, and only when a replay is stalled.
+        Read with ``XINFO CONSUMERS``, and only when a replay is stalled. The groups are names found in
+        Redis (a reading's limiting group): any name Redis accepts, not held to the name rule of the
+        experiment's own (``_keys``).
         """
         _keys(req.ref)
         async with _classified(self.redis):

@@ -15,9 +15,11 @@ import uuid
 
 import pytest
 from redis.asyncio import Redis
+from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from tests.support.helpers import GROUP, STREAM, hold_tasks, resumption_worker, run_module, start, wait_for
+from tests.support.helpers import GROUP, STREAM, hold_tasks, resumption_worker, run_module, wait_for
 from tests.test_cli import Xmc, xmc_fixture  # noqa: F401  (the fixture)
 from xmc_resumption.activities.requests import ExperimentRef, IdleConsumersRequest
 from xmc_resumption.activities.resumption import ResumptionActivities
@@ -26,7 +28,6 @@ from xmc_resumption.redisclient.backlog import measure_backlog
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.results import PublishStatus
-from xmc_resumption.workflows.models import Outcome
 from xmc_resumption.workflows.text import details_markdown
 
 AUDIT, BRACES, UMLAUT, EMPTY = "audit team", "grp{1}", "ümlaut", ""
@@ -50,6 +51,19 @@ async def foreign_groups(redis: Redis) -> None:
         await redis.xadd(STREAM, {"task": f"other-{i}"})
     await redis.xreadgroup(BRACES, DEAD, {STREAM: ">"}, count=4)
     await redis.xreadgroup(NOT_UTF8, "c1", {STREAM: ">"}, count=1)
+
+
+async def until_started(handle: WorkflowHandle) -> None:
+    """Until the workflow ``handle`` names exists (started by another process), at most 30 s."""
+    for _ in range(300):
+        try:
+            await handle.describe()
+            return
+        except RPCError as err:
+            if err.status is not RPCStatusCode.NOT_FOUND:
+                raise
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{handle.id} did not start")
 
 
 def test_a_found_name_is_shown_on_one_line() -> None:
@@ -151,21 +165,23 @@ async def test_a_stall_names_an_idle_consumer_of_any_group_on_one_line(
         await redis.xadd(STREAM, {"task": f"other-{i}"})
     await redis.xgroup_create(STREAM, GROUP, id="$")
     await redis.xreadgroup(AUDIT, DEAD, {STREAM: ">"}, count=4)
+    env = {
+        "XMC_REDIS_URL": redis_url,
+        "XMC_TASK_QUEUE": task_queue,
+        "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+    }
+    inputs = ["--threshold", "4", "--throttle-seconds", "1", "--stall-window-seconds", "2", "--max-stall-seconds", "60"]
     async with resumption_worker(temporal_env.client, task_queue, redis_url):
-        handle = await start(
-            temporal_env.client,
-            task_queue,
-            experiment_id=e,
-            max_backlog_threshold=4,
-            throttle_seconds=1,
-            stall_window_seconds=2,
-            max_stall_seconds=20,
+        # xmc resume --wait follows the run in its own process; the test stops it once the stall is named
+        resumed = asyncio.create_task(
+            asyncio.to_thread(run_module, "xmc_resumption", "resume", e, *inputs, "--wait", timeout=90, **env)
         )
+        handle = temporal_env.client.get_workflow_handle(f"resumption-{e}")
+        await until_started(handle)
         progress = await wait_for(handle, lambda p: p.stalled and bool(p.idle_consumers), timeout=30)
-        env = {"XMC_REDIS_URL": redis_url, "TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host}
         status = await asyncio.to_thread(run_module, "xmc_resumption", "status", e, "--idle-seconds", "1", **env)
         await handle.execute_update("pause")
-        result = await asyncio.wait_for(handle.result(), 30)
+        resume = await resumed
     assert [(c.group, c.consumer, c.pending) for c in progress.idle_consumers] == [(AUDIT, DEAD, 4)]
     reason = progress.stall_reason
     assert reason is not None and "\n" not in reason
@@ -176,4 +192,10 @@ async def test_a_stall_names_an_idle_consumer_of_any_group_on_one_line(
     lines = status.stdout.splitlines()
     assert all(line.startswith("  ") for line in lines[1:]), status.stdout
     assert "STALLED" in status.stdout and '"audit team"/"dead\\nline" holds 4' in status.stdout
-    assert result.outcome is Outcome.PAUSED and result.replayed == 0
+    assert resume.returncode == 0, resume.stderr
+    warnings = [line for line in resume.stderr.splitlines() if line.startswith("xmc resume: warning: ")]
+    assert warnings[0].startswith(
+        'xmc resume: warning: no consumer is draining "audit team": backlog 4 of group "audit team"'
+    )
+    assert f"; start consumers, or xmc stop {e}" in warnings[0]
+    assert resume.stdout.splitlines()[-1].startswith("outcome: paused; 0 replayed, 10 remaining"), resume.stdout

@@ -25,7 +25,7 @@ from xmc_resumption.cli.common import QUERY_TIMEOUT_SECONDS, eta_text, or_missin
 from xmc_resumption.errors import RunFailedError, workflow_failure_message
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import as_text
-from xmc_resumption.redisclient.text import one_line
+from xmc_resumption.redisclient.text import one_line, show_name
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import Phase, Progress, ResumptionInput, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
@@ -159,11 +159,13 @@ class Watcher:
 
     async def _not_draining(self, redis: RedisClient, p: Progress) -> str | None:
         """Why no consumer seems to drain the stream, or None."""
-        group, stream = self._inp.consumer_group, self._inp.stream
+        # the group that holds the replay back: its own, or another found in Redis (any name)
+        group, stream = p.limiting_group or self._inp.consumer_group, self._inp.stream
+        shown = show_name(group)
         if p.phase is Phase.WAITING_FOR_GROUP:
             return f"waiting: {p.throttle_reason}"
         if p.stalled:
-            return f"no consumer is draining {group}: {p.stall_reason} (stalled for {p.stalled_seconds:.0f}s)"
+            return f"no consumer is draining {shown}: {p.stall_reason} (stalled for {p.stalled_seconds:.0f}s)"
         still = (p.replayed, p.backlog)
         if still != self._still:
             self._still, self._still_since = still, time.monotonic()
@@ -176,13 +178,13 @@ class Watcher:
         consumers = next((int(g["consumers"]) for g in groups or [] if as_text(g["name"]) == group), None)
         if consumers == 0:
             return (
-                f"no consumer in group {group} of {stream}: the backlog ({or_missing(p.backlog)}) stays at the "
+                f"no consumer in group {shown} of {stream}: the backlog ({or_missing(p.backlog)}) stays at the "
                 f"threshold ({p.threshold}) until one reads"
             )
         idle = time.monotonic() - self._still_since
         if idle >= self.drain_warning_seconds:
             return (
-                f"no consumer seems to drain {group}: backlog {or_missing(p.backlog)} >= threshold {p.threshold}, "
+                f"no consumer seems to drain {shown}: backlog {or_missing(p.backlog)} >= threshold {p.threshold}, "
                 f"nothing replayed for {idle:.0f}s ({or_missing(consumers)} consumers registered)"
             )
         return None
