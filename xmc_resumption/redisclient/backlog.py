@@ -1,11 +1,13 @@
 """Backlog measurement of the consumer groups of a stream (docs/contract.md, "Backlog"; docs/memory.md).
 
 backlog(g) = pending (the group's PEL size) + entries after the group's last-delivered-id, for
-every group of the stream (or the groups named); the replay is bounded by the largest. All of it
-is read in one Lua script (``lua/backlog.lua``), so the reading is consistent; the XRANGE behind
-each lag is capped at ``threshold - pending + 1`` entries and skipped when pending alone reaches
-the threshold. XINFO GROUPS' own ``lag`` field is logged, never used: on Redis 7.0 it is NULL or
-wrong after XDEL, XTRIM, XGROUP SETID and for groups created at ``$`` (see tests/cases/backlog.json).
+every group that bounds the replay (the groups named, else the consumer group and every group with a
+consumer); the replay is bounded by the largest. All of it is read in one Lua script
+(``lua/backlog.lua``), so the reading is consistent. A lag is known in O(1) from Redis's counters where
+they are provably exact (a record in ``{S}:backlog`` says where a group's entries-read was last exact),
+else counted by a capped XRANGE that shares one budget of entries per script. XINFO GROUPS' own ``lag``
+field is logged, never used: on Redis 7.0 it is NULL or wrong after XDEL, XTRIM, XGROUP SETID and for
+groups created at ``$`` (see tests/cases/backlog.json).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
-from xmc_resumption.redisclient.keys import as_text, json_reply, validate_name
+from xmc_resumption.redisclient.keys import as_text, backlog_key, json_reply, validate_name
 from xmc_resumption.redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy
 from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.redisclient.text import show_name
@@ -41,13 +43,16 @@ def validate_byte_budget(max_bytes: int) -> None:
 
 
 MAX_THRESHOLD = 1_000_000
-"""The largest threshold the scripts accept (entries; ``lua/backlog.lua``): a count reads up to
-this many entries per group inside a script. The workflow input allows at most 100,000."""
+"""The largest threshold the scripts accept (entries; ``lua/backlog.lua``). The workflow input allows at most
+100,000. A reading's cost does not grow with it: counts share ``COUNT_ENTRIES``."""
 
 MAX_GROUPS = 64
-"""The most consumer groups one reading measures (``lua/backlog.lua``): each costs up to a
-threshold's worth of entries read inside the script. A stream with more groups must name the
-ones that bound the replay."""
+"""The most consumer groups a replay names (``consumer_groups``; ``lua/backlog.lua``). Without names, every group of
+the stream is measured, however many."""
+
+COUNT_ENTRIES = 1_000
+"""Entries one script counts at most, over every group (``lua/backlog.lua``'s ``XMC_COUNT_ENTRIES``): a lag that
+Redis's counters cannot give exactly is counted within it (docs/memory.md, "How the lag is measured")."""
 
 
 def validate_threshold(threshold: int) -> None:
@@ -99,27 +104,30 @@ async def measure_backlog(
         stream: the task stream's key.
         group: the consumer group that must exist (measured first).
         threshold: the throttle threshold in entries (1..``MAX_THRESHOLD``); each count stops just
-            past it, and once one group's backlog reaches it the others' lags are not counted.
+            past it, and once one group's backlog reaches it the others' lags are not counted (unless
+            known in O(1)).
         missing_group: what a missing stream or required group means (``MissingGroupPolicy``):
             ``wait`` reports it with headroom 0; ``zero`` counts the stream's entries as the
             group's backlog, with a warning; ``error`` raises.
-        max_bytes: each count reads about this many bytes of entries at most; when the entries
-            after a last-delivered-id pass it first, the reading is ``bytes_capped`` with
-            headroom 0 (large tasks: the undelivered part is bounded in bytes too).
+        max_bytes: each count reads about this many bytes of entries at most; a count cut short by
+            it (or by ``COUNT_ENTRIES``) takes Redis's entries-added - entries-read as an upper bound,
+            or, without one, is ``unmeasured`` (``bytes_capped`` when the bytes cut it) with headroom 0.
         groups: the groups that bound the replay, ``group`` among them, each required to exist;
-            None: every group of the stream (at most ``MAX_GROUPS``).
+            None: ``group`` and every group of the stream that has a consumer (a group with none is
+            reported in ``unattended``).
 
     Returns:
         The reading of the limiting group (the largest backlog): exact when ``backlog <
-        threshold``, else ``>= threshold`` with ``capped`` (or ``bytes_capped``, headroom 0).
+        threshold`` and ``exact``; else never below the true backlog: ``>= threshold`` with
+        ``capped``, or Redis's upper bound (``lag_source`` ``bound``), or ``unmeasured`` with headroom 0.
+        The call writes the groups' records (``{S}:backlog``) where their entries-read is exact.
 
     Raises:
         ValueError: a threshold, byte budget or groups list out of bounds.
         MissingConsumerGroupError: a required group (or the stream) does not exist and the policy
             is ``error``.
-        redis.exceptions.ResponseError: e.g. WRONGTYPE when ``stream`` is not a stream; an
-            ``XMCGROUPS`` reply when ``groups`` is None and the stream has more than
-            ``MAX_GROUPS`` groups.
+        redis.exceptions.ResponseError: e.g. WRONGTYPE when ``stream`` or ``{S}:backlog`` holds
+            another type.
         redis.exceptions.ConnectionError, TimeoutError: Redis is unreachable. No error is ever
             turned into a backlog of 0.
     """
@@ -156,7 +164,7 @@ async def _measure(
 ) -> BacklogReading:
     """Run the measure script with checked ``args`` (its ARGV) and read its reading."""
     group, threshold = as_text(args[0]) if isinstance(args[0], bytes) else str(args[0]), int(args[1])
-    raw = json_reply(await run_script(client, "measure", [stream], args))
+    raw = json_reply(await run_script(client, "measure", [stream, backlog_key(stream)], args))
     # Lua turns a NULL reply into false, and cjson encodes that as JSON false
     raw["xinfo_lag"] = raw["xinfo_lag"] if raw["xinfo_lag"] is not False else None
     reading = BacklogReading.model_validate({**raw, "threshold": threshold})

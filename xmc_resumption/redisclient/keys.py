@@ -157,6 +157,15 @@ def replayers_key(stream: str) -> str:
     return f"{{{validate_name('stream', stream)}}}:replayers"
 
 
+def backlog_key(stream: str) -> str:
+    """``{S}:backlog``: the backlog records of task stream ``stream`` (a hash, a field per group; ``lua/backlog.lua``).
+
+    A cache the measuring scripts keep: where a group's entries-read was last known exact. Deleting it costs only
+    counts until the scripts write it again.
+    """
+    return f"{{{validate_name('stream', stream)}}}:backlog"
+
+
 def as_text(value: bytes | str) -> str:
     """A reply as text, whether the client decodes responses or not.
 
@@ -223,6 +232,6 @@ def expected_type(key: str) -> str:
         return _TYPES.get(key.rsplit(":", 1)[1], "stream")
     if key.startswith("{") and key.endswith(("}:weights", "}:replayers")):
         return "hash" if key.endswith(":weights") else "zset"  # the fair share's (redisclient/weights.py)
-    if key.startswith("{") and key.endswith("}:rate"):
-        return "hash"  # the stream-wide rate cap (redisclient/ratecap.py)
+    if key.startswith("{") and key.endswith(("}:rate", "}:backlog")):
+        return "hash"  # the stream-wide rate cap (redisclient/ratecap.py), the backlog records (lua/backlog.lua)
     return "stream"

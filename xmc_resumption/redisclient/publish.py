@@ -22,7 +22,7 @@ from xmc_resumption.redisclient.connection import RedisClient, drop_stale_connec
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.failover import validate_entry_id
 from xmc_resumption.redisclient.fencing import validate_lease
-from xmc_resumption.redisclient.keys import ExperimentKeys, json_reply, replayers_key, weights_key
+from xmc_resumption.redisclient.keys import ExperimentKeys, backlog_key, json_reply, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import fraction_arg, validate_fraction
 from xmc_resumption.redisclient.ratecap import rate_key
 from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishRounds, PublishStatus
@@ -222,7 +222,8 @@ async def publish_batch(
         client,
         "publish",
         [keys.stream, keys.held, keys.state, keys.fence, keys.claim, keys.publish,
-         weights_key(keys.stream), replayers_key(keys.stream), rate_key(keys.stream), keys.replay, keys.released],
+         weights_key(keys.stream), replayers_key(keys.stream), rate_key(keys.stream), keys.replay, keys.released,
+         backlog_key(keys.stream)],
         params.argv(keys, group, groups),
     )  # fmt: skip
     # the reply is flat (the publish record keeps it so); the reading takes the call's threshold

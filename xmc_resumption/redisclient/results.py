@@ -33,19 +33,48 @@ class GroupStatus(StrEnum):
     NO_GROUP = "no_group"
 
 
+class LagSource(StrEnum):
+    """How a group's lag was known (``lua/backlog.lua``; docs/memory.md, "How the lag is measured")."""
+
+    CAUGHT_UP = "caught_up"
+    """The stream is empty, or the last-delivered-id is at or past its last-generated-id: 0, exact."""
+    BEHIND = "behind"
+    """The last-delivered-id is before the first entry: every entry (XLEN), exact."""
+    RECORDED = "recorded"
+    """entries-added - entries-read, exact by the group's record (``{S}:backlog``): nothing was deleted or trimmed
+    since entries-read was last known exact."""
+    COUNTED = "counted"
+    """Counted by XRANGE: exact, or at or past the threshold with ``capped``."""
+    BOUND = "bound"
+    """entries-added - entries-read, an upper bound (never below the lag) where a count could not finish."""
+    UNMEASURED = "unmeasured"
+    """A count cut short by the script's count or byte budget, with no bound from Redis: the backlog counts as full."""
+    STREAM = "stream"
+    """A missing group under ``zero``: the stream's entries (XLEN)."""
+    MISSING = "missing"
+    """A missing group under ``wait`` or ``error``: 0, and no headroom."""
+    NOT_COUNTED = "not_counted"
+    """Not counted: another group's backlog already left no headroom, or pending alone reached the threshold."""
+
+
 class GroupBacklog(BaseModel):
     """One consumer group's part of a backlog reading (``lua/backlog.lua``).
 
     Attributes:
         name: the group.
         pending: its PEL size (entries).
-        lag: entries after its last-delivered-id, counted by a capped XRANGE (entries); for a
-            missing group under ``zero``, the stream's entries, counted the same way.
-        capped, bytes_capped: the count stopped at the cap, or at the byte budget.
-        counted: False when its lag was not counted, because an earlier group's backlog already
-            reached the threshold (or a required group is missing under ``wait`` or ``error``):
+        lag: entries after its last-delivered-id (``lag_source`` says how it is known); for a missing group under
+            ``zero``, the stream's entries.
+        capped, bytes_capped: the count stopped at the cap, or at the byte budget (with no bound from Redis).
+        counted: False when its lag is not known, because an earlier group's backlog already reached the threshold
+            (or a required group is missing under ``wait`` or ``error``, or pending alone reached the threshold):
             then ``lag`` is 0 and the backlog at least ``pending``.
         missing: the group does not exist (or the stream does not).
+        consumers: its consumers (XINFO GROUPS; 0 for a missing group, and in readings recorded before it existed).
+        bounds: its backlog bounds the replay. False for a group with no consumer that the replay does not name
+            (``consumer_groups``) and that is not the consumer group: it is reported, not waited for.
+        lag_source: how ``lag`` was known (``LagSource``; None in readings recorded before it existed).
+        exact: ``lag`` is the true lag (False: a bound, or a count at the cap).
     """
 
     name: str
@@ -55,11 +84,36 @@ class GroupBacklog(BaseModel):
     bytes_capped: bool = False
     counted: bool = True
     missing: bool = False
+    consumers: int = 0
+    bounds: bool = True
+    lag_source: LagSource | None = None
+    exact: bool = False
 
     @property
     def backlog(self) -> int:
-        """pending + lag (entries): exact when counted and not capped."""
+        """pending + lag (entries): exact when ``exact``."""
         return self.pending + self.lag
+
+
+class UnattendedGroup(BaseModel):
+    """A consumer group with no consumer that does not bound the replay, named with its backlog.
+
+    Attributes:
+        name: the group.
+        pending: its PEL size (entries).
+        lag: entries after its last-delivered-id, as far as measured (0 when not counted).
+        exact: ``lag`` is the true lag.
+    """
+
+    name: str
+    pending: int
+    lag: int
+    exact: bool = False
+
+
+def _lua_list(value: Any) -> Any:
+    # Lua's cjson encodes an empty table as an object
+    return [] if value == {} else value
 
 
 class BacklogReading(BaseModel):
@@ -90,6 +144,13 @@ class BacklogReading(BaseModel):
         missing_group: the first required group not found ('' when none).
         groups: every group measured, the required one first (empty in readings recorded before it
             existed).
+        lag_source, exact: how the limiting group's lag was known, and whether it is the true lag
+            (``GroupBacklog``; None and False in readings recorded before they existed).
+        unattended: the groups with no consumer that do not bound the replay, each with its backlog (empty when
+            none, and in readings recorded before it existed).
+        limiting_idle_ms: with no headroom, the least idle time of the limiting group's consumers (milliseconds,
+            XINFO CONSUMERS): how long since any of them read; None when not read (headroom left, no consumer,
+            and readings recorded before it existed).
     """
 
     status: GroupStatus
@@ -105,6 +166,20 @@ class BacklogReading(BaseModel):
     limiting_group: str = ""
     missing_group: str = ""
     groups: list[GroupBacklog] = []
+    lag_source: LagSource | None = None
+    exact: bool = False
+    unattended: list[UnattendedGroup] = []
+    limiting_idle_ms: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_script(cls, data: Any) -> Any:
+        # the script's reply: Lua's cjson encodes an empty list as an object, and "not read" as -1
+        if isinstance(data, dict):
+            data = {**data, **{k: _lua_list(data[k]) for k in ("groups", "unattended") if k in data}}
+            if data.get("limiting_idle_ms") == -1:
+                data["limiting_idle_ms"] = None
+        return data
 
     @property
     def backlog(self) -> int:
@@ -323,7 +398,7 @@ class PublishResult(BaseModel):
         flat = {k: v for k, v in data.items() if k != "backlog"}
         reading = {"capped": False, "bytes_capped": False, "headroom": 0, "last_delivered_id": "", "threshold": 0}
         keys = ("pending", "lag", "capped", "bytes_capped", "headroom", "last_delivered_id", "threshold",
-                "limiting_group", "missing_group")  # fmt: skip
+                "limiting_group", "missing_group", "lag_source", "exact", "unattended", "limiting_idle_ms")  # fmt: skip
         for key in keys:
             if key in flat:
                 reading[key] = flat.pop(key)
@@ -338,6 +413,9 @@ class PublishResult(BaseModel):
         group_status = reading.pop("status")
         for key in ("xinfo_lag", "lag_bytes", "groups"):  # not in the script's reply
             reading.pop(key, None)
+        for key, absent in (("lag_source", None), ("limiting_idle_ms", None), ("exact", False), ("unattended", [])):
+            if reading.get(key) == absent:  # as results recorded before they existed read
+                reading.pop(key, None)
         return {**doc, **reading, "group_status": group_status, "backlog": self.reading.backlog}
 
     @property

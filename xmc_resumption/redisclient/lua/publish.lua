@@ -7,7 +7,9 @@
 -- KEYS[10] replay record (hash: `moved`, the tasks the resume in progress moved, whatever claim moved
 --          them: the authority for a resumption's `replayed`; acquire.lua starts it, release.lua ends it),
 -- KEYS[11] release log (tokens.lua's xmc_released); KEYS[10] and KEYS[11] may be left out (then the
---          claim's own count is the reply's `replayed`)
+--          claim's own count is the reply's `replayed`),
+-- KEYS[12] the stream's backlog records `{S}:backlog` (backlog.lua; may be left out, with KEYS[10] and
+--          KEYS[11] given: then no record is read or written)
 -- ARGV[1] token, ARGV[2] seq (the caller's turn number, strictly increasing per token),
 -- ARGV[3] batch size, ARGV[4] threshold, ARGV[5] consumer group (it must exist),
 -- ARGV[6] missing-group policy ('wait' | 'zero' | 'error'), ARGV[7] lease in milliseconds, ARGV[8] owner,
@@ -62,7 +64,9 @@
 -- moved them; absent when unknown), outcome (with 'released': the release's), repeated (only in a recorded
 -- result returned again), backlog, remaining, pending, lag, capped, bytes_capped,
 -- headroom, last_delivered_id, group_status, limiting_group, missing_group, last_seq, used_memory, maxmemory,
--- rate_limit, rate_limited, rate_wait_ms, redelivered, behind, last_moved_id, redelivered_total}: backlog (of the limiting group) and headroom as measured before the
+-- rate_limit, rate_limited, rate_wait_ms, redelivered, behind, last_moved_id, redelivered_total, and from the
+-- reading lag_source, exact, unattended, limiting_idle_ms (backlog.lua; absent when the script refused before
+-- measuring)}: backlog (of the limiting group) and headroom as measured before the
 -- move; last_seq is the recorded seq, with 'stale';
 -- used_memory and maxmemory (bytes) as read before the move (0 when the script refused before reading them);
 -- rate_limit (the stream's cap, tasks/s; 0: none), rate_limited (the cap cut this move short), rate_wait_ms
@@ -126,7 +130,9 @@ local function reply(status, moved, b, remaining, last_seq, moved_bytes)
                        used_memory = memory.used_memory, maxmemory = memory.maxmemory,
                        rate_limit = rate_cap.limit, rate_limited = rate_cap.cut, rate_wait_ms = rate_cap.wait_ms,
                        redelivered = redelivered, behind = behind, last_moved_id = last_moved_id,
-                       redelivered_total = resume_redelivered and (resume_redelivered + redelivered) or nil})
+                       redelivered_total = resume_redelivered and (resume_redelivered + redelivered) or nil,
+                       lag_source = b.lag_source, exact = b.exact, unattended = b.unattended,
+                       limiting_idle_ms = b.limiting_idle_ms})
 end
 local none = {status = 'ok', pending = 0, lag = 0, capped = false, headroom = 0}
 
@@ -159,7 +165,7 @@ if redis.call('GET', KEYS[3]) == 'paused' then
   return reply('paused', 0, none, redis.call('XLEN', KEYS[2]))
 end
 
-local b = xmc_backlog(KEYS[1], args)
+local b = xmc_backlog(KEYS[1], args, KEYS[12])
 if b.status ~= 'ok' and args.policy == 'error' then
   return reply('no_group', 0, b, redis.call('XLEN', KEYS[2]))
 elseif b.status ~= 'ok' and args.policy == 'wait' and redis.call('XLEN', KEYS[2]) > 0 then
@@ -246,6 +252,7 @@ elseif fair then
 end
 -- fair share: end
 local result = reply(status, moved, b, remaining, 0, moved_bytes)
+xmc_backlog_save(KEYS[12], b)
 redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
 if counting then
   redis.call('HSET', KEYS[6], 'moved', total + moved)
