@@ -134,11 +134,9 @@ async def hold(redis: Redis, n: int) -> int:
 
 
 async def publish(redis: Redis, token: int, seq: int, **kw):  # type: ignore[no-untyped-def]
+    args = {"batch_size": 100, "threshold": 10, **kw}
     return await publish_batch(
-        redis,
-        KEYS,
-        GROUP,
-        PublishParams(token=token, seq=seq, batch_size=100, threshold=10, owner="me", lease_ms=60_000, **kw),
+        redis, KEYS, GROUP, PublishParams(token=token, seq=seq, owner="me", lease_ms=60_000, **args)
     )
 
 
@@ -374,3 +372,76 @@ async def test_xmc_resume_takes_the_groups_and_checks_them_before_anything_start
         xmc_process, redis_url, "resume", KEYS.experiment_id, "--groups", f"{GROUP},audit", "--missing-group", "wait"
     )
     assert ran.returncode == 2 and "cannot reach Temporal" in ran.stderr, ran.stderr
+
+
+async def leftover_taskiq_group(redis: Redis, redis_url: str, behind: int) -> None:
+    """The consumer group ``xmc-workers`` with a consumer, caught up; taskiq-redis's ``taskiq`` group, made by a
+    producer's broker start-up (no consumer ever), ``behind`` entries behind."""
+    from taskiq_redis import RedisStreamBroker
+
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    broker = RedisStreamBroker(redis_url, queue_name=STREAM)
+    await broker.startup()
+    await broker.shutdown()
+    await add(redis, behind)
+    read = await redis.xreadgroup(GROUP, "w1", {STREAM: ">"}, count=behind)
+    await redis.xack(STREAM, GROUP, *[i for i, _ in read[0][1]])
+    groups = {g["name"]: g["consumers"] for g in await redis.xinfo_groups(STREAM)}
+    assert groups == {GROUP.encode(): 1, b"taskiq": 0}
+
+
+async def test_a_group_with_no_consumer_is_named_not_waited_for(redis: Redis, redis_url: str) -> None:
+    """Issue 24 item 5: the group a taskiq-redis producer leaves behind does not hold the replay; it is reported
+    with its backlog, and naming it in ``consumer_groups`` makes it count."""
+    await leftover_taskiq_group(redis, redis_url, 20)
+    reading = await measure_backlog(redis, STREAM, GROUP, 10)
+    assert (reading.limiting_group, reading.backlog, reading.headroom) == (GROUP, 0, 10)
+    assert [(g.name, g.pending, g.lag, g.exact) for g in reading.unattended] == [("taskiq", 0, 20, True)]
+    assert [(g.name, g.consumers, g.bounds) for g in reading.groups] == [(GROUP, 1, True), ("taskiq", 0, False)]
+    token = await hold(redis, 30)
+    moved = await publish(redis, token, 1)  # threshold 10: the taskiq group's 20 do not hold it
+    assert (moved.status, moved.moved, moved.reading.limiting_group) == (PublishStatus.PUBLISHED, 10, GROUP)
+    assert [(g.name, g.lag) for g in moved.reading.unattended] == [("taskiq", 20)]
+    named = await publish(redis, token, 2, groups=[GROUP, "taskiq"])
+    assert (named.status, named.moved, named.reading.limiting_group, named.reading.backlog) == (
+        PublishStatus.THROTTLED, 0, "taskiq", 30,
+    )  # fmt: skip
+    assert named.reading.unattended == []
+    # the consumer group itself bounds with no consumer at all (its workers may not have started yet)
+    await redis.xgroup_delconsumer(STREAM, GROUP, "w1")
+    alone = await measure_backlog(redis, STREAM, GROUP, 10)
+    assert (alone.limiting_group, alone.backlog, alone.headroom) == (GROUP, 10, 0)
+
+
+async def test_a_stream_with_more_groups_than_a_list_may_name_is_measured_whole(redis: Redis) -> None:
+    """Issue 26 row 6: a 65th group made during a replay neither fails the reading (it was an ``XMCGROUPS`` error
+    that ended the run) nor escapes it: the groups past the 64th bound the replay like the others."""
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    for i in range(MAX_GROUPS):
+        await redis.xgroup_create(STREAM, f"g{i:02}", id="$")
+        await redis.xgroup_createconsumer(STREAM, f"g{i:02}", "c")
+    await add(redis, 5)
+    for i in range(MAX_GROUPS - 1):  # every group but the last reads everything
+        await redis.xreadgroup(f"g{i:02}", "c", {STREAM: ">"}, count=10, noack=True)
+    await redis.xreadgroup(GROUP, "c", {STREAM: ">"}, count=10, noack=True)
+    reading = await measure_backlog(redis, STREAM, GROUP, 5)
+    assert (len(reading.groups), reading.limiting_group, reading.backlog, reading.headroom) == (
+        MAX_GROUPS + 1, f"g{MAX_GROUPS - 1:02}", 5, 0,
+    )  # fmt: skip
+    token = await hold(redis, 3)
+    assert (await publish(redis, token, 1, threshold=7)).moved == 2
+    throttled = await publish(redis, token, 2, threshold=7)
+    assert (throttled.status, throttled.reading.limiting_group) == (PublishStatus.THROTTLED, f"g{MAX_GROUPS - 1:02}")
+
+
+async def test_with_no_headroom_the_reading_says_how_long_the_limiting_group_has_been_idle(redis: Redis) -> None:
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await add(redis, 10)
+    await redis.xreadgroup(GROUP, "w1", {STREAM: ">"}, count=4)
+    await asyncio.sleep(0.3)
+    full = await measure_backlog(redis, STREAM, GROUP, 10)
+    assert full.headroom == 0 and full.limiting_idle_ms is not None and full.limiting_idle_ms >= 300
+    await redis.xreadgroup(GROUP, "w2", {STREAM: ">"}, count=1)  # one consumer that just read
+    again = await measure_backlog(redis, STREAM, GROUP, 10)
+    assert again.limiting_idle_ms is not None and again.limiting_idle_ms < 300
+    assert (await measure_backlog(redis, STREAM, GROUP, 100)).limiting_idle_ms is None  # headroom left: not read

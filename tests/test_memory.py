@@ -161,6 +161,28 @@ async def test_the_publish_waits_at_the_memory_fraction(memory: Redis) -> None:
     assert await stream_tasks(memory) == [f"M1-t{i}".encode() for i in range(6)]
 
 
+async def test_a_group_with_no_consumer_does_not_hold_the_replay_and_the_memory_guard_still_does(
+    memory: Redis,
+) -> None:
+    """Issue 24 item 5: a group no consumer reads (``leftover``, 50 entries behind at threshold 10) does not bound
+    the move, so what protects Redis from its unread entries is the memory guard, which stops the move all the same."""
+    await memory.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await memory.xgroup_create(STREAM, "leftover", id="$")
+    for i in range(50):
+        await memory.xadd(STREAM, {"task": f"x{i}"})
+    await memory.xreadgroup(GROUP, "w1", {STREAM: ">"}, count=50, noack=True)
+    await hold_tasks(memory, KEYS.experiment_id, 6)
+    grant = await fencing.acquire_claim(memory, KEYS, "me", 60_000)
+    await memory.script_load(source("publish"))  # the script cache counts in used_memory: loaded first
+    used = (await memory.info("memory"))["used_memory"]
+    await memory.config_set("maxmemory", str(int(used / 0.95)))
+    full = await publish(memory, grant.token, 1, threshold=10, max_memory_fraction=0.9)
+    assert (full.status, full.moved, full.reading.headroom) == (PublishStatus.MEMORY, 0, 10)
+    assert [(g.name, g.lag) for g in full.reading.unattended] == [("leftover", 50)]
+    moved = await publish(memory, grant.token, 2, threshold=10, batch_size=4, max_memory_fraction=None)
+    assert (moved.status, moved.moved) == (PublishStatus.PUBLISHED, 4)
+
+
 async def test_a_fraction_out_of_bounds_is_refused_before_any_write(memory: Redis) -> None:
     await hold_tasks(memory, KEYS.experiment_id, 1)
     grant = await fencing.acquire_claim(memory, KEYS, "me", 60_000)

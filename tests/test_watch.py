@@ -161,3 +161,24 @@ async def test_a_watch_that_stops_fails_the_polls_waiting_on_it(redis: Redis) ->
 async def test_bad_arguments_are_refused(redis: Redis, low: int, kw: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         await poll(BacklogWatches(), redis, low, **kw)
+
+
+async def test_polls_of_replays_naming_other_groups_each_wait_on_their_own_groups(redis: Redis) -> None:
+    """Issue 26's survivor: one reading shared by polls whose replays name different consumer groups would hand
+    one replay the other's backlog. ``xmc-workers`` is caught up; ``audit`` (it has a consumer) is 50 behind."""
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, "audit", id="$")
+    for i in range(50):
+        await redis.xadd(STREAM, {"n": str(i)})
+    await redis.xreadgroup(GROUP, "w", {STREAM: ">"}, count=50, noack=True)
+    await redis.xgroup_createconsumer(STREAM, "audit", "a")
+    watches = BacklogWatches()
+    own, both, every = await asyncio.gather(
+        poll(watches, redis, 10, max_seconds=0.2, groups=[GROUP]),
+        poll(watches, redis, 10, max_seconds=0.2, groups=[GROUP, "audit"]),
+        poll(watches, redis, 10, max_seconds=0.2),
+    )
+    assert (own.reached, own.reading.backlog, [g.name for g in own.reading.groups]) == (True, 0, [GROUP])
+    assert (both.reached, both.reading.backlog, both.reading.limiting_group) == (False, 50, "audit")
+    assert (every.reached, every.reading.backlog, every.reading.limiting_group) == (False, 50, "audit")
+    assert own.polls == 1 and both.polls >= 2 and watches.readings == own.polls + both.polls + every.polls
