@@ -92,10 +92,10 @@ async def test_each_count_stops_past_the_threshold_and_a_full_group_ends_the_cou
     # the byte budget caps each count too: Redis's entries-added - entries-read bounds what it could not read
     reading = await measure_backlog(redis, STREAM, GROUP, 2_000, max_bytes=100, groups=[GROUP])
     assert (reading.lag, reading.lag_source, reading.bytes_capped, reading.headroom) == (1_000, "bound", False, 1_000)
-    # without entries-read (NULL after SETID) nothing bounds it: unmeasured, no headroom
+    # without entries-read (NULL after SETID) the stream's length bounds it: 1,020 entries for a lag of 1,000
     await redis.xgroup_setid(STREAM, GROUP, (await redis.xrange(STREAM, count=20))[-1][0])
     reading = await measure_backlog(redis, STREAM, GROUP, 2_000, max_bytes=100, groups=[GROUP])
-    assert (reading.lag_source, reading.bytes_capped, reading.headroom) == ("unmeasured", True, 0)
+    assert (reading.lag, reading.lag_source, reading.bytes_capped, reading.headroom) == (1_020, "bound", False, 980)
 
 
 async def test_a_missing_group_under_each_policy(redis: Redis) -> None:

@@ -241,11 +241,11 @@ async def test_a_publish_moves_about_its_byte_budget_of_large_tasks(redis: Redis
     assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(8)]
 
 
-async def test_a_backlog_larger_than_the_byte_budget_throttles(redis: Redis) -> None:
+async def test_a_count_cut_by_the_byte_budget_takes_an_upper_bound(redis: Redis) -> None:
     """Undelivered entries of 64 KiB after a last-delivered-id Redis keeps no count for (entries-read NULL after
     XGROUP SETID): a count of 500 would read 32 MiB; with a budget of 256 KiB the count stops after about
-    256 KiB, the reading is bytes-capped and unmeasured with headroom 0, and the publish moves nothing (its own
-    reading is the same rule). A lag Redis knows costs no read at all."""
+    256 KiB and the stream's length bounds the lag (never below it): past the threshold there is no headroom
+    and the publish moves nothing (its own reading is the same rule). A lag Redis knows costs no read at all."""
     await redis.xgroup_create(KEYS.stream, GROUP, id="$", mkstream=True)
     for i in range(21):
         await redis.xadd(KEYS.stream, {"task": f"other-{i}", "body": b"y" * 64 * 1024})
@@ -253,17 +253,19 @@ async def test_a_backlog_larger_than_the_byte_budget_throttles(redis: Redis) -> 
     assert (known.lag, known.lag_source, known.lag_bytes, known.headroom) == (21, "behind", 0, 479)
     await redis.xgroup_setid(KEYS.stream, GROUP, (await redis.xrange(KEYS.stream, count=1))[0][0])
     reading = await measure_backlog(redis, KEYS.stream, GROUP, 500, max_bytes=256 * 1024)
-    assert (reading.bytes_capped, reading.capped, reading.headroom, reading.lag_source) == (True, True, 0, "unmeasured")
-    assert reading.lag == 4 and 256 * 1024 <= reading.lag_bytes < 5 * 64 * 1024 + 100  # one entry past the budget
+    assert (reading.lag, reading.lag_source, reading.exact, reading.headroom) == (21, "bound", False, 479)
+    assert 256 * 1024 <= reading.lag_bytes < 5 * 64 * 1024 + 100  # one entry past the budget
     small = await measure_backlog(redis, KEYS.stream, GROUP, 500, max_bytes=4 * 1024 * 1024)
     assert (small.bytes_capped, small.lag, small.headroom, small.exact) == (False, 20, 480, True)
+    past = await measure_backlog(redis, KEYS.stream, GROUP, 3, max_bytes=100 * 1024)
+    assert (past.lag, past.lag_source, past.headroom) == (21, "bound", 0)
     await hold(redis, 3)
     grant = await fencing.acquire_claim(redis, KEYS, "me", 60_000)
-    result = await publish(redis, grant.token, 1, batch=10, threshold=500, max_bytes=256 * 1024)
-    assert (result.status, result.moved, result.reading.bytes_capped, result.reading.headroom) == (
+    result = await publish(redis, grant.token, 1, batch=10, threshold=3, max_bytes=100 * 1024)
+    assert (result.status, result.moved, result.reading.lag, result.reading.headroom) == (
         PublishStatus.THROTTLED,
         0,
-        True,
+        21,
         0,
     )
 

@@ -46,9 +46,8 @@ class LagSource(StrEnum):
     COUNTED = "counted"
     """Counted by XRANGE: exact, or at or past the threshold with ``capped``."""
     BOUND = "bound"
-    """entries-added - entries-read, an upper bound (never below the lag) where a count could not finish."""
-    UNMEASURED = "unmeasured"
-    """A count cut short by the script's count or byte budget, with no bound from Redis: the backlog counts as full."""
+    """Where a count could not finish: the least of XLEN and entries-added - entries-read, an upper bound (never
+    below the lag)."""
     STREAM = "stream"
     """A missing group under ``zero``: the stream's entries (XLEN)."""
     MISSING = "missing"
@@ -65,7 +64,9 @@ class GroupBacklog(BaseModel):
         pending: its PEL size (entries).
         lag: entries after its last-delivered-id (``lag_source`` says how it is known); for a missing group under
             ``zero``, the stream's entries.
-        capped, bytes_capped: the count stopped at the cap, or at the byte budget (with no bound from Redis).
+        capped: the count stopped at the cap (threshold - pending + 1 entries): the lag is at least ``lag``.
+        bytes_capped: the count stopped at the byte budget at the cap too (a count cut short before the cap takes
+            an upper bound instead: ``lag_source`` ``bound``).
         counted: False when its lag is not known, because an earlier group's backlog already reached the threshold
             (or a required group is missing under ``wait`` or ``error``, or pending alone reached the threshold):
             then ``lag`` is 0 and the backlog at least ``pending``.
@@ -133,8 +134,8 @@ class BacklogReading(BaseModel):
         headroom: ``threshold - backlog``, at least 0 (entries): what a publish may add. The throttle
             rule is computed once, in ``lua/backlog.lua``; 0 means the replay must wait (always 0
             while a required group is missing under ``wait`` or ``error``).
-        bytes_capped: the lag count stopped at the byte budget: the entries after the
-            last-delivered-id hold more bytes than one script reads, so headroom is 0.
+        bytes_capped: the lag count stopped at the byte budget past the threshold (a count cut short
+            by it before takes an upper bound instead, ``lag_source`` ``bound``).
         lag_bytes: bytes of the entries read counting the lag.
         last_delivered_id: the group's last-delivered-id ('' without a group).
         xinfo_lag: XINFO GROUPS' own ``lag`` field, for logs only (None when Redis reports NULL).

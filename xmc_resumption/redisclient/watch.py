@@ -68,7 +68,7 @@ class _Waiter:
         if self.previous is not None and not reading.capped:  # a capped reading is only a lower bound
             self.largest_drop = max(self.largest_drop, self.previous.backlog - reading.backlog)
         self.previous, self.last_at = reading, at
-        return reading.headroom > 0 and not reading.bytes_capped and reading.backlog <= self.low_watermark
+        return reading.headroom > 0 and reading.backlog <= self.low_watermark
 
     def due(self) -> float:
         """When this waiter wants its next reading: a poll interval after its last, or its next bound if sooner."""
@@ -185,7 +185,7 @@ class BacklogWatches:
 
         The first reading is taken at once; then one at least every ``poll_seconds`` (more often
         when another poll of the same measurement asks). Returns once a reading is at or below
-        ``low_watermark`` with headroom (not ``bytes_capped``), ``min_seconds`` have passed and
+        ``low_watermark`` with headroom, ``min_seconds`` have passed and
         this poll's turn has come (see the module docstring), or once ``max_seconds`` have passed.
 
         Args:

@@ -16,10 +16,9 @@
 --   counted:   else an XRANGE after L, at most threshold - pending + 1 entries, the entries left of the
 --              script's count budget (XMC_COUNT_ENTRIES over every group) and about `budget` bytes
 --              (xmc_read); a count that ends exact writes a new record when entries-read agrees;
---   bound:     a count cut short by the count or byte budget: entries-added - entries-read, an upper
---              bound (Redis 7.0 lets entries-read fall behind, never run ahead, when a group reads past
---              a deleted or trimmed entry), used when Redis has it;
---   unmeasured: cut short with no entries-read: the backlog counts as full (headroom 0).
+--   bound:     a count cut short by the count or byte budget: the least of two upper bounds, XLEN and
+--              entries-added - entries-read (Redis 7.0 lets entries-read fall behind, never run ahead,
+--              when a group reads past a deleted or trimmed entry; NULL gives no bound).
 -- XINFO's own `lag` field is returned for logging only: on Redis 7.0 it is NULL or wrong after XDEL,
 -- XTRIM, XGROUP SETID and for groups created at `$`.
 --
@@ -39,8 +38,8 @@
 --          entries go into a stream no group reads;
 --   error: headroom 0, and the caller refuses (MissingConsumerGroupError / status 'no_group').
 --
--- The throttle rule lives here, once: `headroom` = threshold - the largest backlog, at least 0 (0 when
--- the limiting group is unmeasured); the replay waits when it is 0 (backlog >= threshold) and a
+-- The throttle rule lives here, once: `headroom` = threshold - the largest backlog, at least 0; the
+-- replay waits when it is 0 (backlog >= threshold) and a
 -- publish moves at most min(batch, headroom) entries.
 --
 -- xmc_backlog returns a table: status ('ok' | 'no_stream' | 'no_group'), then the limiting group's
@@ -257,11 +256,11 @@ local function xmc_count(stream, s, g, cap, left, budget)
     end
   elseif n >= cap then
     g.lag_source, g.capped = 'counted', true  -- at or past the threshold: a lower bound
-  elseif s.added and g.entries_read and s.added - g.entries_read >= n then
-    -- the bound covers what the count could not read: no byte budget holds the replay
-    g.lag, g.lag_source, g.bytes_capped = s.added - g.entries_read, 'bound', false
   else
-    g.lag_source, g.capped = 'unmeasured', true
+    -- the bound covers what the count could not read (so the byte budget holds nothing back)
+    local bound = s.length
+    if s.added and g.entries_read and s.added - g.entries_read < bound then bound = s.added - g.entries_read end
+    g.lag, g.lag_source, g.bytes_capped = math.max(bound, n), 'bound', false
   end
   return n
 end
@@ -280,9 +279,9 @@ local function xmc_missing(name)
           last_delivered_id = '', xinfo_lag = false}
 end
 
--- True when group g's backlog leaves no headroom: at or past the threshold, or unknown.
+-- True when group g's backlog leaves no headroom.
 local function xmc_full(g, threshold)
-  return g.lag_source == 'unmeasured' or g.pending + g.lag >= threshold
+  return g.pending + g.lag >= threshold
 end
 
 -- The reading of stream `stream` for checked arguments `a` (xmc_backlog_args), with the records of
@@ -364,22 +363,13 @@ local function xmc_backlog(stream, a, record_key)
       end
     end
   end
-  -- the limiting group: an unmeasured one first, else the largest backlog (the first on a tie)
+  -- the limiting group: the largest backlog (the first on a tie)
   local limit = nil
   for _, g in ipairs(measured) do
-    if g.bounds then
-      local gu = g.lag_source == 'unmeasured'
-      if limit == nil then
-        limit = g
-      elseif gu ~= (limit.lag_source == 'unmeasured') then
-        if gu then limit = g end
-      elseif g.pending + g.lag > limit.pending + limit.lag then
-        limit = g
-      end
-    end
+    if g.bounds and (limit == nil or g.pending + g.lag > limit.pending + limit.lag) then limit = g end
   end
   local headroom = math.max(0, threshold - (limit.pending + limit.lag))
-  if limit.lag_source == 'unmeasured' or (status ~= 'ok' and a.policy ~= 'zero') then headroom = 0 end
+  if status ~= 'ok' and a.policy ~= 'zero' then headroom = 0 end
   -- with no headroom: how long the limiting group's consumers have been idle (a group that does not drain)
   local idle = -1
   if headroom == 0 and status == 'ok' and limit.consumers > 0 then
