@@ -390,3 +390,21 @@ async def test_a_damaged_record_is_ignored_and_written_again(redis: Redis) -> No
     await redis.set(key, "a string")
     with pytest.raises(ResponseError, match=r"WRONGTYPE \{xmc-tasks-stream\}:backlog is a string, expected a hash"):
         await _lag_of(redis)
+
+
+async def test_groups_past_the_count_budget_take_their_upper_bound(redis: Redis) -> None:
+    # three groups 600 behind, each read from the start (entries-read exact), none recorded: the count budget
+    # (1,000 entries a script) counts the first whole and part of the second; the rest take their bound
+    await redis.xgroup_create(STREAM, "g", id="$", mkstream=True)
+    async with redis.pipeline(transaction=False) as pipe:
+        for _ in range(700):
+            pipe.xadd(STREAM, {"task": "x"})
+        await pipe.execute()
+    for name, read in (("g", 100), ("h", 100), ("i", 99)):
+        await redis.xgroup_create(STREAM, name, id="0") if name != "g" else await redis.xgroup_setid(STREAM, "g", "0")
+        await redis.xreadgroup(name, "c", {STREAM: ">"}, count=read, noack=True)
+    reading = await measure_backlog(redis, STREAM, "g", 10_000)
+    assert [(g.name, g.lag, g.lag_source, g.exact) for g in reading.groups] == [
+        ("g", 600, "counted", True), ("h", 600, "bound", False), ("i", 601, "bound", False),
+    ]  # fmt: skip
+    assert (reading.limiting_group, reading.backlog, reading.headroom) == ("i", 601, 9_399)

@@ -355,7 +355,8 @@ local function xmc_backlog(stream, a, record_key)
         if not g.counted and not g.missing and (pass == 1) == g.bounds then
           if g.pending >= threshold then
             g.capped = true  -- pending alone fills it: no count needed
-          elseif not full and left > 0 then
+          elseif not full and (g.bounds or left > 0) then
+            -- a bounding group past the count budget takes its upper bound without a count
             left = left - xmc_count(stream, s, g, threshold - g.pending + 1, left, budget)
             if g.bounds and xmc_full(g, threshold) then full = true end
           end
