@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import blocking, eta, replicas, scenarios
+from bench import blocking, eta, group_cost, replicas, scenarios
 
 HISTORY_BUDGET = 10_240
 """The largest single run of any continue-as-new chain must stay under this many events."""
@@ -29,6 +29,17 @@ def _lines_a(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['batch']:>6} {r['tasks']:>7} {r['workflow_tasks_per_s']:>11.0f} {r['bare_tasks_per_s']:>13.0f} "
             f"{r['ratio']:>6.3f} {r['workflow_ms_per_turn']:>10.2f} {r['bare_ms_per_publish']:>12.2f} "
             f"{r['redis_ms_per_turn']:>13.2f} {r['other_ms_per_turn']:>13.2f} "
+            f"{'yes' if r['exactly_once'] else 'NO':>5}  longest script {r.get('longest_script_ms', 0):.1f} ms"
+        )
+    return out
+
+
+def _lines_a_lagging(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["a. lagging: one fast consumer a little behind, threshold 100,000 (ratio = workflow / bare, same consumer)"]
+    for r in rows:
+        out.append(
+            f"{r['batch']:>6} {r['tasks']:>7} {r['workflow_tasks_per_s']:>11.0f} {r['bare_tasks_per_s']:>13.0f} "
+            f"{r['ratio']:>6.3f}  longest script {r['longest_script_ms']:.1f} ms "
             f"{'yes' if r['exactly_once'] else 'NO':>5}"
         )
     return out
@@ -138,6 +149,7 @@ def table(results: dict[str, Any]) -> str:
     """The printed table of every figure in ``results``."""
     printers: dict[str, Callable[[Any], list[str]]] = {
         "a": _lines_a,
+        "a_lagging": _lines_a_lagging,
         "b": _lines_b,
         "c": _lines_c,
         "d": _lines_d,
@@ -145,6 +157,7 @@ def table(results: dict[str, Any]) -> str:
         "f": blocking.lines,
         "g": _lines_g,
         "h": eta.lines,
+        "k": group_cost.lines,
         "p": scenarios.lines,
         "r": replicas.lines,
     }

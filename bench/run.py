@@ -1,7 +1,8 @@
 """``python -m bench``: the benchmarks of issue 5 on a fresh redis-server and a fresh dev server.
 
 Figures (every one a ratio measured side by side in the same run; absolute times drift here):
-  a  throughput with no throttling: workflow tasks/s over the bare atomic move's, per batch size
+  a  throughput with no throttling: workflow tasks/s over the bare atomic move's, per batch size; and under one
+     fast consumer that falls a little behind, at the automatic batch and 5,000 (the lagging rows)
   b  pacing per throttle policy and consumer rate: wall / (N / R), consumers' idle fraction, max backlog
   c  the backlog measurement's cost on long streams and large entries, and what another client sees
   d  the worker's peak RSS replaying 1e4 against 1e6 tasks
@@ -10,6 +11,8 @@ Figures (every one a ratio measured side by side in the same run; absolute times
   g  many replayers on one threshold under two workers: wall / (tasks / R), max backlog, exactly
      once, the spread of completion times, without and with the fair share (``bench.scale``)
   h  the ETA against a steady consumer: its error at 10, 25, 50 and 75 % moved (``bench.eta``)
+  k  one backlog measurement's Redis CPU at threshold 100,000 with 1, 16 and 64 groups, and the rule of 72bd4ad
+     beside it (``bench.group_cost``)
   p  the pacing cases of issue 17: bursty, stopped and faster consumers, the defaults, batch sizes,
      10 vs 100 replays, history events per 1,000 tasks (``bench.scenarios``)
   r  replica acknowledgements' cost: replay, bare publish and enqueue tasks/s with and without
@@ -33,13 +36,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench import backlog_cost, blocking, eta, memory, pacing, replicas, scale, scenarios, throughput
+from bench import backlog_cost, blocking, eta, group_cost, memory, pacing, replicas, scale, scenarios, throughput
 from bench.env import BenchEnv, bench_services, worker_process
 from bench.report import HISTORY_BUDGET, table, write_results
 
-FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h", "p", "r")
+FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h", "k", "p", "r")
 RESULTS_DIR = Path(__file__).parent / "results"
 A_BATCHES = (100, 1_000, 5_000)
+A_LAGGING_BATCHES: tuple[int | None, ...] = (None, 5_000)
 A_TASKS_FULL, A_TASKS_SMOKE = 50_000, 2_000
 R_TASKS_FULL, R_TASKS_SMOKE = 20_000, 1_000
 WARM_UP_TASKS = 200
@@ -125,6 +129,7 @@ async def _workflow_figures(env: BenchEnv, args: argparse.Namespace, results: di
         if "a" in args.only:
             print(f"a: {args.tasks} tasks per run, batches {A_BATCHES}, {args.repeats} repeat(s)", flush=True)
             results["a"] = await throughput.throughput(env, args.tasks, A_BATCHES, args.repeats)
+            results["a_lagging"] = await throughput.lagging_rows(env, args.tasks, A_LAGGING_BATCHES, args.repeats)
         if "b" in args.only:
             cases = pacing.SMOKE_CASES if args.smoke else pacing.FULL_CASES
             print(f"b: policies {args.policies}, rates {[c.rate for c in cases]}", flush=True)
@@ -141,7 +146,7 @@ async def _workflow_figures(env: BenchEnv, args: argparse.Namespace, results: di
 
 def _checks(results: dict[str, Any]) -> dict[str, bool]:
     """Exactly once everywhere, the threshold never passed, every run under the history budget."""
-    once: list[bool] = [r["exactly_once"] for r in results.get("a", [])]
+    once: list[bool] = [r["exactly_once"] for r in results.get("a", []) + results.get("a_lagging", [])]
     once += [r["exactly_once"] for r in results.get("b", []) if "skipped" not in r]
     once += [r["exactly_once"] for r in results.get("d", {}).get("rows", [])]
     once += [r["exactly_once"] for r in results.get("f", {}).get("rows", [])]
@@ -158,6 +163,8 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
         checks["history_under_budget"] = results["e"]["under_budget"]
     if "f" in results:
         checks["scripts_within_target"] = all(r["within_target"] for r in results["f"]["rows"])
+    if "k" in results:
+        checks["measurement_within_10ms"] = results["k"]["within_target"]
     if "h" in results and not results["meta"]["smoke"]:
         worst = [r["worst_error"] for r in results["h"]]
         checks["eta_within_target"] = None not in worst and max(worst) <= ETA_TARGET
@@ -174,6 +181,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             print("c: backlog measurement cost", flush=True)
             cases = backlog_cost.SMOKE_CASES if args.smoke else backlog_cost.FULL_CASES
             results["c"] = await backlog_cost.backlog_cost(env.redis, env.redis_url, cases)
+        if "k" in args.only:
+            print("k: one measurement's Redis CPU at threshold 100,000", flush=True)
+            counts = (1, 4) if args.smoke else group_cost.GROUP_COUNTS
+            results["k"] = await group_cost.group_cost(env.redis, counts, 3 if args.smoke else group_cost.CALLS)
         if "d" in args.only:
             sizes = memory.SMOKE_SIZES if args.smoke else memory.FULL_SIZES
             print(f"d: worker peak RSS for {sizes} tasks", flush=True)

@@ -54,6 +54,9 @@ COUNT_ENTRIES = 1_000
 """Entries one script counts at most, over every group (``lua/backlog.lua``'s ``XMC_COUNT_ENTRIES``): a lag that
 Redis's counters cannot give exactly is counted within it (docs/memory.md, "How the lag is measured")."""
 
+COUNT_BYTES = 256 * 1024
+"""Bytes of entries one script counts at most, over every group (``XMC_COUNT_BYTES``; the byte budget if smaller)."""
+
 
 def validate_threshold(threshold: int) -> None:
     """Raise ``ValueError`` unless ``threshold`` (entries) is in [1, ``MAX_THRESHOLD``]."""

@@ -13,9 +13,10 @@
 --              its entries-read was exact at an ID L0 <= L, and nothing has been deleted or trimmed
 --              from the stream since (entries-added - XLEN unchanged): entries-read is exact still,
 --              lag = entries-added - entries-read;
---   counted:   else an XRANGE after L, at most threshold - pending + 1 entries, the entries left of the
---              script's count budget (XMC_COUNT_ENTRIES over every group) and about `budget` bytes
---              (xmc_read); a count that ends exact writes a new record when entries-read agrees;
+--   counted:   else an XRANGE after L, at most threshold - pending + 1 entries and what is left of the
+--              script's count budget (XMC_COUNT_ENTRIES entries and about XMC_COUNT_BYTES bytes, or the
+--              byte budget if smaller, over every group; xmc_read); a count that ends exact writes a new
+--              record when entries-read agrees;
 --   bound:     a count cut short by the count or byte budget: the least of two upper bounds, XLEN and
 --              entries-added - entries-read (Redis 7.0 lets entries-read fall behind, never run ahead,
 --              when a group reads past a deleted or trimmed entry; NULL gives no bound).
@@ -55,6 +56,8 @@ local XMC_MAX_ID = '18446744073709551615-18446744073709551615'
 local XMC_MAX_GROUPS = 64
 -- entries one script counts at most, over every group (about 3 ms of Redis at 10-byte tasks; docs/memory.md)
 local XMC_COUNT_ENTRIES = 1000
+-- bytes of entries one script counts at most, over every group (about 1 ms of Redis at 4.5 ms per MiB)
+local XMC_COUNT_BYTES = 256 * 1024
 -- counters past this are not exact in a Lua number: no O(1) rule uses them
 local XMC_EXACT = 2 ^ 53
 local XMC_MAX_THRESHOLD = 1000000
@@ -241,7 +244,7 @@ local function xmc_lag_o1(s, g, rec)
 end
 
 -- Count group g's lag after its last-delivered-id: at most `cap` entries (threshold - pending + 1),
--- `left` entries of the count budget and `budget` bytes. Returns the entries of the count budget it used.
+-- `left` entries of the count budget and about `budget` bytes. Returns the entries and bytes it read.
 local function xmc_count(stream, s, g, cap, left, budget)
   g.counted = true
   local k = math.min(cap, left)
@@ -262,7 +265,7 @@ local function xmc_count(stream, s, g, cap, left, budget)
     if s.added and g.entries_read and s.added - g.entries_read < bound then bound = s.added - g.entries_read end
     g.lag, g.lag_source, g.bytes_capped = math.max(bound, n), 'bound', false
   end
-  return n
+  return n, bytes
 end
 
 -- A group as XINFO GROUPS reports it, before its lag is known.
@@ -349,15 +352,17 @@ local function xmc_backlog(stream, a, record_key)
       end
       if g.bounds and (g.counted or g.pending >= threshold) and xmc_full(g, threshold) then full = true end
     end
-    local left = XMC_COUNT_ENTRIES
+    local left, left_bytes = XMC_COUNT_ENTRIES, math.min(budget, XMC_COUNT_BYTES)
     for pass = 1, 2 do
       for _, g in ipairs(measured) do
         if not g.counted and not g.missing and (pass == 1) == g.bounds then
           if g.pending >= threshold then
             g.capped = true  -- pending alone fills it: no count needed
-          elseif not full and (g.bounds or left > 0) then
+          elseif not full and (g.bounds or (left > 0 and left_bytes > 0)) then
             -- a bounding group past the count budget takes its upper bound without a count
-            left = left - xmc_count(stream, s, g, threshold - g.pending + 1, left, budget)
+            local n, bytes = xmc_count(stream, s, g, threshold - g.pending + 1, left_bytes > 0 and left or 0,
+                                       math.max(1, left_bytes))
+            left, left_bytes = left - n, left_bytes - bytes
             if g.bounds and xmc_full(g, threshold) then full = true end
           end
         end
