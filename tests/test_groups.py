@@ -445,3 +445,42 @@ async def test_with_no_headroom_the_reading_says_how_long_the_limiting_group_has
     again = await measure_backlog(redis, STREAM, GROUP, 10)
     assert again.limiting_idle_ms is not None and again.limiting_idle_ms < 300
     assert (await measure_backlog(redis, STREAM, GROUP, 100)).limiting_idle_ms is None  # headroom left: not read
+
+
+async def test_the_progress_names_a_group_no_consumer_reads_and_gives_no_eta_while_the_limiting_group_is_idle(
+    temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
+) -> None:
+    """Issue 24 item 5 in the progress: ``leftover`` (no consumer) is named with its backlog and does not hold the
+    replay. ``xmc-workers``' consumer drains 10 a wait, so the ETA is known; then it stops reading, and once it has
+    been idle for the stall window the progress says so and gives no ETA: the group that holds the replay does
+    not drain."""
+    e = experiment()
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, "leftover", id="$")
+    await add(redis, 20)
+    await redis.xreadgroup(GROUP, "w1", {STREAM: ">"}, count=20, noack=True)
+    await hold_tasks(redis, e, 60)
+
+    async def drain() -> int:
+        read = await redis.xreadgroup(GROUP, "w1", {STREAM: ">"}, count=100, noack=True)
+        return len(read[0][1]) if read else 0
+
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        handle = await start(
+            temporal_env.client, task_queue, experiment_id=e, max_backlog_threshold=10, batch_size=5,
+            throttle_policy="fixed", throttle_seconds=1, stall_window_seconds=2,
+        )  # fmt: skip
+        progress = await wait_for(handle, lambda p: p.replayed == 10 and p.phase is Phase.THROTTLED)
+        assert [(g.name, g.pending, g.lag) for g in progress.unattended_groups] == [("leftover", 0, 30)]
+        assert (progress.limiting_group, progress.backlog) == (GROUP, 10)
+        for waits in (2, 3):
+            assert await drain() == 10
+            await temporal_env.sleep(1)
+            progress = await wait_for(handle, lambda p, n=waits: p.throttles == n and p.phase is Phase.THROTTLED)
+        assert progress.eta_seconds is not None and progress.limiting_idle_ms is not None
+        assert progress.limiting_idle_ms < 2_000
+        await asyncio.sleep(2.1)  # w1 reads no more: idle past the stall window (Redis's clock)
+        await temporal_env.sleep(1)
+        progress = await wait_for(handle, lambda p: (p.limiting_idle_ms or 0) >= 2_000)
+        assert (progress.eta_seconds, progress.limiting_group, progress.backlog) == (None, GROUP, 10)
+        await handle.cancel()

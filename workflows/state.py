@@ -225,6 +225,7 @@ class RunState:
         backlog = pending + lag
         p.backlog, p.pending, p.lag = backlog + moved, pending, lag + moved
         p.limiting_group = reading.limiting_group or None
+        p.unattended_groups, p.limiting_idle_ms = list(reading.unattended), reading.limiting_idle_ms
         self.pacer.observe(backlog, backlog + moved, reading.capped, now)
         p.drain_rate, p.low_watermark = self.pacer.rate, self.pacer.low_watermark(self.input.pacing)
         self.net.observe(p.replayed, backlog + moved, reading.capped, now)
@@ -421,6 +422,8 @@ class RunState:
         p = self.progress
         if p.outcome is not None or self.failed:
             p.eta_seconds = 0.0 if p.outcome is Outcome.COMPLETED else None
+        elif p.limiting_idle_ms is not None and p.limiting_idle_ms >= self.input.stall_window_seconds * 1000:
+            p.eta_seconds = None  # the group that holds the replay does not drain: no time can be told
         else:
             threshold = self.input.max_backlog_threshold
             headroom = threshold - p.backlog if p.backlog is not None else 0
