@@ -345,7 +345,7 @@ async def test_xmc_status_shows_each_group_the_limiting_one_and_idle_consumers(r
     assert "  backlog of audit: 8 pending + 8 undelivered, under 500 (counted up to --threshold); the largest of 3" in (
         ran.stdout
     )
-    assert "    group late: 0 pending + 5 undelivered" in ran.stdout
+    assert "    group late: 0 pending + 5 undelivered; no consumer: not waited for" in ran.stdout
     assert "  idle consumers holding pending entries: audit/a1 holds 8, idle " in ran.stdout
     named = await asyncio.to_thread(
         xmc_process, redis_url, "status", KEYS.experiment_id, "--groups", f"{GROUP},late", "--json"

@@ -241,7 +241,10 @@ def _backlog_lines(b: Mapping[str, Any]) -> list[str]:
             f"(counted up to --threshold)" + (f"; the largest of {len(groups)} groups" if len(groups) > 1 else "")
         ]
     if len(groups) > 1:
-        lines += [f"    group {show_name(g['name'])}: {part(g)}" for g in groups]
+        lines += [
+            f"    group {show_name(g['name'])}: {part(g)}" + ("; no consumer: not waited for" * (g.get("bounds") is False))
+            for g in groups
+        ]
     return lines
 
 
