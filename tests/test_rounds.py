@@ -10,7 +10,7 @@ from tests.test_publish import GROUP, KEYS, hold, stream_tasks
 from xmc_resumption.redisclient import fencing
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key
-from xmc_resumption.redisclient.publish import PublishParams, publish_batch, publish_rounds
+from xmc_resumption.redisclient.publish import SCRIPT_TASKS, PublishParams, publish_batch, publish_rounds
 from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishStatus
 
 
@@ -148,3 +148,12 @@ async def test_bad_bounds_are_refused_before_anything_is_sent(
     with pytest.raises(ValueError, match=message):
         await rounds(redis, token, 1, **{field: value})
     assert await redis.xlen(KEYS.held) == 5 and await redis.xlen(KEYS.stream) == 0
+
+
+async def test_a_batch_larger_than_a_script_may_move_runs_more_scripts(redis: Redis) -> None:
+    """Issue 25 item 3: batch 5,000 moves in scripts of at most ``SCRIPT_TASKS`` (a script of 5,000 blocks Redis past
+    50 ms), in the same call."""
+    token = await claimed(redis, 2_500)
+    done = await rounds(redis, token, 1, batch_size=5_000, threshold=100_000)
+    assert (done.scripts, done.moved, done.first.moved, done.final.status) == (3, 2_500, SCRIPT_TASKS, "completed")
+    assert done.last is not None and done.last.moved == 2_500 - 2 * SCRIPT_TASKS

@@ -36,6 +36,11 @@ MAX_ROUNDS = 10_000
 MAX_ROUNDS_SECONDS = 60.0
 """The longest time bound one ``publish_rounds`` call takes (seconds)."""
 
+SCRIPT_TASKS = 1_000
+"""The most tasks one script of ``publish_rounds`` moves, whatever the batch (entries): a script of 1,000 small
+tasks costs Redis about 20 ms, one of 5,000 about 70 ms, past the 50 ms a script may block Redis (docs/memory.md,
+"Blocking"); a larger batch runs more scripts in the same call."""
+
 
 class PublishParams(BaseModel):
     """The parameters of a publish call: ``lua/publish.lua``'s ARGV besides keys and groups, and its rounds' bounds.
@@ -242,9 +247,10 @@ async def publish_rounds(
 ) -> PublishRounds:
     """Publish in rounds of ``publish_batch`` while headroom is left: one call, several scripts.
 
-    Script ``i`` (from 0) takes seq ``params.seq + i`` and moves at most ``params.batch_size`` tasks, so each
-    script blocks Redis no longer than one ``publish_batch`` (its batch and byte budget bound it),
-    and other clients run between two of them. The next script runs only while the last one
+    Script ``i`` (from 0) takes seq ``params.seq + i`` and moves at most ``min(params.batch_size,
+    SCRIPT_TASKS)`` tasks, so each script blocks Redis no longer than one ``publish_batch`` of at
+    most ``SCRIPT_TASKS`` (its batch and byte budget bound it), and other clients run between two of
+    them. The next script runs only while the last one
     ``published`` and left headroom (``headroom_left``), set nothing aside, was not cut short by
     the stream's rate cap, fewer than ``max_tasks`` moved in all (with ``fair_share``, fewer than
     the first script's share: one call takes one share), fewer than ``max_scripts`` ran and
@@ -282,7 +288,8 @@ async def publish_rounds(
         )
 
     while True:
-        batch = params.batch_size if max_tasks is None else min(params.batch_size, max_tasks - moved)
+        batch = min(params.batch_size, SCRIPT_TASKS)
+        batch = batch if max_tasks is None else min(batch, max_tasks - moved)
         try:
             result = await script(next_seq, batch)
             if not results and result.status is PublishStatus.STALE and seq < result.last_seq < seq + max_scripts:
