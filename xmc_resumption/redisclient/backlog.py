@@ -67,8 +67,8 @@ def validate_threshold(threshold: int) -> None:
 def validate_groups(group: str, groups: Sequence[str] | None) -> None:
     """Check the groups argument of a backlog measurement.
 
-    Raise ``ValueError`` unless ``groups`` is None (every group of the stream) or names 1 to ``MAX_GROUPS`` distinct
-    groups by ``validate_name``'s rule, ``group`` among them.
+    Raise ``ValueError`` unless ``groups`` is None (``group`` and every group with a consumer) or names 1 to
+    ``MAX_GROUPS`` distinct groups by ``validate_name``'s rule, ``group`` among them.
     """
     validate_name("consumer_group", group)
     if groups is None:
@@ -84,8 +84,8 @@ def validate_groups(group: str, groups: Sequence[str] | None) -> None:
 def groups_arg(group: str, groups: Sequence[str] | None) -> str:
     """The scripts' groups argument.
 
-    ``*`` for every group of the stream, else the names separated by single spaces (checked by ``validate_groups``; a
-    name holds no space).
+    ``*`` for ``group`` and every group with a consumer, else the names separated by single spaces (checked by
+    ``validate_groups``; a name holds no space).
     """
     validate_groups(group, groups)
     return "*" if groups is None else " ".join(groups)

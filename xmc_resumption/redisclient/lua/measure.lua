@@ -3,7 +3,7 @@
 -- written, and a lag Redis cannot give exactly is counted).
 -- ARGV[1] the consumer group (it must exist), ARGV[2] threshold (entries), ARGV[3] byte budget (bytes
 -- read at most, about, per group), ARGV[4] missing-group policy ('wait' | 'zero' | 'error'),
--- ARGV[5] groups ('*': every group of the stream; else names separated by single spaces, ARGV[1]
+-- ARGV[5] groups ('*': ARGV[1] and every group of the stream with a consumer; else names separated by single spaces, ARGV[1]
 -- among them). Every argument is checked (an XMCARG error reply) before the only write: the records.
 -- Returns the reading as JSON (see backlog.lua), without its records.
 local a = xmc_backlog_args(ARGV[1], ARGV[4], ARGV[5], ARGV[2], ARGV[3])

@@ -16,7 +16,7 @@
 -- ARGV[9] byte budget: the backlog count and the move each read about this many bytes at most,
 -- ARGV[10] memory fraction: '' (off) or 0 < f <= 1: nothing moves while used_memory >= f x maxmemory,
 -- ARGV[11] fair share ('1' on, '0' off), ARGV[12] experiment ID,
--- ARGV[13] groups whose backlog bounds the move ('*': every group of the stream; else names
+-- ARGV[13] groups whose backlog bounds the move ('*': ARGV[5] and every group with a consumer; else names
 --          separated by single spaces, ARGV[5] among them; backlog.lua)
 -- ARGV[14] moved_through (optional; '' for none): the last held entry ID the caller was told was
 --          moved (its replies' `last_moved_id`, by this resumption or one before it that it knows
