@@ -88,7 +88,7 @@ async def _groups(redis: Redis, groups: int, how: str) -> None:
         for name in names:
             await redis.xgroup_create(STREAM, name, id="0")
             await redis.xreadgroup(name, "c", {STREAM: ">"}, count=1, noack=True)  # the end: entries-read exact
-        await measure_backlog(redis, STREAM, names[0], THRESHOLD)  # writes every group's record
+        await measure_backlog(redis, STREAM, names[0], THRESHOLD, records=True)  # writes every group's record
         await _fill(redis, entries - 1)
         for i, name in enumerate(names):
             await redis.xreadgroup(name, "c", {STREAM: ">"}, count=groups + i, noack=True)
@@ -112,7 +112,7 @@ async def _measure(redis: Redis, groups: int, calls: int, old: bool) -> dict[str
     run = (
         (lambda: old_rule(keys=[STREAM], args=[THRESHOLD]))
         if old
-        else (lambda: measure_backlog(redis, STREAM, "g00", THRESHOLD))
+        else (lambda: measure_backlog(redis, STREAM, "g00", THRESHOLD, records=True))
     )
     first: Any = await run()  # loads the script
     await redis.config_resetstat()

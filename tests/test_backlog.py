@@ -230,11 +230,13 @@ async def _apply(redis: Redis, model: _Model, op: tuple) -> None:  # type: ignor
 async def _check(redis: Redis, threshold: int, every: bool, max_bytes: int) -> None:
     truth = await _truth(redis)
     for name, backlog in truth.items():
-        reading = await measure_backlog(redis, STREAM, name, threshold, max_bytes=max_bytes, groups=[name])
+        reading = await measure_backlog(
+            redis, STREAM, name, threshold, max_bytes=max_bytes, groups=[name], records=True
+        )
         _agree(reading, backlog, threshold, exact=max_bytes >= 1_000_000)
     if every and truth:
         name = sorted(truth)[0]
-        reading = await measure_backlog(redis, STREAM, name, threshold, max_bytes=max_bytes)
+        reading = await measure_backlog(redis, STREAM, name, threshold, max_bytes=max_bytes, records=True)
         bounding = [g for g in reading.groups if g.bounds]
         assert {g.name for g in bounding} == {n for n in truth if n == name or _consumers(reading, n) > 0}
         _agree(reading, max(truth[g.name] for g in bounding), threshold, exact=max_bytes >= 1_000_000)
@@ -294,7 +296,7 @@ def test_a_count_cut_by_the_byte_budget_never_under_counts(redis_url: str, opera
 
 
 async def _lag_of(redis: Redis, threshold: int = 1_000) -> tuple[int, str | None]:
-    reading = await measure_backlog(redis, STREAM, "g", threshold, groups=["g"])
+    reading = await measure_backlog(redis, STREAM, "g", threshold, groups=["g"], records=True)
     return reading.backlog, reading.lag_source
 
 
@@ -408,3 +410,13 @@ async def test_groups_past_the_count_budget_take_their_upper_bound(redis: Redis)
         ("g", 600, "counted", True), ("h", 600, "bound", False), ("i", 601, "bound", False),
     ]  # fmt: skip
     assert (reading.limiting_group, reading.backlog, reading.headroom) == ("i", 601, 9_399)
+
+
+async def test_a_reading_without_records_writes_nothing(redis: Redis) -> None:
+    await _ids(redis, 5)
+    await redis.xgroup_create(STREAM, "g", id="0")
+    await redis.xreadgroup("g", "c", {STREAM: ">"}, count=5, noack=True)
+    plain = await measure_backlog(redis, STREAM, "g", 10)
+    assert (plain.backlog, plain.lag_source, await redis.exists("{" + STREAM + "}:backlog")) == (0, "caught_up", 0)
+    assert (await _lag_of(redis)) == (0, "caught_up")
+    assert await redis.hget("{" + STREAM + "}:backlog", "g") == b"5-0 5 5 0"

@@ -99,6 +99,7 @@ async def measure_backlog(
     missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT,
     max_bytes: int = DEFAULT_BYTE_BUDGET,
     groups: Sequence[str] | None = None,
+    records: bool = False,
 ) -> BacklogReading:
     """Measure the backlog of the consumer groups of ``stream``: the largest bounds the replay.
 
@@ -118,12 +119,15 @@ async def measure_backlog(
         groups: the groups that bound the replay, ``group`` among them, each required to exist;
             None: ``group`` and every group of the stream that has a consumer (a group with none is
             reported in ``unattended``).
+        records: read and write the groups' records (``{S}:backlog``), so that a lag Redis's
+            counters give exactly costs O(1); False (the default): the reading writes nothing (what
+            ``xmc status`` and ``xmc plan`` need) and counts instead.
 
     Returns:
         The reading of the limiting group (the largest backlog): exact when ``backlog <
         threshold`` and ``exact``; else never below the true backlog: ``>= threshold`` with
         ``capped``, or Redis's upper bound (``lag_source`` ``bound``), or ``unmeasured`` with headroom 0.
-        The call writes the groups' records (``{S}:backlog``) where their entries-read is exact.
+        With ``records``, the call writes the groups' records where their entries-read is exact.
 
     Raises:
         ValueError: a threshold, byte budget or groups list out of bounds.
@@ -137,7 +141,8 @@ async def measure_backlog(
     validate_threshold(threshold)
     validate_byte_budget(max_bytes)
     spec = groups_arg(group, groups)
-    return await _measure(client, stream, [group, threshold, max_bytes, missing_group.value, spec], missing_group)
+    keys = [stream, backlog_key(stream)] if records else [stream]
+    return await _measure(client, keys, [group, threshold, max_bytes, missing_group.value, spec], missing_group)
 
 
 async def measure_group(
@@ -159,15 +164,16 @@ async def measure_group(
     validate_threshold(threshold)
     validate_byte_budget(max_bytes)
     policy = MissingGroupPolicy.WAIT
-    return await _measure(client, stream, [name, threshold, max_bytes, policy.value, ""], policy)
+    return await _measure(client, [stream], [name, threshold, max_bytes, policy.value, ""], policy)
 
 
 async def _measure(
-    client: RedisClient, stream: str, args: list[str | bytes | int], missing_group: MissingGroupPolicy
+    client: RedisClient, keys: list[str], args: list[str | bytes | int], missing_group: MissingGroupPolicy
 ) -> BacklogReading:
-    """Run the measure script with checked ``args`` (its ARGV) and read its reading."""
-    group, threshold = as_text(args[0]) if isinstance(args[0], bytes) else str(args[0]), int(args[1])
-    raw = json_reply(await run_script(client, "measure", [stream, backlog_key(stream)], args))
+    """Run the measure script on ``keys`` (its KEYS) with checked ``args`` (its ARGV) and read its reading."""
+    stream, group = keys[0], as_text(args[0]) if isinstance(args[0], bytes) else str(args[0])
+    threshold = int(args[1])
+    raw = json_reply(await run_script(client, "measure", keys, args))
     # Lua turns a NULL reply into false, and cjson encodes that as JSON false
     raw["xinfo_lag"] = raw["xinfo_lag"] if raw["xinfo_lag"] is not False else None
     reading = BacklogReading.model_validate({**raw, "threshold": threshold})

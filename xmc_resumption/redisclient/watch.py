@@ -104,7 +104,7 @@ class _Watch:
     async def read(self) -> BacklogReading:
         m = self.measurement
         return await measure_backlog(
-            self.client, m.stream, m.group, m.threshold, m.missing_group, m.max_bytes, m.groups
+            self.client, m.stream, m.group, m.threshold, m.missing_group, m.max_bytes, m.groups, records=True
         )
 
     async def run(self, watches: BacklogWatches) -> None:
