@@ -134,9 +134,10 @@ async def hold(redis: Redis, n: int) -> int:
 
 
 async def publish(redis: Redis, token: int, seq: int, **kw):  # type: ignore[no-untyped-def]
+    groups = kw.pop("groups", None)
     args = {"batch_size": 100, "threshold": 10, **kw}
     return await publish_batch(
-        redis, KEYS, GROUP, PublishParams(token=token, seq=seq, owner="me", lease_ms=60_000, **args)
+        redis, KEYS, GROUP, PublishParams(token=token, seq=seq, owner="me", lease_ms=60_000, **args), groups
     )
 
 
