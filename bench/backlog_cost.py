@@ -52,8 +52,6 @@ async def fill(redis: Redis, upto: int, payload_bytes: int = 100, stream: str = 
             await pipe.execute()
     if not have:
         await redis.xgroup_create(stream, GROUP, id="0")
-    first: Any = await redis.xrange(stream, count=1)
-    await redis.xgroup_setid(stream, GROUP, first[0][0])  # inside the stream, entries-read NULL: a count
 
 
 @dataclass(frozen=True)
@@ -126,6 +124,8 @@ async def measure_case(redis: Redis, url: str, case: CostCase) -> dict[str, Any]
     """Fill a stream for ``case``, time ``measure_backlog`` on it, delete it; one row of figure c."""
     stream = f"bench-c-{case.entries}-{case.payload_bytes}"
     await fill(redis, case.entries, case.payload_bytes, stream)
+    first: Any = await redis.xrange(stream, count=1)
+    await redis.xgroup_setid(stream, GROUP, first[0][0])  # inside the stream, entries-read NULL: a count
     reading = await measure_backlog(redis, stream, GROUP, THRESHOLD, max_bytes=case.max_bytes)  # loads the script
     ping_ms = await _ping_round_trip_ms(redis)
     _, idle_pings = await _pings(url, lambda: asyncio.sleep(0.3, result=0.3))
