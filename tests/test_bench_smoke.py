@@ -62,7 +62,8 @@ def test_bench_smoke_writes_real_figures(tmp_path: Path) -> None:
         # a group Redis keeps no count for, more entries than the threshold behind: the count stops at its cap
         # (small entries), or its budget of bytes takes the stream's length as the bound (larger ones)
         assert row["backlog"] >= row["threshold"] and not row["bytes_capped"]
-        assert _positive(row["redis_ms_per_call"]) and _positive(row["ping_ms_during"]["p50"])
+        # (calls that end before the other client's first PING leave its latency at 0)
+        assert _positive(row["redis_ms_per_call"]) and row["ping_ms_during"]["p50"] >= 0
     assert [row["lag_source"] for row in c["rows"]] == ["counted", "counted", "bound", "bound", "bound"]
     assert [row["backlog"] for row in c["rows"]] == [501, 501, 520, 520, 520]
 
