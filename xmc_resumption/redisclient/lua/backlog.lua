@@ -1,6 +1,6 @@
--- Backlog of the consumer groups of a stream (docs/contract.md, "Backlog"; docs/memory.md, "How the lag
--- is measured"). This file is a fragment: scripts.py prepends it to every script that measures the
--- backlog, so the rule lives in one place.
+-- Backlog of the consumer groups of a stream (docs/contract.md, "Backlog";
+-- docs/memory.md, "How the lag is measured"). This file is a fragment: scripts.py prepends it to every
+-- script that measures the backlog, so the rule lives in one place.
 --
 -- backlog(g) = pending (the group's PEL size, from XINFO GROUPS)
 --            + lag: the entries that exist with an ID greater than the group's last-delivered-id L
