@@ -13,6 +13,7 @@ meanwhile is sampled too: a replay gets what the consumers take beyond it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,19 @@ class GroupReading(BaseModel):
     drain_rate: float | None = None
     caught_up: bool = False
     drain_note: str | None = None
+
+
+def bounding_groups(inp: ResumptionInput, groups: Sequence[GroupReading]) -> list[GroupReading]:
+    """The groups whose backlog bounds the replay, its own first, as the replay's rule picks them.
+
+    The input's ``consumer_groups`` when it names them; else the consumer group and every group that has
+    a consumer (a group no consumer reads is named, not waited for: docs/memory.md).
+    """
+    if inp.consumer_groups is not None:
+        chosen = [g for g in groups if g.group in inp.consumer_groups]
+    else:
+        chosen = [g for g in groups if g.group == inp.consumer_group or g.consumers > 0]
+    return sorted(chosen, key=lambda g: g.group != inp.consumer_group)
 
 
 async def read_groups(redis: RedisClient, stream: str, threshold: int, max_bytes: int) -> list[GroupReading]:
@@ -215,8 +229,7 @@ def estimate(
     def unknown(why: str) -> Estimate:
         return Estimate(None, None, at_least, f"no estimate: {why}{capped}")
 
-    names = set(inp.consumer_groups or [g.group for g in groups])
-    bounding = [g for g in groups if g.group in names]
+    bounding = bounding_groups(inp, groups)
     if sampled <= 0 or not bounding:
         return unknown("the groups' drain was not sampled")
     stuck = next((g for g in bounding if g.drain_rate == 0), None)

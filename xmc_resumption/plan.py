@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from redis.exceptions import ResponseError
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from xmc_resumption.drain import GroupReading, estimate, read_groups, sample_drain
+from xmc_resumption.drain import GroupReading, bounding_groups, estimate, read_groups, sample_drain
 from xmc_resumption.errors import KeyContentError
 from xmc_resumption.redisclient import fencing
 from xmc_resumption.redisclient.acl import acl_user, allowed_commands, denial_message, is_denial
@@ -338,8 +338,7 @@ async def plan(
         else:
             waits.append(f"{what}: the replay waits for it (missing_group '{inp.missing_group}')")
     # the groups that bound the replay, its own first (as the replay measures them: redisclient.backlog)
-    bounding = [g for g in groups if inp.consumer_groups is None or g.group in inp.consumer_groups]
-    bounding.sort(key=lambda g: g.group != inp.consumer_group)
+    bounding = bounding_groups(inp, groups)
     limiting = max(bounding, key=lambda g: g.backlog, default=None)
     if own is not None and limiting is not None and limiting.backlog >= inp.max_backlog_threshold:
         waits.append(
@@ -348,7 +347,9 @@ async def plan(
         )
     notes += [
         f"group {show_name(g.group)} has no consumer: nothing drains what the replay moves"
-        for g in bounding
+        if g in bounding
+        else f"group {show_name(g.group)} has no consumer: not waited for (name it in consumer_groups to make it count)"
+        for g in groups
         if g.consumers == 0
     ]
 

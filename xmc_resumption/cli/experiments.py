@@ -241,9 +241,9 @@ def _backlog_lines(b: Mapping[str, Any]) -> list[str]:
             f"(counted up to --threshold)" + (f"; the largest of {len(groups)} groups" if len(groups) > 1 else "")
         ]
     if len(groups) > 1:
+        unattended = "; no consumer: not waited for"
         lines += [
-            f"    group {show_name(g['name'])}: {part(g)}" + ("; no consumer: not waited for" * (g.get("bounds") is False))
-            for g in groups
+            f"    group {show_name(g['name'])}: {part(g)}" + unattended * (g.get("bounds") is False) for g in groups
         ]
     return lines
 
