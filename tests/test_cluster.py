@@ -59,7 +59,7 @@ from tests.test_dead_letters import (  # noqa: F401
     test_the_publish_stops_before_a_poison_task_and_writes_nothing_half_done,
 )
 from tests.test_publish import (  # noqa: F401
-    test_a_backlog_larger_than_the_byte_budget_throttles,
+    test_a_count_cut_by_the_byte_budget_takes_an_upper_bound,
     test_a_publish_moves_about_its_byte_budget_of_large_tasks,
     test_a_publish_sets_the_claims_lease,
     test_a_released_token_publishes_nothing,
