@@ -243,3 +243,14 @@ def test_the_anchor_rule_is_githubs() -> None:
     assert slug("Measured limits (figure g)") == "measured-limits-figure-g"
     assert slug("The `xmc` command") == "the-xmc-command"
     assert slug("Temporal: a cluster or Temporal Cloud") == "temporal-a-cluster-or-temporal-cloud"
+
+
+def test_the_fleet_views_commands_in_operating_md_register_every_search_attribute() -> None:
+    """docs/operating.md's ``search-attribute create`` lines and ``start-dev`` flags are the code's, whole."""
+    from xmc_resumption import search_attributes
+
+    text = (ROOT / "docs" / "operating.md").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("temporal operator search-attribute create")]
+    assert lines == search_attributes.register_commands()
+    start_dev = text[text.index("temporal server start-dev --search-attribute") :].split("\n```", 1)[0]
+    assert start_dev.replace("\\\n", " ").split()[3:] == search_attributes.dev_server_args()

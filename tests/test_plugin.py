@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from tests.support.parent import ResumeExperimentParent
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.plugin import (
     DEFAULT_VERSIONING_BEHAVIOR,
+    GRACEFUL_SHUTDOWN,
     PLUGIN_NAME,
     SANDBOX_PASSTHROUGH,
     ResumptionPlugin,
@@ -388,3 +390,19 @@ async def test_the_plugin_on_both_the_client_and_the_worker_is_one_line_naming_i
     )
     with pytest.raises(ValueError, match=r"^xmc_resumption\.ResumptionPlugin is given twice"):
         Worker(temporal_env.client, task_queue="q", plugins=[ResumptionPlugin(settings), ResumptionPlugin(settings)])
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [(None, GRACEFUL_SHUTDOWN), (timedelta(seconds=3), timedelta(seconds=3))]
+)
+async def test_a_worker_left_at_the_sdks_zero_graceful_shutdown_gets_the_plugins(
+    temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str, given: timedelta | None, expected: timedelta
+) -> None:
+    """The SDK's default cancels a running publish at SIGTERM at once; a worker's own setting is kept."""
+    worker = Worker(
+        temporal_env.client,
+        task_queue=task_queue,
+        plugins=[ResumptionPlugin(Settings(redis_url=redis_url))],
+        **({"graceful_shutdown_timeout": given} if given else {}),
+    )
+    assert worker.config(active_config=True).get("graceful_shutdown_timeout") == expected

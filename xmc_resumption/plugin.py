@@ -34,6 +34,7 @@ import dataclasses
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.common import VersioningBehavior
@@ -52,8 +53,12 @@ from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 from xmc_resumption.workflows.versioned import PinnedResumptionWorkflow
 
+GRACEFUL_SHUTDOWN = timedelta(seconds=10)
+"""How long a stopping worker lets running activities finish, when its ``graceful_shutdown_timeout`` is the SDK's 0."""
+
 __all__ = [
     "DEFAULT_VERSIONING_BEHAVIOR",
+    "GRACEFUL_SHUTDOWN",
     "PLUGIN_NAME",
     "SANDBOX_PASSTHROUGH",
     "ResumptionPlugin",
@@ -187,7 +192,9 @@ class ResumptionPlugin(SimplePlugin):
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         """Add the workflow, the activities, the sandbox pass-throughs and the Worker Versioning to ``config``.
 
-        The activities have no Redis client until the worker starts. The workflow is ``PinnedResumptionWorkflow``
+        A worker left at the SDK's ``graceful_shutdown_timeout`` of 0 gets ``GRACEFUL_SHUTDOWN``, so a
+        publish running at SIGTERM ends instead of being cancelled. The activities have no Redis client until the
+        worker starts. The workflow is ``PinnedResumptionWorkflow``
         on a worker with Worker Versioning (``deployment_config``), else ``ResumptionWorkflow``.
 
         Raises:
@@ -213,6 +220,8 @@ class ResumptionPlugin(SimplePlugin):
         activities = ResumptionActivities(meter=runtime.metric_meter)
         self._waiting.add(activities)
         config["activities"] = [*config.get("activities", ()), *activities.all()]
+        if not config.get("graceful_shutdown_timeout"):
+            config["graceful_shutdown_timeout"] = GRACEFUL_SHUTDOWN
         versioning = deployment_config(self.settings, config.get("deployment_config"))
         if versioning is not None:
             config["deployment_config"] = versioning

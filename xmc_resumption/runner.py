@@ -35,6 +35,7 @@ __all__ = [
     "LOG_FORMAT",
     "SHUTDOWN_LIMIT_SECONDS",
     "ExpectedFaultFilter",
+    "TextFormatter",
     "run_worker",
     "serve",
     "setup_logging",
@@ -51,7 +52,7 @@ idempotent, and another worker takes the workflow over once its workflow task ti
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
-"""The ``text`` format: one line a record; ``extra`` fields are not shown."""
+"""The ``text`` format: one line a record; ``TextFormatter`` appends the ``extra`` fields."""
 
 JSON_FIELDS = ("levelname", "name", "message")
 """The record attributes every JSON line starts with (after ``time``), renamed by ``JSON_RENAMES``;
@@ -66,6 +67,28 @@ forwarded entry (``temporal_log``: its message and fields are already in ``messa
 EXPECTED_FAULTS = (RedisError, ApplicationError)
 """Exceptions whose message says all: a Redis fault (connection, timeout, error reply) and the
 errors the activities raise on purpose (``activities/resumption.py`` ``_classified``)."""
+
+
+class TextFormatter(logging.Formatter):
+    """``LOG_FORMAT``, then every ``extra`` field of the call as `` key=value`` on the same line.
+
+    The resumption's lines say what happened in their fields (a throttle wait's ``experiment_id``,
+    ``reason`` and ``seconds``, an end's ``outcome`` and counts): without them a text line would drop it.
+    A value is shown by ``one_line`` (``repr`` for text with spaces), so a record stays one line.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(LOG_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as ``LOG_FORMAT`` followed by its ``extra`` fields, sorted by name."""
+        extras = sorted((k, v) for k, v in record.__dict__.items() if k not in JSON_LEFT_OUT and not k.startswith("_"))
+        return " ".join([super().format(record), *(f"{k}={_shown(v)}" for k, v in extras)])
+
+
+def _shown(value: object) -> str:
+    """``value`` as ``TextFormatter`` shows it: one line, text with spaces (or none) quoted by ``repr``."""
+    return one_line(repr(value) if isinstance(value, str) and (" " in value or not value) else str(value))
 
 
 class ExpectedFaultFilter(logging.Filter):
@@ -100,7 +123,7 @@ def setup_logging(log_format: str = "json", level: int = logging.INFO) -> None:
             ID, attempt) as objects. The SDK loggers then stop appending that context to the
             message as text. The SDK core's own warnings arrive on the logger
             ``temporalio.core-...`` (``settings.sdk_runtime``), in the same format. ``text``:
-            ``LOG_FORMAT``, without the ``extra`` fields.
+            ``LOG_FORMAT`` with the ``extra`` fields appended as ``key=value`` (``TextFormatter``).
         level: the root logger's level.
     """
     handler = logging.StreamHandler()
@@ -111,7 +134,7 @@ def setup_logging(log_format: str = "json", level: int = logging.INFO) -> None:
         workflow.logger.workflow_info_on_message = False
         activity.logger.activity_info_on_message = False
     else:
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.setFormatter(TextFormatter())
     handler.addFilter(ExpectedFaultFilter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.captureWarnings(True)  # warnings too, in the same format (logger ``py.warnings``)

@@ -22,13 +22,12 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from datetime import timedelta
 
 from redis.exceptions import AuthenticationError, InvalidResponse, RedisError, ResponseError
 from temporalio.worker import Worker
 
 from xmc_resumption.errors import EXIT_OPERATOR_ERROR, is_certificate_refused, operator_message, redis_message
-from xmc_resumption.plugin import ResumptionPlugin
+from xmc_resumption.plugin import GRACEFUL_SHUTDOWN, ResumptionPlugin
 from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import DEFAULT_STREAM
@@ -41,10 +40,6 @@ from xmc_resumption.runner import run_worker, setup_logging
 from xmc_resumption.settings import Settings, connect_temporal
 
 log = logging.getLogger("xmc.worker")
-
-
-GRACEFUL_SHUTDOWN = timedelta(seconds=10)
-"""How long a stopping worker lets running activities finish."""
 
 
 async def check_redis(settings: Settings) -> None:
