@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUDGET, MAX_GROUPS
 from xmc_resumption.redisclient.consumers import MAX_IDLE_LISTED, MAX_IDLE_MS
 from xmc_resumption.redisclient.publish import PublishParams
-from xmc_resumption.redisclient.results import MissingGroupPolicy
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
 from xmc_resumption.redisclient.watch import MAX_POLL_SECONDS
 
 

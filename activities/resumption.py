@@ -48,11 +48,10 @@ from xmc_resumption.redisclient.connection import STALE_CONNECTION_ERRORS, Redis
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.memory import EVICTION_REPLY
+from xmc_resumption.redisclient.readings import DrainWait, IdleConsumer
 from xmc_resumption.redisclient.results import (
     ClaimCheck,
     ClaimGrant,
-    DrainWait,
-    IdleConsumer,
     PublishResult,
     PublishRounds,
     PublishStatus,

@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, measure_backlog
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
-from xmc_resumption.redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy
+from xmc_resumption.redisclient.readings import BacklogReading, GroupStatus, MissingGroupPolicy
 
 CASES = json.loads((Path(__file__).parent / "cases" / "backlog.json").read_text())
 STREAM = CASES["stream"]

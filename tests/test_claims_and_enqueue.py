@@ -23,13 +23,8 @@ from tests.support.helpers import (
 from xmc_resumption.redisclient import deadletter, fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
-from xmc_resumption.redisclient.results import (
-    ExperimentState,
-    MissingGroupPolicy,
-    PublishResult,
-    PublishStatus,
-    SetAsideStatus,
-)
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
+from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus, SetAsideStatus
 from xmc_resumption.workflows.models import Outcome
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")

@@ -42,7 +42,8 @@ from xmc_resumption.redisclient.connection import (
 )
 from xmc_resumption.redisclient.errors import ReplicaAckError
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishResult, PublishStatus
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
+from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus
 from xmc_resumption.redisclient.scripts import source
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import Outcome

@@ -43,7 +43,8 @@ from xmc_resumption.activities.resumption import ResumptionActivities, _classifi
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams
-from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
+from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.services import local_redis
 from xmc_resumption.workflows.models import Outcome
 from xmc_resumption.workflows.resumption import ResumptionWorkflow

@@ -30,7 +30,8 @@ from xmc_resumption.redisclient.consumers import idle_consumers
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
-from xmc_resumption.redisclient.results import GroupStatus, MissingGroupPolicy, PublishStatus
+from xmc_resumption.redisclient.readings import GroupStatus, MissingGroupPolicy
+from xmc_resumption.redisclient.results import PublishStatus
 from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, Phase, ResumptionInput

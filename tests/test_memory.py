@@ -44,7 +44,8 @@ from xmc_resumption.redisclient.backlog import MAX_BYTE_BUDGET
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.memory import fraction_arg, read_memory
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
-from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishStatus
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
+from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script, source
 from xmc_resumption.settings import Settings
 from xmc_resumption.worker import check_redis

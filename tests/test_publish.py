@@ -17,7 +17,8 @@ from xmc_resumption.redisclient.backlog import COUNT_BYTES, measure_backlog
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
-from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishResult, PublishStatus
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
+from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus
 from xmc_resumption.redisclient.scripts import source
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")

@@ -12,7 +12,8 @@ from tests.support.helpers import token_floor
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
-from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, PublishStatus
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
+from xmc_resumption.redisclient.results import ExperimentState, PublishStatus
 
 KEYS = ExperimentKeys("xmc-tasks-stream", "E1")
 GROUP = "xmc-workers"

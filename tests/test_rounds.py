@@ -11,7 +11,8 @@ from xmc_resumption.redisclient import fencing
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key
 from xmc_resumption.redisclient.publish import SCRIPT_TASKS, PublishParams, publish_batch, publish_rounds
-from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishStatus
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
+from xmc_resumption.redisclient.results import PublishStatus
 
 
 async def rounds(redis: Redis, token: int, seq: int, **kw):  # type: ignore[no-untyped-def]

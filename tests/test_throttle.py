@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from xmc_resumption.redisclient.results import BacklogReading, GroupStatus
+from xmc_resumption.redisclient.readings import BacklogReading, GroupStatus
 from xmc_resumption.workflows.control import ControlChange, InvalidControlError
 from xmc_resumption.workflows.models import ResumptionInput
 from xmc_resumption.workflows.state import RunState

@@ -43,7 +43,8 @@ from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
-from xmc_resumption.redisclient.results import ExperimentState, GroupStatus, PublishResult, PublishRounds, PublishStatus
+from xmc_resumption.redisclient.readings import GroupStatus
+from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishRounds, PublishStatus
 from xmc_resumption.workflows.models import Outcome, Phase, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 

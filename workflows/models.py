@@ -19,7 +19,7 @@ from xmc_resumption.redisclient.fencing import MAX_LEASE_MS
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
 from xmc_resumption.redisclient.memory import DEFAULT_MEMORY_FRACTION
 from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND, MIN_TASKS_PER_SECOND
-from xmc_resumption.redisclient.results import IdleConsumer, MissingGroupPolicy, UnattendedGroup
+from xmc_resumption.redisclient.readings import IdleConsumer, MissingGroupPolicy, UnattendedGroup
 from xmc_resumption.workflows import text
 from xmc_resumption.workflows.eta import NetRate
 from xmc_resumption.workflows.ratecap import TaskBucket

@@ -33,14 +33,8 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, PublishRequest, SetAsideRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
     from xmc_resumption.redisclient.memory import memory_reason
-    from xmc_resumption.redisclient.results import (
-        ExperimentState,
-        GroupStatus,
-        MissingGroupPolicy,
-        PublishResult,
-        PublishStatus,
-        ReleaseRecord,
-    )
+    from xmc_resumption.redisclient.readings import GroupStatus, MissingGroupPolicy
+    from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus, ReleaseRecord
     from xmc_resumption.workflows import fleet
     from xmc_resumption.workflows.calls import (
         FAILED_CALL,

@@ -17,16 +17,8 @@ from temporalio.exceptions import ApplicationError
 
 from xmc_resumption.activities.requests import ExperimentRef
 from xmc_resumption.redisclient.publish import PublishParams
-from xmc_resumption.redisclient.results import (
-    BacklogReading,
-    ClaimCheck,
-    ClaimGrant,
-    GroupStatus,
-    MissingGroupPolicy,
-    PublishResult,
-    Release,
-    ReleaseRecord,
-)
+from xmc_resumption.redisclient.readings import BacklogReading, GroupStatus, MissingGroupPolicy
+from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant, PublishResult, Release, ReleaseRecord
 from xmc_resumption.redisclient.text import show_name
 from xmc_resumption.workflows.control import INVALID_CONTROL, RESUMPTION_ENDING, ControlChange, InvalidControlError
 from xmc_resumption.workflows.eta import NetRate, eta_seconds

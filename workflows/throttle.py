@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from xmc_resumption.redisclient.text import show_name
 
 if TYPE_CHECKING:
-    from xmc_resumption.redisclient.results import BacklogReading
+    from xmc_resumption.redisclient.readings import BacklogReading
 
 POLL_LIMIT_SECONDS = 2.0
 """The longest wait done as a poll inside one local activity (seconds). Longer waits are durable

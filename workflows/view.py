@@ -10,7 +10,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from xmc_resumption.redisclient.results import BacklogReading
+    from xmc_resumption.redisclient.readings import BacklogReading
     from xmc_resumption.workflows.fleet import FleetView
     from xmc_resumption.workflows.metrics import Instruments
     from xmc_resumption.workflows.models import Phase

@@ -16,7 +16,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.requests import DrainWaitRequest, IdleConsumersRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
-    from xmc_resumption.redisclient.results import BacklogReading, DrainWait
+    from xmc_resumption.redisclient.readings import BacklogReading, DrainWait
     from xmc_resumption.redisclient.text import show_name
     from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call, failure_text
     from xmc_resumption.workflows.models import Phase

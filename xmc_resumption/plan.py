@@ -29,7 +29,8 @@ from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import read_memory
 from xmc_resumption.redisclient.ratecap import DamagedRateCapError, StreamRate, rate_key, stream_rate
-from xmc_resumption.redisclient.results import ExperimentState, MissingGroupPolicy, RedisMemory
+from xmc_resumption.redisclient.readings import MissingGroupPolicy, RedisMemory
+from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.text import show_name
 from xmc_resumption.runs import live_run
 from xmc_resumption.status import state_and_held

@@ -19,7 +19,8 @@ from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.consumers import idle_consumers
 from xmc_resumption.redisclient.keys import ExperimentKeys, as_text, validate_name
 from xmc_resumption.redisclient.memory import read_memory
-from xmc_resumption.redisclient.results import ExperimentState, GroupStatus
+from xmc_resumption.redisclient.readings import GroupStatus
+from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.redisclient.text import one_line
 
 T = TypeVar("T")

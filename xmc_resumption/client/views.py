@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from temporalio.client import WorkflowHandle
 
 from xmc_resumption.errors import OperatorError
-from xmc_resumption.redisclient.results import GroupBacklog, IdleConsumer, RedisMemory
+from xmc_resumption.redisclient.readings import GroupBacklog, IdleConsumer, RedisMemory
 from xmc_resumption.workflows.control import EffectiveSettings
 from xmc_resumption.workflows.models import ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow

@@ -1,7 +1,8 @@
 """All Redis logic of xmc-resumption; nothing here imports Temporal.
 
-Modules: ``keys`` (key layout and the name rule), ``results`` (pydantic result models, importable
-from workflow code because they import no Redis), ``scripts`` (loading and running the Lua scripts
+Modules: ``keys`` (key layout and the name rule), ``readings`` (what the replay reads: backlog, idle
+consumers, memory) and ``results`` (the replies of the scripts that write), pydantic models importable
+from workflow code because they import no Redis, ``scripts`` (loading and running the Lua scripts
 of ``lua/``), ``connection`` (the client, and dropping pooled connections after a failover),
 ``errors`` (the errors it raises), ``backlog`` (backlog measurement), ``watch`` (the bounded drain polls of
 one worker, sharing one reading per measurement),

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
 from xmc_resumption.redisclient.keys import as_text, backlog_key, json_reply, validate_name
-from xmc_resumption.redisclient.results import BacklogReading, GroupStatus, MissingGroupPolicy
+from xmc_resumption.redisclient.readings import BacklogReading, GroupStatus, MissingGroupPolicy
 from xmc_resumption.redisclient.scripts import run_script
 from xmc_resumption.redisclient.text import show_name
 

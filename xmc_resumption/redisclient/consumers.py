@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 from xmc_resumption.redisclient.backlog import MAX_GROUPS
 from xmc_resumption.redisclient.connection import RedisClient
 from xmc_resumption.redisclient.keys import as_text, validate_name
-from xmc_resumption.redisclient.results import IdleConsumer
+from xmc_resumption.redisclient.readings import IdleConsumer
 
 MAX_IDLE_LISTED = 100
 """The most idle consumers one call returns."""

@@ -18,7 +18,7 @@ check is off.
 from __future__ import annotations
 
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.results import RedisMemory
+from xmc_resumption.redisclient.readings import RedisMemory
 from xmc_resumption.redisclient.scripts import run_script
 
 EVICTION_REPLY = "XMCEVICTION"

@@ -25,7 +25,8 @@ from xmc_resumption.redisclient.fencing import validate_lease
 from xmc_resumption.redisclient.keys import ExperimentKeys, backlog_key, json_reply, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import fraction_arg, validate_fraction
 from xmc_resumption.redisclient.ratecap import rate_key
-from xmc_resumption.redisclient.results import MissingGroupPolicy, PublishResult, PublishRounds, PublishStatus
+from xmc_resumption.redisclient.readings import MissingGroupPolicy
+from xmc_resumption.redisclient.results import PublishResult, PublishRounds, PublishStatus
 from xmc_resumption.redisclient.scripts import run_script
 
 log = logging.getLogger(__name__)

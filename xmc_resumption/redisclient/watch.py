@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, measure_backlog, validate_threshold
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.results import BacklogReading, DrainWait, MissingGroupPolicy
+from xmc_resumption.redisclient.readings import BacklogReading, DrainWait, MissingGroupPolicy
 
 MAX_POLL_SECONDS = 60.0
 """The longest bounded poll ``BacklogWatches.wait_for_drain`` takes (seconds): a poll runs inside one activity."""
