@@ -31,7 +31,7 @@ from tests.support.failover import CrashFailover, crash_failover
 from tests.support.helpers import GROUP, RUNNER, STREAM, start, wait_for
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.client import XmcClient, XmcSyncClient
-from xmc_resumption.client.aio import RETRIES
+from xmc_resumption.client.retries import RETRIES
 from xmc_resumption.errors import validation_message
 from xmc_resumption.redisclient import failover, fencing, held, publish
 from xmc_resumption.redisclient.connection import (

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from xmc_resumption.client.retries import RETRIES, repeat
 from xmc_resumption.client.views import (
     ExperimentStatus,
     FleetRow,
@@ -25,7 +23,6 @@ from xmc_resumption.errors import OperatorError, operator_message
 from xmc_resumption.plan import DEFAULT_SAMPLE_SECONDS, Plan, plan
 from xmc_resumption.redisclient import held as held_tasks
 from xmc_resumption.redisclient.connection import RedisClient
-from xmc_resumption.redisclient.errors import ReplicaAckError
 from xmc_resumption.redisclient.held import (
     Enqueued,
     EnqueueInterruptedError,
@@ -55,26 +52,11 @@ from xmc_resumption.workflows.models import TASK_QUEUE, ResumptionInput
 
 T = TypeVar("T")
 
-RETRIES = 3
-"""How often a client sends a call that is safe to repeat again after a connection error or a timeout."""
-
-RETRY_SECONDS = 0.1
-"""The first wait before such a retry (seconds); it doubles with each try (0.1, 0.2, 0.4)."""
-
 DEFAULT_THRESHOLD = ResumptionInput.model_fields["max_backlog_threshold"].default
 """The backlog ``status`` counts up to by default (entries): the input's default threshold."""
 
 QUERY_TIMEOUT_SECONDS = 2.5
 """How long ``status`` waits for a worker to answer the progress query of a running resumption."""
-
-RETRYABLE = (RedisConnectionError, RedisTimeoutError, ReplicaAckError)
-"""Redis faults after which a call may or may not have run, or ran but is not on enough replicas yet
-(``XMC_REPLICA_ACKS``)."""
-
-
-def retry_backoff(attempt: int) -> float:
-    """The wait before retry ``attempt`` (0-based; seconds): ``RETRY_SECONDS`` doubled each time."""
-    return float(RETRY_SECONDS * 2**attempt)
 
 
 class XmcClient:
@@ -163,19 +145,8 @@ class XmcClient:
         return self._temporal
 
     async def _repeat(self, call: Callable[..., Awaitable[T]], *args: Any, safe: bool = True) -> T:
-        """``call(*args)``, sent again up to ``retries`` times after a connection error, a timeout or too few
-        replica acknowledgements (``RETRYABLE``) when ``safe``.
-
-        It may have run: only what may run twice is repeated.
-        """
-        for attempt in range(self._retries + 1):
-            try:
-                return await call(*args)
-            except RETRYABLE:
-                if not safe or attempt == self._retries:
-                    raise
-                await asyncio.sleep(retry_backoff(attempt))
-        raise AssertionError("unreachable")
+        """``retries.repeat`` with this client's ``retries``."""
+        return await repeat(self._retries, call, *args, safe=safe)
 
     # --- producers -------------------------------------------------------------------------------
 

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from xmc_resumption.client.aio import (
-    DEFAULT_THRESHOLD,
-    QUERY_TIMEOUT_SECONDS,
-    RETRIES,
-    RETRYABLE,
-    XmcClient,
-    retry_backoff,
-)
+from xmc_resumption.client.aio import DEFAULT_THRESHOLD, QUERY_TIMEOUT_SECONDS, XmcClient
+from xmc_resumption.client.retries import RETRIES, repeat_sync
 from xmc_resumption.client.views import (
     ExperimentStatus,
     FleetRow,
@@ -118,15 +111,8 @@ class XmcSyncClient:
         return ExperimentKeys(self.stream, experiment_id)
 
     def _repeat(self, call: Callable[..., T], *args: Any, safe: bool = True) -> T:
-        """``XmcClient._repeat``, blocking."""
-        for attempt in range(self._retries + 1):
-            try:
-                return call(*args)
-            except RETRYABLE:
-                if not safe or attempt == self._retries:
-                    raise
-                time.sleep(retry_backoff(attempt))
-        raise AssertionError("unreachable")
+        """``retries.repeat_sync`` with this client's ``retries``."""
+        return repeat_sync(self._retries, call, *args, safe=safe)
 
     # --- producers (blocking Redis, no event loop) -----------------------------------------------
 
