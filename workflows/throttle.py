@@ -1,12 +1,7 @@
-"""The throttle policy: when the replay waits, how long, and how (pure code, no I/O; docs/pacing.md).
+"""The throttle policy: how long the replay waits, and how (pure code, no I/O): docs/pacing.md, "The two policies".
 
-When to wait is one rule, computed inside Redis by ``redisclient/lua/backlog.lua``: the replay waits when the
-reading's ``headroom`` (``threshold - backlog``) is 0. This module decides how long and how, from the input's settings
-(``Pacing``) and what was measured (``Pacer``): ``fixed``, a durable timer of ``throttle_seconds``; ``adaptive``,
-about ``(backlog - L) / R`` for the consumers' drain rate R and a low watermark L
-(docs/pacing.md, "The two policies"), as a bounded poll or a durable timer
-(docs/pacing.md, "How a wait is done"). Either way the turn after a wait starts again at the pause and fencing check.
-Deterministic: its inputs are activity results and ``workflow.now()`` readings the workflow passes in.
+When to wait is ``redisclient/lua/backlog.lua``'s rule (headroom 0). Deterministic: its inputs are activity results
+and ``workflow.now()`` readings the workflow passes in.
 """
 
 from __future__ import annotations
@@ -23,32 +18,22 @@ if TYPE_CHECKING:
     from xmc_resumption.redisclient.readings import BacklogReading
 
 POLL_LIMIT_SECONDS = 2.0
-"""The longest wait done as a poll inside one local activity (seconds). Longer waits are durable
-timers: a poll holds a workflow task open, and a worker lost mid-poll costs a workflow-task timeout."""
+"""The longest wait done as a poll (seconds); longer ones are durable timers: docs/pacing.md, "How a wait is done"."""
 
 TIMER_GRANULARITY_SECONDS = 1.0
-"""How late a durable timer may fire (seconds; measured on the dev server: docs/pacing.md, "How a wait is done").
-
-A long adaptive wait sleeps this much less than estimated and polls the rest.
-"""
+"""How late a durable timer may fire (seconds): docs/pacing.md, "How a wait is done"."""
 
 POLL_INTERVAL_BOUNDS = (0.002, 0.05)
 """Seconds between two readings of a poll: about a tenth of the expected wait, within these bounds."""
 
 WAIT_FLOOR_SECONDS = 0.5
-"""The least any throttle wait is bounded by (seconds), whatever ``throttle_seconds`` or ``max_wait_seconds`` say.
-
-A durable timer lasts at least this long, and so does a poll whose backlog does not fall to its low watermark (a
-draining backlog ends it at once). With stopped consumers a turn (check, publish, wait) then lasts at least this
-long; docs/contract.md, "Faults", has why."""
+"""The least any throttle wait is bounded by (seconds): docs/contract.md, "Faults" ("No spin")."""
 
 POLL_READINGS = 11
-"""The most backlog readings one poll takes when its backlog does not drain: its bound over its
-interval (a tenth of the expected wait, which is the bound when nothing drains), plus the first."""
+"""The most backlog readings one poll takes when its backlog does not drain (its bound over its interval, plus one)."""
 
 DEFAULT_REACTION_SECONDS = 0.02
-"""Assumed time from the end of a wait to the next publish landing, before one was measured (seconds:
-about three local-activity round trips here)."""
+"""Assumed time from the end of a wait to the next publish landing, before one was measured (seconds)."""
 
 WATERMARK_SAFETY = 2.0
 """The low watermark covers this many times what consumers drain while the replay reacts."""
@@ -63,20 +48,16 @@ MAX_RATE = 10_000_000.0
 """The highest drain rate believed (entries per second); also the bound of the carried estimate."""
 
 PROBE_GAIN = 2.0
-"""How much a wait that ended with the stream empty raises the drain-rate estimate (a factor, like
-a congestion window's slow start): the drain seen then is only a lower bound of the rate."""
+"""The factor a wait that ends with the stream empty raises the drain-rate estimate by (docs/pacing.md)."""
 
 WAIT_SAMPLE_WEIGHT = 0.5
-"""The least weight of a drain sample that spans a whole wait, so the estimate follows a change of
-the consumers within a few waits (an error halves with each)."""
+"""The least weight of a drain sample that spans a whole wait (docs/pacing.md, "Why adaptive is the default")."""
 
 BURST_DECAY = 0.5
-"""A smaller burst than the one learned moves the learned one this fraction of the way down; a
-larger one replaces it at once."""
+"""The fraction of the way a smaller burst moves the learned one down (a larger one replaces it)."""
 
 STOPPED_POLL_SECONDS = 60.0
-"""While the consumers have taken nothing for less than this (seconds), the replay waits in polls
-(it notices their restart within a poll interval); after it, in durable timers of the longest wait."""
+"""How long a stop of the consumers is waited out in polls (seconds); after it, in durable timers (docs/pacing.md)."""
 
 
 class WaitKind(StrEnum):
@@ -111,14 +92,9 @@ class WaitPlan:
 
 
 def wait_reason(reading: BacklogReading, threshold: int, moved: int = 0) -> str:
-    """A one-line reason for the UI why the replay waits.
+    """Why the replay waits, one line for the UI: ``backlog 501+ >= 500 (pending 120 + lag 381+) in group audit``.
 
-    For example ``backlog 501+ >= 500 (pending 120 + lag 381+) in group audit`` (the group that holds the replay back,
-    when the reading names one), for ``reading`` taken before a move of ``moved`` entries (which add to the lag) and
-    ``threshold`` (entries).
-
-    A ``+`` marks a count that stopped at the cap: the true value may be larger. A count stopped
-    by the byte budget says so: the undelivered tasks are too large to count in one script.
+    ``reading`` was taken before a move of ``moved`` entries (they add to the lag); ``+``: a count stopped at the cap.
     """
     pending, lag, capped = reading.pending, reading.lag + moved, reading.capped
     plus = "+" if capped else ""
@@ -153,9 +129,7 @@ class Pacing:
 
 @dataclass
 class Pacer:
-    """Decides how long the replay waits, and estimates the consumers' drain rate.
-
-    The settings come with each call (``Pacing``); what is kept is what was measured.
+    """Decides how long the replay waits, and estimates the consumers' drain rate; the settings come with each call.
 
     Args:
         rate: the drain-rate estimate carried from an earlier run (entries/s), or None.
@@ -173,12 +147,10 @@ class Pacer:
     _woke_at: datetime | None = field(default=None, init=False, repr=False)
 
     def observe(self, before: int, after: int, capped: bool, at: datetime) -> None:
-        """Fold in a backlog reading taken at workflow time ``at``.
+        """Fold in a backlog reading taken at workflow time ``at``: ``before`` entries, ``after`` with the step's move.
 
-        ``before`` entries as measured, ``after`` once the replay's own move in the same step was added (``before`` for
-        a plain measurement). The drain-rate sample is ``(last after - before) / elapsed``. A capped reading is only a
-        lower bound of the backlog and gives no sample; nor does an interval that started with an empty stream (nothing
-        to drain).
+        The sample is ``(last after - before) / elapsed``; a capped reading, or an interval from an empty stream, gives
+        none.
         """
         last, waited = self._last, self._in_wait
         self._last, self._in_wait = None if capped else (after, at), False
@@ -187,11 +159,9 @@ class Pacer:
         self._fold(max(0, last[0] - before), (at - last[1]).total_seconds(), before == 0, waited, at)
 
     def _fold(self, drained: int, seconds: float, empty: bool, waited: bool, at: datetime) -> None:
-        """Fold ``drained`` entries over ``seconds`` ending at workflow time ``at`` into the drain-rate estimate.
+        """Fold ``drained`` entries over ``seconds`` into the estimate: docs/pacing.md, "Why adaptive is the default".
 
-        ``empty``: the stream was empty at the end (the drain is then a lower bound of the rate); ``waited``: the
-        interval spans a throttle wait. The rules (a stop keeps the estimate, an empty end probes upwards by
-        ``PROBE_GAIN``, anything else is a moving average): docs/pacing.md, "Why adaptive is the default".
+        ``empty``: the stream was empty at workflow time ``at``; ``waited``: the interval spans a throttle wait.
         """
         if seconds <= 0:
             return
@@ -220,11 +190,7 @@ class Pacer:
         self.rate = min(MAX_RATE, self.rate + weight * (sample - self.rate))
 
     def burst_seen(self, drop: int, threshold: int) -> None:
-        """Fold in the largest fall of the backlog between two readings of a poll (entries; 0: the poll saw none).
-
-        What the consumers take at once, or in one poll interval, at most ``threshold``. A larger one is learned at
-        once, a smaller one ``BURST_DECAY`` of the way (a stop teaches nothing).
-        """
+        """Fold in the largest fall of the backlog between two readings of a poll (entries, at most ``threshold``)."""
         if drop <= 0:
             return
         drop = min(drop, threshold)
@@ -242,11 +208,7 @@ class Pacer:
             self._woke_at = None
 
     def low_watermark(self, pacing: Pacing) -> int | None:
-        """The backlog an adaptive wait waits for (entries), or None under ``fixed``.
-
-        What the consumers drain while the replay reacts, twice over, plus one learned burst, within ``[0, 3/4 of the
-        threshold]`` (or up to one burst, below the threshold); half the threshold before a rate is known.
-        """
+        """The backlog an adaptive wait waits for (entries; docs/pacing.md), or None under ``fixed``."""
         if not pacing.adaptive:
             return None
         threshold = pacing.threshold
@@ -257,11 +219,7 @@ class Pacer:
         return int(_clamp(self.burst + math.ceil(WATERMARK_SAFETY * self.rate * react), 0, ceiling))
 
     def plan(self, pacing: Pacing, backlog: int, at: datetime) -> WaitPlan:
-        """The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``.
-
-        Bounded by at least ``WAIT_FLOOR_SECONDS`` (a shorter ``max_wait_seconds`` or ``throttle_seconds`` counts as
-        it). The next reading is taken as the end of this wait (``observe``).
-        """
+        """The wait to take at ``backlog`` entries (at or over the threshold) at workflow time ``at``."""
         if not pacing.adaptive:
             return WaitPlan.timer(pacing.throttle_seconds)
         self._in_wait = True
@@ -288,10 +246,7 @@ class Pacer:
         return WaitPlan.timer(timer)
 
     def describe(self, pacing: Pacing, plan: WaitPlan) -> str:
-        """How the wait of ``plan`` was chosen, for the UI.
-
-        For example ``drain ~2,000/s: poll up to 2s for the backlog to fall to 40``.
-        """
+        """How the wait of ``plan`` was chosen, for the UI: ``drain ~2,000/s: poll up to 2s for the backlog to ...``."""
         if not pacing.adaptive:
             return f"fixed {plan.seconds:g}s wait"
         rate = "drain rate not measured yet" if self.rate is None else f"drain ~{self.rate:,.0f}/s"
@@ -306,10 +261,7 @@ class Pacer:
 
 @dataclass
 class StallWatch:
-    """Tells how long the backlog has not gone down, and no task moved (the stall window's clock).
-
-    Whether that is a stall, and when it ends the run, is the input's to say (``stall_window_seconds``,
-    ``max_stall_seconds``: ``RunState.observe``, ``RunState.stall_over_limit``).
+    """How long the backlog has not gone down and no task moved: the stall window's clock (docs/contract.md, "Faults").
 
     Args:
         progress_at: when progress was last seen (workflow time), carried across continue-as-new.
@@ -320,11 +272,7 @@ class StallWatch:
     last: tuple[int, int, str] | None = None
 
     def observe(self, at: datetime, backlog: int, pending: int, last_delivered_id: str, moved: int = 0) -> float:
-        """Fold in a reading at workflow time ``at``; returns the seconds since progress was last seen.
-
-        Progress is a task moved, or the backlog or the PEL going down, or the group's last-delivered-id moving on
-        (consumers reading, even when a capped count hides the drop).
-        """
+        """Fold in a reading at workflow time ``at``; returns the seconds since progress was last seen."""
         now = (backlog, pending, last_delivered_id)
         last, self.last = self.last, now
         went_down = last is not None and (backlog < last[0] or pending < last[1] or last_delivered_id != last[2])
