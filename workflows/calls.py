@@ -1,9 +1,6 @@
 """How ``ResumptionWorkflow`` calls Redis: activities of ``ResumptionActivities``, called by name, bounded.
 
-Each call is a local activity with bounded retries, its result validated in workflow code (docs/contract.md,
-"Faults"). A call that would keep the workflow task open past ``TASK_BUDGET_SECONDS`` runs as a regular activity
-instead, and a local activity's retry backoff past it is a durable timer, so a waiting query is answered within the
-budget (the server answers one only once the open workflow task completes). Workflow code only.
+Local activities within a workflow task's budget, else regular ones: docs/contract.md, "Faults". Workflow code only.
 """
 
 from __future__ import annotations
@@ -39,17 +36,10 @@ REDIS_RETRY = RetryPolicy(
     maximum_attempts=6,
     non_retryable_error_types=list(NON_RETRYABLE_ERROR_TYPES),
 )
-"""A Redis fault (connection refused, timeout, failover, OOM) is retried for about 6 s of backoff; a fault retrying
-cannot mend is not.
-
-Retries stay bounded, as a local activity's should: they run inside one workflow task. A fault that outlasts them makes
-the turn wait on a durable timer and start over (``Waits.redis``), so an outage of any length is waited out and the
-history stays small."""
+"""A Redis fault is retried for about 6 s of backoff, then waited out (``Waits.redis``; docs/contract.md, "Faults")."""
 
 RELEASE_RETRY = dataclasses.replace(REDIS_RETRY, maximum_attempts=7)
-"""One round of release tries gives up after 7 attempts (about 10 s of backoff), so a cancel or a failure ends even
-while Redis is away (``workflows/release.py``); attempts bound it, since a local activity's schedule-to-close timeout
-is not enforced (docs/contract.md, "Faults")."""
+"""One round of release tries: 7 attempts, about 10 s of backoff (docs/contract.md, "Faults")."""
 
 FAILED_CALL = (ActivityError, ApplicationError)
 """What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a local activity that
@@ -57,15 +47,13 @@ failed without retrying, the activity's ``ApplicationError`` itself."""
 
 
 TASK_BUDGET_SECONDS = 0.5
-"""How long one workflow task may run local activities (seconds): a call that could pass it is a regular activity, so
-a query waits about this long at most (plus one Redis call)."""
+"""How long one workflow task may run local activities (seconds); a call that could pass it is a regular activity."""
 
 ROUNDS_LOCAL_SECONDS = 0.1
 """How long one ``publish_rounds`` call run as a local activity may start scripts for (seconds)."""
 
 ROUNDS_SECONDS = 0.5
-"""How long one run as a regular activity may (seconds): it does not hold the workflow task open, so a query is
-answered meanwhile; a pause Update is taken once it returns."""
+"""How long one ``publish_rounds`` call run as a regular activity may start scripts for (seconds)."""
 
 MAX_SCRIPTS_PER_CALL = 1_000
 """The most publish scripts one ``publish_rounds`` call runs (its time bound usually ends it first)."""
@@ -73,23 +61,16 @@ MAX_SCRIPTS_PER_CALL = 1_000
 
 @dataclass
 class TaskBudget:
-    """How long the current workflow task has been open.
+    """How long the current workflow task has been open, from workflow time and history length (both replay the same).
 
-    From workflow time and history length (both replay the same: the length changes only when a workflow task
-    completes).
-
-    A workflow whose instance has a ``task_budget`` attribute of this type has its calls kept
-    within ``TASK_BUDGET_SECONDS`` (``call``).
+    A workflow instance's ``task_budget`` attribute of this type keeps its calls within ``TASK_BUDGET_SECONDS``.
     """
 
     history_length: int = -1
     opened_at: datetime | None = None
 
     def open_for(self, history_length: int, now: datetime) -> float:
-        """Seconds the workflow task has been open at workflow time ``now``.
-
-        Counted from the first call that saw ``history_length``.
-        """
+        """Seconds the workflow task has been open at workflow time ``now`` (since a call saw ``history_length``)."""
         if history_length != self.history_length or self.opened_at is None:
             self.history_length, self.opened_at = history_length, now
         return (now - self.opened_at).total_seconds()
@@ -107,11 +88,7 @@ def _result_adapter(activity: Callable[..., Any]) -> TypeAdapter[Any]:
 
 
 def failure_text(err: BaseException) -> str:
-    """What a failed call's fault says: its cause's message, not the wrapper's.
-
-    An ``ActivityError`` of a regular activity says only "Activity task failed"; a local
-    activity's carries the cause's text. Either way the operator reads the fault itself.
-    """
+    """What a failed call's fault says: its cause's message, not the wrapper's ("Activity task failed")."""
     while isinstance(err, ActivityError) and err.cause is not None:
         err = err.cause
     return str(err)
@@ -138,14 +115,10 @@ async def call(
 ) -> _Res:
     """Run ``activity`` (a method of ``ResumptionActivities``) on ``arg`` and return its validated result.
 
-    A local activity with ``start_to_close`` timeout and ``retry_policy``, or a regular activity when the call, which
-    may last ``longest`` seconds (a poll's or a publish's bound), would keep the workflow task open past its budget
-    (``TaskBudget``, found on the workflow instance). The result is read as the method's return annotation says.
+    A local activity, or a regular one when the call, which may last ``longest`` seconds, would pass ``TaskBudget``.
 
     Raises:
-        asyncio.CancelledError: the workflow was cancelled while the call ran or retried (the
-            SDK reports that as a failed call caused by cancellation; it must not be taken for
-            a Redis fault).
+        asyncio.CancelledError: the workflow was cancelled while the call ran or retried (never a Redis fault).
         ActivityError, ApplicationError: the call failed (see ``permanent``).
         pydantic.ValidationError: the result does not match the method's return type.
     """
@@ -176,7 +149,5 @@ async def call(
         if is_cancelled_exception(err):
             raise asyncio.CancelledError() from err
         raise
-    # called by name and read here, in workflow code, rather than by the SDK while it applies
-    # the activation: a result the workflow cannot read then fails the run through ``run``'s
-    # handler, which hands the experiment back, instead of failing the run before it can
+    # read here, not by the SDK: a result the workflow cannot read fails the run through ``run``, which hands back
     return cast(_Res, _result_adapter(activity).validate_python(raw))
