@@ -1,8 +1,4 @@
-"""The Updates' contract (docs/contract.md, "Updates").
-
-Their names (``Control``), the change each makes to a running replay's settings (``ControlChange``), how a change is
-checked, and the settings an accepted Update returns (``EffectiveSettings``).
-"""
+"""The Updates' contract: names, changes, their checks and what they return (docs/contract.md, "Updates")."""
 
 from __future__ import annotations
 
@@ -17,10 +13,7 @@ from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
 class ControlChange(BaseModel):
     """The argument of the ``configure`` Update: the settings of a running replay to change (docs/contract.md).
 
-    A field left out (None) keeps its value; ``max_tasks_per_second`` 0 removes the cap. The change is checked by the
-    whole of ``ResumptionInput``'s validation (bounds, and ``claim_lease_seconds`` longer than every wait), so a running
-    replay accepts exactly what a start would. Unknown fields are errors; numbers are strict (``true`` is no integer,
-    ``"5"`` no number).
+    A field left out (None) keeps its value; ``max_tasks_per_second`` 0 removes the cap.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -58,13 +51,8 @@ class ControlChange(BaseModel):
     def of_update(cls, update: Control, args: Sequence[object]) -> ControlChange:
         """The change an Update asks for, from its arguments as JSON decoded them (any type).
 
-        ``configure`` takes one JSON object (the fields of this model); each ``set_*`` one value of
-        its field (``SET_FIELDS``); ``pause`` none (an empty change).
-
         Raises:
-            InvalidControlError: one line naming the Update and the field: the wrong number of
-                arguments, a value of the wrong type (a bool or a string for a number), out of
-                bounds, nan or inf, an unknown field or policy.
+            InvalidControlError: one line naming the Update and the field (docs/contract.md, "Updates").
         """
         wanted = 0 if update is Control.PAUSE else 1
         if len(args) != wanted:
@@ -98,11 +86,7 @@ def _json_kind(value: object) -> str:
 
 
 def _first_error(update: Control | None, err: ValidationError, data: object) -> str:
-    """One line describing a rejected Update, without the rejected value.
-
-    One line for a rejected Update: ``[<update>: ]<field>: <pydantic's message> (got <kind>)``, never the value itself
-    (it may be long).
-    """
+    """``[<update>: ]<field>: <pydantic's message> (got <kind>)``: a rejected Update, never its value (may be long)."""
     first = err.errors(include_url=False)[0]
     field = ".".join(str(x) for x in first["loc"]) or "change"
     msg = first["msg"].removeprefix("Value error, ")
@@ -120,22 +104,11 @@ RESUMPTION_ENDING = "ResumptionEnding"
 
 
 class InvalidControlError(ValueError):
-    """An Update's arguments break the contract.
-
-    Raised by ``ControlChange.of_update``; ``str()`` is one line naming the Update and the field.
-    """
+    """An Update's arguments break the contract; ``str()`` is one line naming the Update and the field."""
 
 
 class EffectiveSettings(BaseModel):
-    """What every control Update returns: the settings the replay runs with from now on.
-
-    Attributes:
-        max_backlog_threshold, throttle_seconds, throttle_policy, max_tasks_per_second: as in
-            ``ResumptionInput``.
-        batch_size: the batch in use (entries): the input's, or the automatic one
-            (``RunState.batch_size``).
-        stopping: True once ``pause`` was accepted: the run ends ``paused`` at its next turn.
-    """
+    """What every control Update returns: the settings the replay runs with now (docs/contract.md, "Updates")."""
 
     max_backlog_threshold: int
     batch_size: int
@@ -158,12 +131,7 @@ class EffectiveSettings(BaseModel):
 
 
 class Control(StrEnum):
-    """Names of the workflow's Updates (``temporal workflow update execute --name <name>``): docs/contract.md.
-
-    ``configure`` takes a ``ControlChange``, each ``set_*`` one value of its field (``SET_FIELDS``), ``pause`` none;
-    each returns ``EffectiveSettings``. A bad argument is rejected by the Update's validator
-    (``ControlChange.of_update``), which leaves nothing in the history.
-    """
+    """Names of the workflow's Updates (``temporal workflow update execute --name <name>``): docs/contract.md."""
 
     CONFIGURE = "configure"
     SET_THRESHOLD = "set_threshold"
