@@ -1,9 +1,6 @@
-"""The Updates, the signal handler and the ``progress`` query of ``ResumptionWorkflow``.
+"""The Updates, the signal handler and the ``progress`` query of ``ResumptionWorkflow`` (docs/contract.md, "Updates").
 
-``ControlHandlers`` is the workflow's base class (the SDK finds handlers on base classes too): it builds the run's
-state and view it guards, and calls nothing back in the class that extends it. Each Update reads its arguments
-strictly in its validator (``ControlChange.of_update``), so a rejected one leaves no event in the history
-(docs/contract.md, "Updates").
+``ControlHandlers`` is the workflow's base class (the SDK finds handlers on base classes too); it calls nothing back.
 """
 
 from __future__ import annotations
@@ -41,18 +38,12 @@ class ControlHandlers:
         self._view = RunView(self._state)
         """What the run shows: phase and details, the fleet view, the metrics."""
 
-    # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in
-    # its validator (``ControlChange.of_update``): a typed parameter would have the data converter
-    # coerce ``true`` to 1 and turn a wrong type into a multi-line, retryable ValidationError
-    # before the validator could say which field is wrong.
+    # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in its validator: a typed
+    # parameter would have the data converter coerce ``true`` to 1 before the validator could name the field.
 
     @workflow.update(name=Control.CONFIGURE)
     def configure(self, *args: Any) -> EffectiveSettings:
-        """Change settings of the running replay (a ``ControlChange``, a JSON object); returns the effective settings.
-
-        An accepted change wakes a durable wait, so the next turn (check, publish, wait) runs under it at once; it is
-        carried across continue-as-new (it is part of the input).
-        """
+        """Change settings of the running replay (a ``ControlChange``, a JSON object); returns the settings now."""
         return self._apply(self._change(Control.CONFIGURE, args))
 
     @configure.validator
@@ -106,10 +97,7 @@ class ControlHandlers:
 
     @workflow.update(name=Control.PAUSE)
     def pause(self, *args: Any) -> EffectiveSettings:
-        """Stop gracefully: the run ends ``paused`` at its next turn (a durable wait ends at once).
-
-        Claim released, experiment back to paused, held tasks kept for a later resume.
-        """
+        """Stop gracefully: the run ends ``paused`` at its next turn (a durable wait ends at once)."""
         self._state.stopping = self._state.wake = self._state.progress.stopping = True
         workflow.logger.info("pause requested", extra={"experiment_id": self._state.input.experiment_id})
         self._view.refresh()
