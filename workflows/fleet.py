@@ -1,11 +1,6 @@
 """The fleet view: search attributes that show every replay in Temporal visibility.
 
-``temporal workflow list --query 'XmcPhase="throttled"'`` (and ``xmc list``, and the web UI's list) show every replay
-without asking a live worker.
-
-Custom search attributes must be registered on the namespace before a workflow may set them (Temporal docs, "Custom
-Search Attributes"): ``xmc_resumption.search_attributes`` registers and checks them. ``FleetView`` keeps a run's
-attributes up to date.
+Their values: docs/contract.md, "Search attributes"; ``xmc_resumption.search_attributes`` registers them.
 """
 
 from __future__ import annotations
@@ -20,28 +15,17 @@ from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 from xmc_resumption.workflows.models import Outcome, Phase, Progress
 
 EXPERIMENT_ID = SearchAttributeKey.for_keyword("XmcExperimentId")
-"""The experiment being resumed (Keyword)."""
 STREAM = SearchAttributeKey.for_keyword("XmcStream")
-"""The task stream it replays into (Keyword)."""
 PHASE = SearchAttributeKey.for_keyword("XmcPhase")
-"""``FleetPhase`` while running; the outcome once ended (Keyword)."""
 OUTCOME = SearchAttributeKey.for_keyword("XmcOutcome")
-"""The ``Outcome`` once ended; absent while running (Keyword)."""
 REPLAYED = SearchAttributeKey.for_int("XmcReplayed")
-"""Tasks replayed so far (Int, entries)."""
 REMAINING = SearchAttributeKey.for_int("XmcRemaining")
-"""Held tasks left at the last reading (Int, entries)."""
 
 ALL: tuple[SearchAttributeKey[Any], ...] = (EXPERIMENT_ID, STREAM, PHASE, OUTCOME, REPLAYED, REMAINING)
 
 
 class FleetPhase(StrEnum):
-    """``XmcPhase`` while a resumption runs: a coarser ``Phase``.
-
-    Coarser than ``Phase`` (checking and publishing, a short poll and a rate wait are all ``replaying``), so that it
-    changes only when an operator would care. Once the run ends, ``XmcPhase`` holds the
-    outcome (``completed``, ``paused``, ``fenced``, ...).
-    """
+    """``XmcPhase`` while a resumption runs: a coarser ``Phase``, that changes only when an operator would care."""
 
     CLAIMING = "claiming"
     REPLAYING = "replaying"
@@ -49,7 +33,6 @@ class FleetPhase(StrEnum):
     STALLED = "stalled"
     REDIS_UNAVAILABLE = "redis_unavailable"
     WAITING_FOR_GROUP = "waiting_for_group"
-    """The stream or a required consumer group does not exist yet (``missing_group: wait``)."""
     STOPPING = "stopping"
 
 
@@ -59,26 +42,17 @@ the workflow code): the experiment was handed back as paused; the run has no ``O
 
 
 def phase_values() -> list[str]:
-    """Every value ``XmcPhase`` takes, each once, in order.
-
-    Every value ``XmcPhase`` takes (``fleet_phase`` sets it): a ``FleetPhase`` while running, an ``Outcome`` once ended,
-    ``FAILED`` for a failed run; each once, in that order. ``xmc list --phase`` takes its choices from here.
-    """
+    """Every value ``XmcPhase`` takes, each once: ``FleetPhase``, then ``Outcome``, then ``FAILED`` (``xmc list``)."""
     values = [p.value for p in FleetPhase] + [o.value for o in Outcome] + [FAILED]
     return list(dict.fromkeys(values))
 
 
 FLEET_REFRESH = timedelta(seconds=30)
-"""While the fleet phase stays the same, ``XmcReplayed`` and ``XmcRemaining`` are refreshed at most
-this often (workflow time): each upsert is one history event."""
+"""How often the counts are upserted at most while the fleet phase stays the same (workflow time)."""
 
 
 def fleet_phase(progress: Progress, *, failed: bool, stopping: bool) -> str:
-    """``XmcPhase`` of a run at ``progress``.
-
-    The outcome once ended (``FAILED`` when ``failed``), else the coarse ``FleetPhase`` of the phase. A short poll
-    (adaptive, a second or two) counts as replaying: only a durable wait is ``throttled``.
-    """
+    """``XmcPhase`` of a run at ``progress``: its outcome once ended (or ``FAILED``), else a ``FleetPhase``."""
     if progress.outcome is not None:
         return progress.outcome.value
     if failed:
@@ -100,10 +74,7 @@ def fleet_phase(progress: Progress, *, failed: bool, stopping: bool) -> str:
 
 
 class FleetView:
-    """A run's upserts of the fleet view's search attributes (workflow code only).
-
-    Not carried across continue-as-new: each run upserts its first view afresh.
-    """
+    """A run's upserts of the fleet view's search attributes (workflow code only; each run starts afresh)."""
 
     def __init__(self, stream: str) -> None:
         self._stream = stream
@@ -113,11 +84,7 @@ class FleetView:
         """The (replayed, remaining) last upserted."""
 
     def show(self, progress: Progress, *, failed: bool, stopping: bool) -> None:
-        """Upsert the fleet view's search attributes when they are due.
-
-        When the fleet phase changes, or the counts changed and ``FLEET_REFRESH`` has passed: each upsert is a history
-        event, so not every turn.
-        """
+        """Upsert the search attributes when the fleet phase changed, or the counts did and ``FLEET_REFRESH`` passed."""
         p, now = progress, workflow.now()
         phase, counts = fleet_phase(p, failed=failed, stopping=stopping), (p.replayed, p.remaining)
         shown = self._shown
