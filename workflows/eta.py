@@ -1,8 +1,4 @@
-"""The replay's ETA: held tasks left over the measured net drain rate (pure code, no I/O).
-
-The rule, the net drain rate and why it is the one for both policies: docs/operating.md, "ETA". Everything comes from
-activity results and ``workflow.now()``, so a replay of the history computes the same ETA.
-"""
+"""The replay's ETA: held tasks left over the measured net drain rate (pure code, no I/O; docs/operating.md, "ETA")."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 ETA_TIME_CONSTANT_SECONDS = 30.0
-"""Time constant of the net drain rate's average (seconds): readings older than a few of these fade out."""
+"""Time constant of the net drain rate's average (seconds)."""
 
 ETA_FIRST_SECONDS = 1.0
 """The net drain rate (and so the ETA) is known once this much time between readings was measured (seconds)."""
@@ -43,11 +39,7 @@ class NetRate(BaseModel):
     anchor: tuple[int, datetime] | None = None
 
     def observe(self, replayed: int, backlog: int, capped: bool, at: datetime) -> None:
-        """Fold in a reading at workflow time ``at``: ``replayed`` tasks moved by then, ``backlog`` entries.
-
-        A capped reading is only a lower bound of the backlog: it is skipped, and the next exact one measures from the
-        last exact one.
-        """
+        """Fold in a reading at workflow time ``at``: ``replayed`` tasks moved by then, ``backlog`` entries."""
         if capped:
             return
         drained, last = replayed - backlog, self.anchor
@@ -74,19 +66,15 @@ def eta_seconds(
     refill: int = 0,
     wait_left: float = 0.0,
 ) -> float | None:
-    """The time left (seconds) until the last held task moves, or None.
-
-    0 with nothing held; None while it cannot be estimated (remaining unknown, no rate yet, a rate of 0, or more than
-    ``MAX_ETA_SECONDS``).
+    """The time left (seconds) until the last held task moves: 0 with nothing held; None while it cannot be estimated.
 
     Args:
         remaining: held tasks left (entries).
         headroom: what the next publish may move at once (entries, ``threshold - backlog``, >= 0).
         rate: the net drain rate (tasks per second).
         cap: the rate cap in force (tasks per second), or None: the replay moves no faster.
-        refill: what the consumers drain before the policy refills the stream (entries: the
-            adaptive policy's ``threshold - low watermark``; 0 under ``fixed``), the least left to
-            drain while more is held than the headroom.
+        refill: what the consumers drain before the policy refills the stream (entries: the adaptive policy's
+            ``threshold - low watermark``; 0 under ``fixed``).
         wait_left: seconds left of a durable wait in progress: nothing moves before it ends.
     """
     if remaining is None:
