@@ -1,9 +1,6 @@
 """A replay's own rate cap, ``max_tasks_per_second``, as a token bucket on workflow time (pure code, no I/O).
 
-The rule (a bucket of ``bucket_capacity(rate)`` tasks that starts full and refills at the rate; a publish moves at most
-its ``allowance`` and ``take``s what moved once it has answered, the bucket refilling from then on): docs/pacing.md,
-"A replay's own cap: `max_tasks_per_second`". The stream-wide cap (``{S}:rate``) is the same arithmetic inside the
-publish script, on Redis's clock (``redisclient/lua/rate.lua``). Deterministic: its clock is ``workflow.now()``.
+The rule: docs/pacing.md, "A replay's own cap: `max_tasks_per_second`" (the stream-wide cap: ``lua/rate.lua``).
 """
 
 from __future__ import annotations
@@ -42,17 +39,11 @@ class TaskBucket(BaseModel):
         return math.floor(self.tokens)
 
     def take(self, moved: int, now: datetime) -> None:
-        """``moved`` tasks moved by the publish that answered at workflow time ``now`` (after an ``allowance``).
-
-        The bucket refills from ``now``: not for the time between the ``allowance`` and the answer.
-        """
+        """``moved`` tasks moved by the publish that answered at workflow time ``now``; the bucket refills from then."""
         self.tokens = max(0.0, self.tokens - moved)
         self.at = now
 
     def wait_seconds(self, rate: float, want: int) -> float:
-        """Seconds until the bucket holds ``want`` tasks at ``rate`` (tasks/s), as of its last ``allowance`` or take.
-
-        ``want`` counts as at least 1 and at most the bucket's capacity.
-        """
+        """Seconds until the bucket holds ``want`` tasks (1 .. capacity) at ``rate`` (tasks/s), from its last use."""
         target = min(bucket_capacity(rate), max(1.0, float(want)))
         return max(0.0, target - self.tokens) / rate
