@@ -15,9 +15,7 @@ async def start_resumption_child(
 ) -> ChildWorkflowHandle[ResumptionWorkflow, ResumptionResult]:
     """Start ``ResumptionWorkflow`` as a child of the calling workflow; call only from workflow code.
 
-    The child gets the conventional ID ``resumption-<experiment_id>`` (so a second resume of the
-    same experiment is refused while one runs) and ``ParentClosePolicy.ABANDON`` (the SDK's default,
-    TERMINATE, would kill a half-done replay with its parent and leave the experiment resuming).
+    Its ID and parent close policy: docs/embedding.md, "As a child of another workflow".
 
     Returns:
         The child's handle; ``await handle`` for its ``ResumptionResult``.

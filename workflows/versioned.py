@@ -1,10 +1,6 @@
 """``PinnedResumptionWorkflow``: ``ResumptionWorkflow`` declared pinned, for workers with Worker Versioning.
 
-Each run stays on the Worker Deployment Version it started on and hands over to the task queue's current
-one when it continues as new (``ResumptionWorkflow._continue_as_new``), so a release needs no patch.
-``ResumptionWorkflow`` itself declares no versioning behavior: a Temporal server refuses every workflow task
-that a worker without Worker Versioning completes with one (docs/operating.md, "Rolling out a release").
-``ResumptionPlugin`` registers the class that fits the worker.
+Why two classes: docs/operating.md, "Rolling out a release"; ``ResumptionPlugin`` registers the one that fits.
 """
 
 from __future__ import annotations

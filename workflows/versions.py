@@ -1,13 +1,7 @@
 """The registry of the workflow's patches: every ``workflow.patched`` and ``workflow.deprecate_patch`` ID in use.
 
-A change to what ``ResumptionWorkflow`` does (the commands it issues, their order) breaks the runs that started on
-the code before it, unless those runs can no longer be open: Worker Versioning keeps each run on the build it
-started with, where the workers are versioned; elsewhere the change is gated by a ``workflow.patched`` ID, which is
-registered here. docs/development.md, "Changing the workflow", has the lifecycle (patched, then deprecated once no
-older run can be open, then removed) and how to record a release's histories; tests/test_versions.py fails on an ID
-used under workflows/ that is not registered here, and on a registered one that no recorded history covers.
-
-Release 1.0.0 has none: every patch of the versions before it was collapsed into the one loop.
+When a patch is needed and its lifecycle: docs/development.md, "Changing the workflow" (checked by
+tests/test_versions.py). Release 1.0.0 has none.
 """
 
 from __future__ import annotations
