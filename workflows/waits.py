@@ -1,9 +1,6 @@
 """``Waits``: the replay's waits: for the consumers (throttle), for a rate cap's bucket, for Redis, for a group.
 
-A throttle wait is a poll of the backlog inside one call or a durable timer that an accepted Update ends
-(``workflows/throttle.py`` plans which); a rate cap's wait likewise, and a wait for Redis is a durable timer the
-``pause`` Update ends (docs/contract.md, "The loop"). After any of them the loop starts its next turn at the check.
-Owned by ``ResumptionWorkflow``; workflow code only.
+How each is done: docs/pacing.md, "How a wait is done". Owned by ``ResumptionWorkflow``; workflow code only.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ with workflow.unsafe.imports_passed_through():
 
 
 MIN_RATE_WAIT_SECONDS = 0.01
-"""The shortest rate wait (seconds); the longest is half the claim's lease, so the lease, extended once per turn,
-outlasts it (a longer wait for a bucket is taken in several)."""
+"""The shortest rate wait (seconds); the longest is half the claim's lease (docs/pacing.md, "Rate caps")."""
 
 IDLE_CONSUMERS_SHOWN = 5
 """The most idle consumers a stall reason names."""
@@ -46,7 +42,7 @@ class Waits:
         """Wait while the backlog (``backlog`` entries) is at or over the threshold, for ``reason``.
 
         As the pacer plans it, or a durable timer of ``seconds`` when given, in ``phase`` (default: throttled, or
-        stalled). A stalled replay first names the idle consumers holding pending entries.
+        stalled).
 
         Returns:
             True, without waiting, when the stall has lasted ``max_stall_seconds``: the run is to end ``stalled``.
@@ -88,10 +84,7 @@ class Waits:
         return False
 
     async def for_group(self, reading: BacklogReading) -> bool:
-        """Wait for a missing stream or required group (``missing_group: wait``), which ``reading`` found.
-
-        A durable timer of ``throttle_seconds`` in phase ``waiting_for_group``. Stall detection applies: a group that
-        never comes ends the run ``stalled``.
+        """Wait ``throttle_seconds`` for a missing stream or required group, which ``reading`` found.
 
         Returns:
             As ``throttle``: True when the run is to end ``stalled``.
@@ -100,12 +93,7 @@ class Waits:
         return await self.throttle(0, reason, self._state.input.throttle_seconds, Phase.WAITING_FOR_GROUP)
 
     async def rate(self, seconds: float, reason: str) -> None:
-        """Wait about ``seconds`` for a rate cap's bucket, for ``reason``.
-
-        Clamped to ``MIN_RATE_WAIT_SECONDS`` .. half the claim's lease. A short wait polls the backlog inside one call
-        (its reading feeds the pacing and the ETA), a long one is a durable timer that an accepted Update ends. Neither
-        is a throttle wait, and the consumers are not to blame: the stall window starts again after it.
-        """
+        """Wait about ``seconds`` for a rate cap's bucket, for ``reason`` (docs/pacing.md, "Rate caps")."""
         state = self._state
         inp, p = state.input, state.progress
         seconds = min(max(seconds, MIN_RATE_WAIT_SECONDS), inp.claim_lease_seconds / 2)
@@ -129,11 +117,7 @@ class Waits:
         state.stall.restart(workflow.now())
 
     async def redis(self, err: BaseException) -> None:
-        """Wait ``redis_retry_seconds`` on a durable timer after a Redis fault ``err`` outlasted a call's retries.
-
-        The ``pause`` Update ends the wait early (the release then tries Redis, bounded: ``workflows/release.py``).
-        The consumers could not drain while Redis was away: the stall window starts again after it.
-        """
+        """Wait ``redis_retry_seconds`` after a Redis fault ``err`` outlasted a call's retries; ``pause`` ends it."""
         state = self._state
         inp, p = state.input, state.progress
         p.redis_waits += 1
@@ -160,11 +144,7 @@ class Waits:
             await workflow.wait_condition(lambda: self._state.wake, timeout=seconds, timeout_summary=summary)
 
     async def _poll(self, plan: WaitPlan, reason: str) -> None:
-        """Poll the backlog inside one call until it reaches ``plan``'s low watermark (or the plan's bound).
-
-        The poll's turn among the polls of its worker comes when the headroom feeds it (``take``: what the replay
-        still holds); its largest drop teaches the pacer the consumers' burst.
-        """
+        """Poll the backlog inside one call until it reaches ``plan``'s low watermark (or the plan's bound)."""
         summary = f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}"
         take = self._state.progress.remaining
         drain = await self._drain(plan.low_watermark, plan.min_seconds, plan.seconds, plan.poll_seconds, take, summary)
@@ -176,7 +156,7 @@ class Waits:
     ) -> DrainWait:
         """Poll the backlog every ``every`` seconds, ``least`` .. ``most`` seconds, until it is at or below ``low``.
 
-        ``take``: the entries the replay means to publish once woken (None: as many as the headroom).
+        ``take``: the entries the replay means to publish once woken (docs/pacing.md, "Many replays on one worker").
         """
         inp = self._state.input
         return await call(
@@ -200,9 +180,7 @@ class Waits:
     async def _name_idle_consumers(self) -> None:
         """Name the idle consumers holding pending entries of the limiting group, for the stall reason.
 
-        One ``XINFO CONSUMERS`` of the consumers idle for the stall window, at the stall's start and then at most once
-        per stall window; never while a group is missing. Best effort: a failed read (e.g. an ACL rule without
-        ``xinfo|consumers``) is logged and the reason goes without.
+        At most once per stall window; best effort: a failed read (an ACL rule without ``xinfo|consumers``) is logged.
         """
         state, now = self._state, workflow.now()
         inp, p = state.input, state.progress
