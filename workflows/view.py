@@ -1,8 +1,6 @@
-"""``RunView``: what a run shows outside itself, kept in step with its ``RunState``.
+"""``RunView``: what a run shows outside itself (UI details, fleet view, metrics), kept in step with its ``RunState``.
 
-The phase and the Temporal UI's current details (``workflows/text.py``), the fleet view's search attributes
-(``workflows/fleet.py``), the metrics (``workflows/metrics.py``) and the log line of a stall's start. Workflow code
-only; owned by ``ResumptionWorkflow`` and handed to its ``Waits``.
+Workflow code only; owned by ``ResumptionWorkflow`` and handed to its ``Waits``.
 """
 
 from __future__ import annotations
@@ -19,10 +17,7 @@ with workflow.unsafe.imports_passed_through():
 
 
 class RunView:
-    """Shows one run of ``state``: its phase and details, its fleet view, its metrics.
-
-    Not carried across continue-as-new: each run shows itself afresh.
-    """
+    """Shows one run of ``state``: its phase and details, its fleet view, its metrics (each run afresh)."""
 
     def __init__(self, state: RunState) -> None:
         inp = state.input
@@ -45,11 +40,7 @@ class RunView:
         self.phase(self._state.progress.phase)
 
     def observe(self, reading: BacklogReading, moved: int = 0) -> None:
-        """Record a backlog ``reading`` taken before a move of ``moved`` entries in the same step.
-
-        ``RunState.observe``, the backlog gauge (what the reading counted plus the move), and a warning when a stall
-        begins.
-        """
+        """Record a backlog ``reading`` taken before a move of ``moved`` entries: state, gauge, a stall's warning."""
         p = self._state.progress
         if self._state.observe(reading, workflow.now(), moved):
             workflow.logger.warning(
