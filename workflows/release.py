@@ -1,7 +1,6 @@
-"""The hand-back at a resumption's end: release the claim and revoke its token.
+"""The hand-back at a resumption's end: release the claim and revoke its token (docs/contract.md, "Faults").
 
-Retried while the claim's lease lasts, and said in the result, the log and ``xmc status`` when it could not be done
-(docs/contract.md, "Result and outcomes"). Workflow code only.
+Workflow code only.
 """
 
 from __future__ import annotations
@@ -19,27 +18,17 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.workflows.state import RunState
 
 MAX_RELEASE_ROUNDS = 5
-"""The most rounds of release tries (each ``RELEASE_RETRY``'s 7 attempts, about 10 s of backoff),
-so a run ends even while Redis stays away."""
+"""The most rounds of release tries (each ``RELEASE_RETRY``'s attempts), so a run ends while Redis stays away."""
 
 
 async def release_claim(state: RunState, *, back_to_paused: bool, outcome: str) -> str | None:
-    """Release the claim of ``state``'s token, revoke the token and record ``outcome``.
+    """Release the claim of ``state``'s token, revoke the token and record ``outcome``, in rounds of tries.
 
-    Token 0 releases whatever claim the owner holds; the outcome goes into the release log
-    (``{S}:experiment:E:released``); ``back_to_paused`` moves a resuming experiment back to paused. The reply's counts
-    go into ``state`` (``RunState.released``).
-
-    A round is one call with ``RELEASE_RETRY``'s tries; after a round failed on a fault that
-    retrying may mend (Redis away), the next one follows a durable wait of
-    ``redis_retry_seconds`` (at most until the lease lapses) while the claim's lease is live, at
-    most ``MAX_RELEASE_ROUNDS`` rounds. A fault retrying cannot mend (a key of the wrong type,
-    an ACL refusal) ends the tries at once, and so does a cancel (the run ends within one round:
-    a cancelled run has no result, so its log line tells).
+    Token 0 releases whatever claim the owner holds; ``back_to_paused`` moves a resuming experiment back to paused.
+    The rounds, and what a release that failed says: docs/contract.md, "Faults".
 
     Returns:
-        None once released (or nothing to release); else why not and what happens next, one line,
-        which the caller puts in the result (``release_error``); it is also logged, as one line.
+        None once released (or nothing to release); else why not and what happens next, one line (``release_error``).
     """
     inp = state.input
     rounds = 0
