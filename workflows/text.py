@@ -1,7 +1,6 @@
 """What the replay says to people: the Temporal UI's summary and details, durations and the ETA as text.
 
-Text only, kept out of the contract's models (``workflows/models.py``): wording may change between releases, the
-models may not. Workflow code (deterministic: it reads only its arguments).
+Wording may change between releases, the contract's models may not. Deterministic: it reads only its arguments.
 """
 
 from __future__ import annotations
@@ -62,10 +61,7 @@ def pacing_text(inp: ResumptionInput) -> str:
 
 
 def details_markdown(p: Progress) -> str:
-    """The UI's current details (markdown; ``workflow.set_current_details``).
-
-    Phase, counters, the last backlog reading, the pacing and why the replay waits, stall and Redis faults.
-    """
+    """The UI's current details (markdown; ``workflow.set_current_details``)."""
     unknown = "?"
     lines = [
         f"**{p.experiment_id}**: {p.phase.value}" + (f" ({p.outcome.value})" if p.outcome else ""),
@@ -109,10 +105,7 @@ def details_markdown(p: Progress) -> str:
 
 
 def eta_text(p: Progress) -> str:
-    """The ETA for people.
-
-    For example ``~1m 05s (at 12:34:56Z), net ~412/s``, ``0s (nothing left to move)``, or ``-`` and why.
-    """
+    """The ETA for people: ``~1m 05s (at 12:34:56Z), net ~412/s``, ``0s (nothing left to move)``, or ``-`` and why."""
     if p.eta_seconds is None or p.eta_at is None:
         why = "no net drain rate measured yet" if p.net_rate is None else f"net ~{p.net_rate:,.0f}/s"
         return f"- ({why})"
