@@ -1,24 +1,9 @@
 """``ResumptionWorkflow``: replay an experiment's held tasks into the task stream.
 
-Throttled by the consumer groups' backlog (docs/contract.md, "The loop"; docs/memory.md). Each turn of the loop:
-
-1. **check** the pause state and the fencing token, extending the claim's lease;
-2. **publish** through the atomic script, in rounds: each script re-checks token, pause state and backlog itself (the
-   largest pending + lag among the consumer groups) and moves at most ``min(batch_size, threshold - backlog)`` tasks,
-   and one call runs scripts while headroom is left (``publish_rounds``);
-3. **wait** while the backlog is at or over ``max_backlog_threshold`` (how long and how is the throttle policy's
-   choice, ``workflows/throttle.py``), or for a missing stream or group under ``missing_group: wait``, or for a rate
-   cap's bucket; then back to 1, so pause and fencing are re-checked before anything more is replayed.
-
-The claim is followed by a publish at once (the claim checked the state), and so is a publish that left headroom.
-Under the adaptive policy a publish that filled the headroom goes straight to the wait, which measures the drain
-itself; under the fixed one the next turn's publish measures again.
-
-The Redis calls are activities (``workflows/calls.py``). The run's state is one ``RunState`` (``workflows/state.py``),
-handed on as its ``Carry`` when the run continues as new (``_loop`` says when; the next run starts on the current
-Worker Deployment Version). Beside the loop: the Updates, signal and query (``workflows/handlers.py``, the base
-class), the waits (``workflows/waits.py``), what the run shows (``workflows/view.py``) and the hand-back
-(``workflows/release.py``).
+Each turn of the loop: check, publish, wait (docs/contract.md, "The loop"). The Redis calls are activities
+(``workflows/calls.py``); the run's state is one ``RunState`` (``workflows/state.py``). Beside the loop: the Updates,
+signal and query (``workflows/handlers.py``, the base class), the waits (``workflows/waits.py``), what the run shows
+(``workflows/view.py``) and the hand-back (``workflows/release.py``).
 """
 
 from __future__ import annotations
@@ -68,14 +53,10 @@ FAILURE_EXCEPTION_TYPES = [ValidationError, TypeError]
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
 class ResumptionWorkflow(ControlHandlers):
-    """Replays held tasks of one experiment; see the module docstring.
+    """Replays held tasks of one experiment: docs/contract.md, "The workflow".
 
-    Input ``ResumptionInput``, result ``ResumptionResult``; query ``progress`` -> ``Progress``; the Updates of
-    ``workflows/control.py``. Cancelling the run interrupts a wait, releases the claim, moves the experiment back to
-    ``paused`` (held tasks untouched) and ends the run as cancelled. A bad input fails the run at once with a pydantic
-    ``ValidationError`` naming the field, and the wrong number of inputs (two ``--input`` flags from the Temporal CLI,
-    or none) with a ``TypeError`` saying so: both are ``failure_exception_types``, raised before ``run`` starts, so
-    they fail the run instead of retrying its first workflow task for ever.
+    A bad input, or the wrong number of inputs, raises before ``run`` starts: ``failure_exception_types`` fail the run
+    instead of retrying its first workflow task for ever.
     """
 
     @workflow.init
@@ -121,13 +102,7 @@ class ResumptionWorkflow(ControlHandlers):
         self._view.phase(Phase.DONE)
 
     async def _loop(self) -> ResumptionResult:
-        """Take the claim, then turn until the resumption ends.
-
-        A Redis fault that outlasts a call's retries waits on a durable timer and starts the turn over; the run
-        continues as new after ``turns_per_run`` turns, or as many tries of the claim, once it has lasted
-        ``max_run_seconds``, when Temporal suggests it, or when the task queue's target Worker Deployment Version
-        changed (before the claim too, carrying token 0).
-        """
+        """Take the claim, then turn until the resumption ends, or continue as new (docs/contract.md, "The loop")."""
         state = self._state
         claim_tries = turns_this_run = 0
         run_started = workflow.now()
@@ -152,9 +127,8 @@ class ResumptionWorkflow(ControlHandlers):
                 turns_this_run += 1
                 state.progress.turns += 1
                 state.wake = False  # an Update accepted from here on ends this turn's durable wait
-                # adding 0 shows the counter from the first live turn on (a worker that took the run over after a
-                # restart, too: the meter skips replayed code), not first at a wait; the check activity does so
-                # for the tasks moved (``Counts.show``)
+                # adding 0 shows the counter from the first live turn on (the meter skips replayed code), not first
+                # at a wait
                 self._view.metrics.throttles.add(0, {"policy": state.input.throttle_policy.value})
                 result = await self._turn()
             except FAILED_CALL as err:
@@ -188,10 +162,7 @@ class ResumptionWorkflow(ControlHandlers):
             state.publish_next = True  # the claim checked the state; the publish checks it all again
 
     async def _turn(self) -> ResumptionResult | None:
-        """One turn: check, then publish and, when the publish says so, wait; returns the result once ended.
-
-        Right after the claim or a publish that left headroom, the turn publishes without the check.
-        """
+        """One turn: check (not right after the claim or a publish that left headroom), publish, wait; the result."""
         state = self._state
         if state.nothing_held:
             # neither paused nor holding tasks: most likely a mistyped experiment ID or stream
@@ -206,10 +177,7 @@ class ResumptionWorkflow(ControlHandlers):
         return await self._publish()
 
     async def _check(self) -> ResumptionResult | None:
-        """Check the pause state and the fencing token (extends the lease); returns the result when the run ends here.
-
-        It ends fenced, fence_lost, paused (claim released), or as its own earlier release recorded.
-        """
+        """Check the pause state and the fencing token, extending the lease; returns the result when the run ends."""
         state = self._state
         self._view.phase(Phase.CHECKING)
         check = await call(
@@ -231,12 +199,9 @@ class ResumptionWorkflow(ControlHandlers):
         return None
 
     async def _publish(self) -> ResumptionResult | None:
-        """Publish in rounds (``publish_rounds``), then do what the last script's status asks.
+        """Publish in rounds (``publish_rounds``), then do what the last script's status asks; the result once ended.
 
-        At most what the replay's own rate cap allows (none allowed: its wait instead). The call is a local activity
-        that starts scripts for ``ROUNDS_LOCAL_SECONDS`` while the workflow task's budget allows it, else a regular
-        activity that may for ``ROUNDS_SECONDS``; the seq moves on past every script that answered. Returns the result
-        when the resumption ends (completed, paused, fenced, or stalled during the wait that follows).
+        At most what the replay's own rate cap allows (none allowed: its wait instead).
         """
         state = self._state
         inp, p = state.input, state.progress
@@ -280,10 +245,7 @@ class ResumptionWorkflow(ControlHandlers):
         return await self._after_publish(last)
 
     async def _set_aside(self, entry_id: str) -> None:
-        """Move held task ``entry_id`` to the experiment's dead-letter stream, so the tasks behind it go on in order.
-
-        It stopped the publish: too many fields to pass to XADD from a script.
-        """
+        """Move held task ``entry_id``, which stopped the publish, to the dead-letter stream (docs/contract.md)."""
         state = self._state
         p = state.progress
         aside = await call(
@@ -326,9 +288,8 @@ class ResumptionWorkflow(ControlHandlers):
                 # the stream or a required group is missing: nothing moved or written
                 return await self._end_stalled() if await self._waits.for_group(result.reading) else None
             case PublishStatus.MEMORY:
-                # Redis's used memory reached max_memory_fraction of maxmemory: nothing moved. A durable timer of
-                # throttle_seconds whatever the policy (the backlog may be low, so an adaptive poll for the drain
-                # would return at once); it counts against max_stall_seconds
+                # a durable timer of throttle_seconds whatever the policy: the backlog may be low, so an adaptive
+                # poll for the drain would return at once
                 state.hold = memory_reason(result.used_memory, result.maxmemory, inp.max_memory_fraction or 1.0)
                 stalled = await self._waits.throttle(result.reading.backlog, state.hold, inp.throttle_seconds)
                 return await self._end_stalled() if stalled else None
@@ -379,31 +340,22 @@ class ResumptionWorkflow(ControlHandlers):
         )
 
     async def _release(self, *, back_to_paused: bool, outcome: str) -> None:
-        """Release the claim, recording ``outcome`` with it (``workflows/release.py``, bounded).
-
-        Token 0 (a run cancelled before its acquire's reply was recorded) releases whatever claim this workflow owns.
-        A release that could not be done is in the progress and the result (``release_error``).
-        """
+        """Release the claim, recording ``outcome`` (``workflows/release.py``); a failure shows as ``release_error``."""
         self._view.phase(Phase.RELEASING)
         self._state.progress.release_error = await release_claim(
             self._state, back_to_paused=back_to_paused, outcome=outcome
         )
 
     def _ended_before(self, record: ReleaseRecord) -> ResumptionResult:
-        """End a turn run again after this run released its claim, as Redis recorded the release.
+        """End a turn run again after this run released its claim as Redis recorded the release, not as fenced.
 
-        The release's workflow task completion was lost, and the turn ran again (temporalio/temporal#5921): end as the
-        release recorded it (``RunState.recorded_release``), not as fenced by its own release.
+        The release's workflow task completion was lost, and the turn ran again (temporalio/temporal#5921).
         """
         outcome = self._state.recorded_release(record)
         return self._finish(outcome, detail="released before, in a workflow task run again: its recorded release")
 
     def _fence_lost(self, counter: int | None) -> ResumptionResult:
-        """End the run: the fence counter went back below this run's token (``counter``; None: not read).
-
-        Redis lost data (a restart without persistence or a failover to a replica that had not caught up), not a
-        takeover. Nothing more is published; the claim is not released (its counter is no longer trustworthy).
-        """
+        """End the run ``fence_lost``: the fence counter (``counter``; None: not read) went below this run's token."""
         detail = f"the fence counter is {counter if counter is not None else 'below'} < token {self._state.token}"
         workflow.logger.error(
             "fence counter went back: Redis lost data; stopping without publishing",
