@@ -61,31 +61,11 @@ class StartOptions(TypedDict):
 
 
 class Carry(BaseModel):
-    """State carried across continue-as-new (``workflows/state.py`` ``RunState.carry``); callers never set it.
+    """State carried across continue-as-new (``RunState.carry``); callers never set it.
 
-    Attributes:
-        token: the fencing token taken by the first run; 0 while the claim is still to be taken
-            (a long Redis outage at the start).
-        request_id: the acquire's idempotency key, the same in every run of one resumption.
-        owner: the claim's owner (the workflow ID).
-        seq: the last publish sequence number used (the publish script's idempotency key).
-        replayed: tasks replayed so far (entries).
-        remaining: held tasks left at the last reply from Redis (entries), so a run that ends
-            before its first call (a pause just after continue-as-new) still tells it; None before
-            the first reply.
-        throttles: throttle waits so far.
-        turns: turns of the loop so far.
-        runs: runs before this one (continue-as-new count).
-        started_at: when the first run started (workflow time, UTC).
-        drain_rate: the adaptive policy's drain-rate estimate (entries per second) or None.
-        reaction_seconds: the measured time from the end of a wait to the next publish (seconds).
-        burst: the adaptive policy's learned burst of the consumers (entries), None when none.
-        progress_at: when the backlog last went down or tasks last moved (workflow time, UTC):
-            the anchor of the stall window; stall_reading: the last (backlog, pending,
-            last-delivered-id) it compared.
-        net_rate: the ETA's net drain rate average (``workflows/eta.py``).
-        rate_bucket: the ``max_tasks_per_second`` bucket (``workflows/ratecap.py``), None when
-            the replay has no cap of its own yet.
+    The progress's counters (``runs``: the runs before this one), ``RunState``'s own fields of the same names, and its
+    parts': the pacer's (``drain_rate``, ``reaction_seconds``, ``burst``), the stall watch's (``progress_at``,
+    ``stall_reading``), the ETA's (``net_rate``) and the rate cap's (``rate_bucket``), each in its unit there.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -113,24 +93,17 @@ MAX_BATCH_SIZE = 10_000
 """The largest ``batch_size`` accepted (entries)."""
 
 AUTO_BATCH_SIZE = 500
-"""The largest automatic batch (entries; one script fills the default threshold's headroom): the batch of a replay
-whose input leaves ``batch_size`` out is about ``AUTO_SCRIPT_BYTES`` of its tasks, at most this many."""
+"""The largest automatic batch (entries; docs/contract.md, "Input", ``batch_size``)."""
 
 AUTO_SCRIPT_BYTES = 128 * 1024
-"""What one script of an automatic batch moves, about (bytes, as the publish script counts them: ``moved_bytes``):
-with tasks of 1 KiB about the old default batch of 100 (docs/pacing.md, "The loop's own cost")."""
+"""What one script of an automatic batch moves, about (bytes, as ``moved_bytes`` counts them)."""
 
 START_BATCH_SIZE = 100
 """The automatic batch before a publish of the run has measured its tasks' size (entries)."""
 
 
 class ResumptionInput(BaseModel):
-    """Input of ``ResumptionWorkflow``; only ``experiment_id`` is required. Unknown fields are errors.
-
-    Each field's default, bounds and meaning: docs/contract.md, "Input" (the bounds are in the definitions below).
-    Every number is finite and of its own type: numbers and ``fair_share`` are strict (``true`` is no integer, ``"5"``
-    no number; an integer is a decimal). A bad value fails the run at once with a ``ValidationError`` naming the field.
-    """
+    """Input of ``ResumptionWorkflow``: each field's default, bounds and meaning: docs/contract.md, "Input"."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -188,8 +161,7 @@ class ResumptionInput(BaseModel):
         if longest < self.min_wait_seconds:
             named = "max_wait_seconds" if self.max_wait_seconds is not None else "max_wait_seconds (= throttle_seconds)"
             raise ValueError(f"{named} ({longest:g}) must not be below min_wait_seconds ({self.min_wait_seconds:g})")
-        # the Redis-outage wait is not among them: a lease lapsed during an outage is taken again
-        # for the current token at the next check (the fence counter, not the lease, decides)
+        # not the Redis-outage wait: a lease lapsed during an outage is taken again (docs/contract.md, "Input")
         for name in ("throttle_seconds", "max_wait_seconds"):
             wait = getattr(self, name)
             if wait is not None and self.claim_lease_seconds <= wait:
@@ -201,10 +173,7 @@ class ResumptionInput(BaseModel):
 
     @property
     def longest_wait_seconds(self) -> float:
-        """The longest single throttle wait (seconds).
-
-        ``throttle_seconds`` under ``fixed``, ``max_wait_seconds`` (default ``throttle_seconds``) under ``adaptive``.
-        """
+        """The longest single throttle wait (seconds): ``max_wait_seconds`` if adaptive, else ``throttle_seconds``."""
         if self.throttle_policy is ThrottlePolicy.ADAPTIVE and self.max_wait_seconds is not None:
             return self.max_wait_seconds
         return self.throttle_seconds
@@ -221,11 +190,7 @@ class ResumptionInput(BaseModel):
         )
 
     def start_options(self, task_queue: str = TASK_QUEUE) -> StartOptions:
-        """Keyword arguments for ``start_workflow`` / ``start_child_workflow``.
-
-        The conventional workflow ID ``resumption-<E>``, the task queue and the UI's static summary and details
-        (``workflows/text.py``).
-        """
+        """Keyword arguments for ``start_workflow`` / ``start_child_workflow``: ID, task queue, the UI's summary."""
         return {
             "id": workflow_id_for(self.experiment_id),
             "task_queue": task_queue,
@@ -280,20 +245,12 @@ class Phase(StrEnum):
     RELEASING = "releasing"
     REDIS_UNAVAILABLE = "redis_unavailable"
     WAITING_FOR_GROUP = "waiting_for_group"
-    """The stream or a required consumer group does not exist (``missing_group: wait``): nothing
-    moves; ``throttle_reason`` names the stream and the group."""
     RATE_LIMITED = "rate_limited"
-    """A rate cap holds the replay back (``max_tasks_per_second``, or the stream's ``{S}:rate``):
-    it waits about as long as the bucket needs; not a throttle wait, not a stall."""
     DONE = "done"
 
 
 class Progress(BaseModel):
-    """Answer of the ``progress`` query, and what the UI's current details render: docs/contract.md, "Progress".
-
-    ``threshold``, ``policy`` and ``max_tasks_per_second`` are the input's in force, filled in when it is shown
-    (``RunState.shown``).
-    """
+    """Answer of the ``progress`` query, and what the UI's current details render: docs/contract.md, "Progress"."""
 
     experiment_id: str
     token: int = 0
