@@ -1,10 +1,6 @@
-"""``RunState``: all of a resumption run's state in one object.
+"""``RunState``: all of a resumption run's state in one object, built from the input's ``Carry`` and packed back.
 
-Built from the input's ``Carry`` and packed back into one for continue-as-new (the samples' ``safe_message_handlers``
-pattern).
-
-Workflow code only (deterministic: no I/O, no clock). ``Carry`` (``workflows/models.py``) stays the
-wire form: it is part of the input contract, and recorded histories' continue-as-new inputs hold it.
+Workflow code only (deterministic: no I/O, no clock).
 """
 
 from __future__ import annotations
@@ -44,34 +40,20 @@ class RunState:
     """What one run of ``ResumptionWorkflow`` knows and changes.
 
     Attributes:
-        input: the input, as changed by accepted control Updates (carried: it is the next run's).
-        progress: the ``progress`` query's answer; holds the token and the counters.
-        pacer: the throttle policy's state (drain rate, reaction time).
-        stall: the stall watch's state.
+        input: the input, as changed by accepted control Updates (it is the next run's).
         seq: the last publish sequence number used (the publish script's idempotency key).
-        owner: the claim's owner (the workflow ID of the first run); request_id: the acquire's
-            idempotency key; started_at: when the first run started (workflow time, UTC). All
-            three are set by ``begin`` ('' and None until then).
-        publish_next: the claim was just taken, or the last publish left headroom: the next turn
-            publishes without a check.
-        nothing_held: the claim found the experiment running and holding nothing: the run ends
-            ``nothing_held``.
-        stopping: the ``pause`` Update was accepted: the run ends ``paused`` at its next turn.
-        failed: the run is failing (a fault retrying cannot mend, or a fault of the workflow code).
-        wake: an accepted Update ends the durable throttle wait in progress, if any.
-        net: the net drain rate behind the ETA (``workflows/eta.py``).
-        bucket: the ``max_tasks_per_second`` bucket (``workflows/ratecap.py``).
-        hold: what holds the replay back besides the consumers (Redis's memory), for the stall
-            reason; cleared when a task moves.
-        stall_base: the stall reason without the idle consumers (``observe``), None when not stalled.
+        owner, request_id, started_at: the claim's owner, the acquire's idempotency key, the first run's start
+            (workflow time, UTC): set by ``begin``.
+        publish_next: the next turn publishes without a check (right after the claim, or a publish that left headroom).
+        nothing_held: the claim found the experiment running and holding nothing.
+        stopping: the ``pause`` Update was accepted. failed: the run is failing.
+        wake: an accepted Update ends the durable wait in progress, if any.
+        hold: what holds the replay back besides the consumers (Redis's memory), until a task moves.
+        stall_base: the stall reason without the idle consumers, None when not stalled.
         idle_read_at: when the idle consumers were last read during this stall (workflow time).
-        outcome_counted: the outcomes metric has this run's end already: counted by the release
-            activity (a release done now, or one returned again from its record), so the workflow does not
-            count it.
-        lease_until: when the claim's lease lapses at the latest, as of the last call that
-            extended it (``leased``; workflow time, UTC); None before one in this run.
-        task_bytes: the mean bytes of a task the last publish moved (its ``moved_bytes`` over
-            ``moved``), for the automatic batch; None before one moved any in this run.
+        outcome_counted: the outcomes metric has this run's end already (the release activity counted it).
+        lease_until: when the claim's lease lapses at the latest (workflow time, UTC); None before a call extended it.
+        task_bytes: the mean bytes of a task the last publish moved, for the automatic batch; None before one moved.
     """
 
     input: ResumptionInput
@@ -98,10 +80,7 @@ class RunState:
 
     @classmethod
     def of(cls, inp: ResumptionInput) -> RunState:
-        """The state a run starts from: ``inp.carry``'s when it continues a resumption, else fresh.
-
-        The owner, request ID and start time are ``begin``'s.
-        """
+        """The state a run starts from: ``inp.carry``'s when it continues a resumption, else fresh."""
         carry = inp.carry
         counts = carry.model_dump(include=COUNTS | {"drain_rate"}) | {"runs": carry.runs + 1} if carry else {}
         return cls(
@@ -124,11 +103,7 @@ class RunState:
     def begin(
         self, workflow_id: str, continued_run_id: str | None, now: datetime, draw_request_id: Callable[[], str]
     ) -> None:
-        """Set the owner, the start time and the request ID.
-
-        The carry's in a continued run (one with a ``continued_run_id``), else ``workflow_id``, ``now`` and one
-        ``draw_request_id()`` (drawn once per resumption and carried: every try of the acquire, in any run, is one
-        request).
+        """Set the owner, the start time and the request ID: the carry's in a continued run, else fresh ones.
 
         Raises:
             ApplicationError: non-retryable, type ``InvalidInput``: a caller set ``carry``.
@@ -146,11 +121,7 @@ class RunState:
 
     @property
     def batch_size(self) -> int:
-        """The most tasks one publish script moves (entries): the input's, else the automatic batch.
-
-        The automatic batch is about ``AUTO_SCRIPT_BYTES`` of tasks of the size the last publish moved
-        (``task_bytes``), 1..``AUTO_BATCH_SIZE``; ``START_BATCH_SIZE`` before a publish of this run moved any.
-        """
+        """The most tasks one publish script moves (entries): the input's, else the automatic batch (``task_bytes``)."""
         if self.input.batch_size is not None:
             return self.input.batch_size
         if self.task_bytes is None:
@@ -158,10 +129,7 @@ class RunState:
         return max(1, min(AUTO_BATCH_SIZE, int(AUTO_SCRIPT_BYTES // max(1.0, self.task_bytes))))
 
     def leased(self, now: datetime) -> None:
-        """Note that a call which extends the claim's lease (acquire, check, publish) answered at workflow time ``now``.
-
-        The lease lapses by ``now + claim_lease_seconds``.
-        """
+        """Note that a call which extends the claim's lease answered at workflow time ``now``."""
         self.lease_until = now + timedelta(seconds=self.input.claim_lease_seconds)
 
     @property
@@ -178,11 +146,9 @@ class RunState:
     def publish_params(
         self, batch_size: int, max_tasks: int | None, max_scripts: int, max_seconds: float
     ) -> PublishParams:
-        """The next publish's parameters, from the input in force, the claim and the seq.
+        """The next publish's parameters, from the input in force, the claim and the seq (``PublishParams``).
 
-        Its first seq is the last used plus one: the seq moves on only once a publish answered (``seq``), so a publish
-        that failed after its scripts ran in Redis is asked again with the same seq and returns its recorded result.
-        ``batch_size`` (entries) and the rounds' bounds are the caller's (``redisclient.publish.PublishParams``).
+        Its first seq is the last used plus one: a publish that failed after its scripts ran is asked again the same.
         """
         inp = self.input
         return PublishParams(
@@ -207,11 +173,7 @@ class RunState:
         return self.progress.token
 
     def observe(self, reading: BacklogReading, now: datetime, moved: int = 0) -> bool:
-        """Fold a backlog ``reading`` taken at workflow time ``now`` into the run's state; True when a stall starts.
-
-        ``moved``: entries the same step moved after the reading. The reading goes into the progress, the pacer and the
-        stall watch; the stall reason names the limiting group, or the missing stream or group (``missing_text``).
-        """
+        """Fold in a backlog ``reading`` taken at workflow time ``now``, before ``moved`` entries; True at a stall."""
         p = self.progress
         pending, lag, last_delivered_id = reading.pending, reading.lag, reading.last_delivered_id
         backlog = pending + lag
@@ -268,34 +230,24 @@ class RunState:
         return text + f" (missing_group {inp.missing_group.value}: nothing moves until it exists)"
 
     def claimed(self, grant: ClaimGrant) -> None:
-        """Take the claim's reply into the progress.
-
-        The token, the held tasks and the resume's count so far (kept when unknown).
-        """
-        p = self.progress
-        p.token, p.remaining = grant.token, grant.held
-        if grant.replayed is not None:
-            p.replayed = grant.replayed
+        """Take the claim's reply into the progress: the token and the counts."""
+        self.progress.token = grant.token
+        self._counts(grant.replayed, grant.held)
 
     def checked(self, check: ClaimCheck) -> None:
-        """Take a check's counts into the progress.
+        """Take a check's counts into the progress (a reset run of a continued one starts from an older carry)."""
+        self._counts(check.replayed, check.held)
 
-        The held tasks, and the resume's count (kept when unknown): a reset run of a continued one starts from an older
-        carry.
-        """
+    def _counts(self, replayed: int | None, remaining: int | None) -> None:
+        """Take Redis's count of the resume's moves and of the held tasks left into the progress (None: kept)."""
         p = self.progress
-        p.remaining = check.held
-        if check.replayed is not None:
-            p.replayed = check.replayed
+        if replayed is not None:
+            p.replayed = replayed
+        if remaining is not None:
+            p.remaining = remaining
 
     def count(self, result: PublishResult) -> None:
-        """Take a publish's counts into the progress.
-
-        Redis's count is the authority: the resume's (``replayed``: every claim's moves, a reset workflow's too), else
-        the claim's (``total_moved``), else (Redis keeps neither count) the run's own sum. Publishes whose history was
-        lost are in it too (a stale reply after a lost history adds what this run never saw). The size of the tasks it
-        moved sets ``task_bytes``.
-        """
+        """Take a publish's counts into the progress: Redis's count of the resume's, else the claim's, else a sum."""
         p = self.progress
         if result.moved > 0 and result.moved_bytes > 0:
             self.task_bytes = result.moved_bytes / result.moved
@@ -308,32 +260,17 @@ class RunState:
         p.remaining = result.remaining
 
     def released(self, release: Release) -> None:
-        """Take a release's reply into the progress.
-
-        The resume's count and the held tasks left, as Redis recorded them (None: unknown, kept). A release with an
-        outcome, done now or returned again from its record, had its outcome counted by the release activity.
-        """
-        p = self.progress
-        if release.replayed is not None:
-            p.replayed = release.replayed
-        if release.remaining is not None:
-            p.remaining = release.remaining
+        """Take a release's reply into the progress; a release with an outcome had it counted by its activity."""
+        self._counts(release.replayed, release.remaining)
         self.outcome_counted = self.outcome_counted or (release.token > 0 and release.outcome != "")
 
     def recorded_release(self, record: ReleaseRecord) -> Outcome:
-        """Take a recorded release into the progress and return its outcome.
-
-        A turn run again after this run released its claim (a workflow task whose completion was lost): take the
-        release's record (outcome, the resume's count, held tasks left) into the progress; returns its outcome.
+        """Take the release this run recorded before (a turn run again) into the progress and return its outcome.
 
         Raises:
-            ApplicationError: non-retryable, type ``EndedBefore``: the recorded outcome is none of
-                ``Outcome`` (the run failed before).
+            ApplicationError: non-retryable, type ``EndedBefore``: the run failed before (no ``Outcome`` recorded).
         """
-        p = self.progress
-        if record.replayed is not None:
-            p.replayed = record.replayed
-        p.remaining = record.remaining
+        self._counts(record.replayed, record.remaining)
         self.outcome_counted = True
         if record.outcome not in {o.value for o in Outcome}:
             raise ApplicationError(
@@ -346,11 +283,8 @@ class RunState:
     def refuse(self, change: ControlChange) -> None:
         """Refuse a control change that the run cannot take (an Update's validator).
 
-        It cannot once it is ending, nor one that breaks a bound or a rule of ``ResumptionInput``.
-
         Raises:
-            ApplicationError: non-retryable, type ``ResumptionEnding``, or ``InvalidControl`` with
-                one line naming the field.
+            ApplicationError: non-retryable, type ``ResumptionEnding``, or ``InvalidControl`` naming the field.
         """
         if self.progress.outcome is not None or self.stopping:
             raise ApplicationError(
@@ -406,11 +340,7 @@ class RunState:
         )
 
     def estimate(self, now: datetime) -> None:
-        """Set the progress's ETA at workflow time ``now``.
-
-        Computed by ``workflows/eta.py`` from the net drain rate, the last reading, the adaptive policy's refill, the
-        rate caps and a durable wait in progress; 0 once completed, None once ended otherwise.
-        """
+        """Set the progress's ETA at workflow time ``now`` (docs/operating.md, "ETA")."""
         p = self.progress
         if p.outcome is not None or self.failed:
             p.eta_seconds = 0.0 if p.outcome is Outcome.COMPLETED else None
