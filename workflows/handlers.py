@@ -25,6 +25,43 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.workflows.view import RunView
 
 
+def _change(update: Control, args: Sequence[Any]) -> ControlChange:
+    """The change Update ``update`` asks for, from its arguments (``ControlChange.of_update``).
+
+    Raises:
+        ApplicationError: non-retryable, type ``InvalidControl``: one line naming the field.
+    """
+    try:
+        return ControlChange.of_update(update, args)
+    except InvalidControlError as err:
+        raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
+
+
+def _apply(state: RunState, view: RunView, change: ControlChange) -> EffectiveSettings:
+    """Apply a validated change (``RunState.apply``), which wakes a durable wait; the settings now."""
+    inp = state.apply(change)
+    workflow.logger.info(
+        "settings changed",
+        extra={"experiment_id": inp.experiment_id, **change.model_dump(mode="json", exclude_none=True)},
+    )
+    view.refresh()
+    return EffectiveSettings.of(inp, batch_size=state.batch_size, stopping=state.stopping)
+
+
+def _change_update(update: Control) -> workflow.UpdateMethodMultiParam[..., EffectiveSettings]:
+    """The handler of ``update``, a change of settings, and its validator; it returns the settings now."""
+
+    def change(self: Any, *args: Any) -> EffectiveSettings:  # a ControlHandlers, not yet defined when called
+        return _apply(self._state, self._view, _change(update, args))
+
+    def check(self: Any, *args: Any) -> None:
+        self._state.refuse(_change(update, args))
+
+    handler = workflow.update(name=update)(change)
+    handler.validator(check)
+    return handler
+
+
 class ControlHandlers:
     """The workflow's Updates, signal handler and query, over the run's ``RunState`` and ``RunView``.
 
@@ -41,59 +78,12 @@ class ControlHandlers:
     # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in its validator: a typed
     # parameter would have the data converter coerce ``true`` to 1 before the validator could name the field.
 
-    @workflow.update(name=Control.CONFIGURE)
-    def configure(self, *args: Any) -> EffectiveSettings:
-        """Change settings of the running replay (a ``ControlChange``, a JSON object); returns the settings now."""
-        return self._apply(self._change(Control.CONFIGURE, args))
-
-    @configure.validator
-    def _check_configure(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.CONFIGURE, args))
-
-    @workflow.update(name=Control.SET_THRESHOLD)
-    def set_threshold(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``max_backlog_threshold`` only (an integer, entries)."""
-        return self._apply(self._change(Control.SET_THRESHOLD, args))
-
-    @set_threshold.validator
-    def _check_threshold(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_THRESHOLD, args))
-
-    @workflow.update(name=Control.SET_BATCH_SIZE)
-    def set_batch_size(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``batch_size`` only (an integer, entries)."""
-        return self._apply(self._change(Control.SET_BATCH_SIZE, args))
-
-    @set_batch_size.validator
-    def _check_batch_size(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_BATCH_SIZE, args))
-
-    @workflow.update(name=Control.SET_THROTTLE_SECONDS)
-    def set_throttle_seconds(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``throttle_seconds`` only (a number, seconds)."""
-        return self._apply(self._change(Control.SET_THROTTLE_SECONDS, args))
-
-    @set_throttle_seconds.validator
-    def _check_throttle_seconds(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_THROTTLE_SECONDS, args))
-
-    @workflow.update(name=Control.SET_THROTTLE_POLICY)
-    def set_throttle_policy(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``throttle_policy`` only (``fixed`` or ``adaptive``)."""
-        return self._apply(self._change(Control.SET_THROTTLE_POLICY, args))
-
-    @set_throttle_policy.validator
-    def _check_throttle_policy(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_THROTTLE_POLICY, args))
-
-    @workflow.update(name=Control.SET_MAX_TASKS_PER_SECOND)
-    def set_max_tasks_per_second(self, *args: Any) -> EffectiveSettings:
-        """``configure`` with ``max_tasks_per_second`` only (a number, tasks per second; 0 removes the cap)."""
-        return self._apply(self._change(Control.SET_MAX_TASKS_PER_SECOND, args))
-
-    @set_max_tasks_per_second.validator
-    def _check_max_tasks_per_second(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.SET_MAX_TASKS_PER_SECOND, args))
+    configure = _change_update(Control.CONFIGURE)
+    set_threshold = _change_update(Control.SET_THRESHOLD)
+    set_batch_size = _change_update(Control.SET_BATCH_SIZE)
+    set_throttle_seconds = _change_update(Control.SET_THROTTLE_SECONDS)
+    set_throttle_policy = _change_update(Control.SET_THROTTLE_POLICY)
+    set_max_tasks_per_second = _change_update(Control.SET_MAX_TASKS_PER_SECOND)
 
     @workflow.update(name=Control.PAUSE)
     def pause(self, *args: Any) -> EffectiveSettings:
@@ -105,7 +95,7 @@ class ControlHandlers:
 
     @pause.validator
     def _check_pause(self, *args: Any) -> None:
-        self._state.refuse(self._change(Control.PAUSE, args))
+        self._state.refuse(_change(Control.PAUSE, args))
 
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
@@ -116,28 +106,6 @@ class ControlHandlers:
             ", ".join(c.value for c in Control),
             extra={"experiment_id": self._state.input.experiment_id},
         )
-
-    @staticmethod
-    def _change(update: Control, args: Sequence[Any]) -> ControlChange:
-        """The change Update ``update`` asks for, from its arguments (``ControlChange.of_update``).
-
-        Raises:
-            ApplicationError: non-retryable, type ``InvalidControl``: one line naming the field.
-        """
-        try:
-            return ControlChange.of_update(update, args)
-        except InvalidControlError as err:
-            raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
-
-    def _apply(self, change: ControlChange) -> EffectiveSettings:
-        """Apply a validated change (``RunState.apply``), which wakes a durable wait."""
-        inp = self._state.apply(change)
-        workflow.logger.info(
-            "settings changed",
-            extra={"experiment_id": inp.experiment_id, **change.model_dump(mode="json", exclude_none=True)},
-        )
-        self._view.refresh()
-        return EffectiveSettings.of(inp, batch_size=self._state.batch_size, stopping=self._state.stopping)
 
     @workflow.query
     def progress(self) -> Progress:
