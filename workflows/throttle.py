@@ -111,14 +111,7 @@ def _clamp(value: float, low: float, high: float) -> float:
 
 @dataclass(frozen=True)
 class Pacing:
-    """The throttle policy's settings, read from the input in force (``ResumptionInput.pacing``), never kept.
-
-    Attributes:
-        adaptive: the ``adaptive`` policy (else ``fixed``).
-        threshold: the backlog bound (entries, >= 1).
-        throttle_seconds: the fixed policy's wait (seconds).
-        min_wait, max_wait: bounds of one adaptive wait (seconds, 0 <= min_wait <= max_wait).
-    """
+    """The throttle policy's settings, read from the input in force (``ResumptionInput.pacing``), never kept."""
 
     adaptive: bool
     threshold: int
