@@ -1,10 +1,4 @@
-"""Pydantic models of the workflow's external contract (docs/contract.md).
-
-``ResumptionInput`` is what callers send (Temporal CLI ``--input``, ``start_workflow``, a parent's
-``start_child_workflow``); ``ResumptionResult`` is what the run returns; ``Progress`` is what the
-``progress`` query returns. All travel through ``temporalio.contrib.pydantic.pydantic_data_converter``.
-The activities' request envelopes are internal and live in ``activities/requests.py``.
-"""
+"""Pydantic models of the workflow's external contract: input, result, progress (docs/contract.md, "The workflow")."""
 
 from __future__ import annotations
 
