@@ -333,8 +333,7 @@ class ResumptionWorkflow(ControlHandlers):
         if self._state.stopping:
             return  # the pause Update was accepted while the handlers finished: stop, do not carry on
         workflow.logger.info("continuing as new", extra={"experiment_id": p.experiment_id, "turns": p.turns})
-        # pinned to its Worker Deployment Version, the run hands over to the task queue's current one (a no-op on
-        # unversioned workers): a release reaches the replay here, with no patch (docs/operating.md)
+        # a pinned run hands over to the task queue's current Worker Deployment Version here (docs/operating.md)
         workflow.continue_as_new(
             self._state.next_input(), initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
         )
