@@ -1,7 +1,4 @@
-"""How ``ResumptionWorkflow`` calls Redis: activities of ``ResumptionActivities``, called by name, bounded.
-
-Local activities within a workflow task's budget, else regular ones: docs/contract.md, "Faults". Workflow code only.
-"""
+"""How ``ResumptionWorkflow`` calls Redis: activities, local within a task's budget (docs/contract.md, "Faults")."""
 
 from __future__ import annotations
 

@@ -39,8 +39,7 @@ class ControlChange(BaseModel):
         """``applied_to``, its refusal on one line.
 
         Raises:
-            InvalidControlError: ``<field>: <message>`` when the result breaks a bound or a rule
-                (a rule over several fields names them in its message).
+            InvalidControlError: ``<field>: <message>`` when the result breaks a bound or a rule.
         """
         try:
             return self.applied_to(inp)

@@ -1,7 +1,4 @@
-"""The hand-back at a resumption's end: release the claim and revoke its token (docs/contract.md, "Faults").
-
-Workflow code only.
-"""
+"""The hand-back at a resumption's end: release the claim and revoke its token (docs/contract.md, "Faults")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""``RunState``: all of a resumption run's state in one object, built from the input's ``Carry`` and packed back.
-
-Workflow code only (deterministic: no I/O, no clock).
-"""
+"""``RunState``: all of a resumption run's state in one object, built from the input's ``Carry`` and packed back."""
 
 from __future__ import annotations
 

@@ -140,11 +140,7 @@ class Pacer:
     _woke_at: datetime | None = field(default=None, init=False, repr=False)
 
     def observe(self, before: int, after: int, capped: bool, at: datetime) -> None:
-        """Fold in a backlog reading taken at workflow time ``at``: ``before`` entries, ``after`` with the step's move.
-
-        The sample is ``(last after - before) / elapsed``; a capped reading, or an interval from an empty stream, gives
-        none.
-        """
+        """Fold in a reading taken at workflow time ``at``: ``before`` entries, ``after`` with the step's own move."""
         last, waited = self._last, self._in_wait
         self._last, self._in_wait = None if capped else (after, at), False
         if last is None or capped or last[0] == 0:

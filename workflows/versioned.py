@@ -1,7 +1,4 @@
-"""``PinnedResumptionWorkflow``: ``ResumptionWorkflow`` declared pinned, for workers with Worker Versioning.
-
-Why two classes: docs/operating.md, "Rolling out a release"; ``ResumptionPlugin`` registers the one that fits.
-"""
+"""``PinnedResumptionWorkflow``: ``ResumptionWorkflow`` pinned (docs/operating.md, "Rolling out a release")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""``RunView``: what a run shows outside itself (UI details, fleet view, metrics), kept in step with its ``RunState``.
-
-Workflow code only; owned by ``ResumptionWorkflow`` and handed to its ``Waits``.
-"""
+"""``RunView``: what a run shows outside itself (UI details, fleet view, metrics), in step with its ``RunState``."""
 
 from __future__ import annotations
 

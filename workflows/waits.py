@@ -1,7 +1,4 @@
-"""``Waits``: the replay's waits: for the consumers (throttle), for a rate cap's bucket, for Redis, for a group.
-
-How each is done: docs/pacing.md, "How a wait is done". Owned by ``ResumptionWorkflow``; workflow code only.
-"""
+"""``Waits``: waits for the consumers, a rate cap, Redis or a group (docs/pacing.md, "How a wait is done")."""
 
 from __future__ import annotations
 
