@@ -19,8 +19,8 @@ from xmc_resumption.redisclient.watch import MAX_POLL_SECONDS
 class ExperimentRef(BaseModel):
     """Which experiment, stream and consumer groups an activity works on.
 
-    ``consumer_group`` must exist; ``consumer_groups`` bound the replay by their backlog (None: every group of the
-    stream; see ``redisclient.backlog.measure_backlog``).
+    ``consumer_group`` must exist; ``consumer_groups`` bound the replay by their backlog (None: ``consumer_group`` and
+    every group of the stream that has a consumer; see ``redisclient.backlog.measure_backlog``).
     """
 
     model_config = ConfigDict(extra="forbid")

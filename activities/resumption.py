@@ -117,10 +117,9 @@ async def _classified(redis: RedisClient) -> AsyncIterator[None]:
 
 
 def _keys(ref: ExperimentRef) -> ExperimentKeys:
-    """The experiment's keys, after checking its names.
+    """The experiment's keys, after checking its names by the one rule (``redisclient.keys.validate_name``).
 
-    The experiment's keys; the stream, the experiment ID and the groups checked by the one rule
-    (``redisclient.keys.validate_name``: a group is no key, but it reaches XINFO, logs and the UI).
+    A group is no key, but it reaches XINFO, logs and the UI: it is checked too.
     """
     try:
         backlog.validate_groups(ref.consumer_group, ref.consumer_groups)
@@ -214,7 +213,7 @@ class ResumptionActivities:
     Register the bound methods on a worker: ``Worker(..., activities=ResumptionActivities(r).all())``,
     or let ``xmc_resumption.plugin.ResumptionPlugin`` do it: it builds them without a client and
     sets ``redis`` when the worker starts. ``meter`` (the worker runtime's metric meter) feeds the
-    ``HeldRemaining`` gauge.
+    ``HeldRemaining`` gauge and the ``Counts``.
     """
 
     def __init__(self, redis: RedisClient | None = None, meter: MetricMeter | None = None) -> None:
@@ -280,10 +279,9 @@ class ResumptionActivities:
 
     @activity.defn
     async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
-        """Poll the backlog until it falls to the low watermark.
+        """Poll the backlog until it falls to the low watermark, within the request's bounds (a short wait).
 
-        Within the request's bounds (a short throttle wait of the adaptive policy), on the readings every poll of this
-        worker of the same measurement shares (``redisclient.watch.BacklogWatches.wait_for_drain``).
+        On the readings every poll of this worker of the same measurement shares (``redisclient.watch``).
         """
         _keys(req.ref)
         async with _classified(self.redis):

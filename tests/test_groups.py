@@ -268,7 +268,9 @@ async def test_idle_consumers_holding_pending_entries_are_named(redis: Redis) ->
 def test_the_input_names_the_groups_and_requires_the_consumer_group() -> None:
     inp = ResumptionInput(experiment_id="E")
     assert (inp.consumer_groups, inp.missing_group) == (None, MissingGroupPolicy.WAIT)
-    assert "every group of the stream" in ui_details(inp)
+    assert "largest backlog of `xmc-workers` and every group with a consumer (group `xmc-workers` must exist)" in (
+        ui_details(inp)
+    )
     assert ResumptionInput(experiment_id="E", consumer_groups=[GROUP, "audit"]).consumer_groups == [GROUP, "audit"]
     for bad, says in (
         (["audit"], "must include consumer_group"),

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 def groups_text(inp: ResumptionInput) -> str:
-    """The groups that bound the replay, for the UI: ``every group of the stream`` or their names."""
+    """The groups that bound the replay, for the UI: the names, or the consumer group and every one with a consumer."""
     if inp.consumer_groups is None:
-        return "every group of the stream"
+        return f"`{inp.consumer_group}` and every group with a consumer"
     return ", ".join(f"`{g}`" for g in inp.consumer_groups)
 
 

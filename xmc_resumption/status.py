@@ -96,8 +96,8 @@ async def experiment_status(
     State, held tasks (entries), claim, last fencing token, the consumer groups' backlog and the idle
     consumers holding pending entries.
 
-    ``backlog`` is the reading of the groups that bound a replay (``groups``, or every group of the
-    stream when None; ``group`` must exist): the largest backlog, the group that has it
+    ``backlog`` is the reading of the groups that bound a replay (``groups``, or ``group`` and every group
+    with a consumer when None; ``group`` must exist): the largest backlog, the group that has it
     (``limiting_group``), the first missing group (``missing_group``) and ``groups``, each group's
     part. ``idle_consumers`` lists the consumers of those groups holding pending entries while idle
     for at least ``idle_seconds`` (``XINFO CONSUMERS``; ``redisclient.consumers``), the most

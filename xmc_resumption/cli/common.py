@@ -141,7 +141,7 @@ INPUT_OPTIONS = (
         "--groups",
         "consumer_groups",
         "the groups whose largest backlog bounds the replay, comma-separated, --group among them",
-        "every group of the stream",
+        "--group and every group with a consumer",
     ),
     InputOption("--batch", "batch_size", "most tasks one publish script moves (entries)", "automatic"),
     InputOption("--threshold", "max_backlog_threshold", "at or above this backlog the replay waits"),

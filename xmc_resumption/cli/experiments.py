@@ -96,7 +96,7 @@ def enqueue(ctx: click.Context, experiment_id: str, stream: str, as_json: bool, 
     "--groups",
     type=NameListType("consumer_groups"),
     default=None,
-    show_default="every group of the stream",
+    show_default="--group and every group with a consumer",
     help="the groups whose backlog bounds a replay, comma-separated, --group among them",
 )
 @click.option(

@@ -388,8 +388,8 @@ class XmcClient:
     ) -> ExperimentStatus:
         """The experiment's status in Redis and, with ``run``, its resumption in Temporal.
 
-        State, held tasks, claim, fencing token, backlog (of ``groups``, every group of the stream when
-        None, ``group`` required; counted up to ``threshold`` entries), the consumers holding pending
+        State, held tasks, claim, fencing token, backlog (of ``groups``; None: ``group``, which is required, and
+        every group with a consumer; counted up to ``threshold`` entries), the consumers holding pending
         entries while idle for ``idle_seconds``, and Redis memory; with ``run``, its resumption in Temporal
         (an error reaching Temporal is recorded in ``run``, not raised).
 

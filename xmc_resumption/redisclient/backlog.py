@@ -114,8 +114,9 @@ async def measure_backlog(
             ``wait`` reports it with headroom 0; ``zero`` counts the stream's entries as the
             group's backlog, with a warning; ``error`` raises.
         max_bytes: each count reads about this many bytes of entries at most; a count cut short by
-            it (or by ``COUNT_ENTRIES``) takes Redis's entries-added - entries-read as an upper bound,
-            or, without one, is ``unmeasured`` (``bytes_capped`` when the bytes cut it) with headroom 0.
+            it (or by ``COUNT_ENTRIES``) below the cap takes the least of XLEN and entries-added -
+            entries-read as an upper bound (``lag_source`` ``bound``); one cut at the cap is
+            ``bytes_capped``.
         groups: the groups that bound the replay, ``group`` among them, each required to exist;
             None: ``group`` and every group of the stream that has a consumer (a group with none is
             reported in ``unattended``).
@@ -126,7 +127,7 @@ async def measure_backlog(
     Returns:
         The reading of the limiting group (the largest backlog): exact when ``backlog <
         threshold`` and ``exact``; else never below the true backlog: ``>= threshold`` with
-        ``capped``, or Redis's upper bound (``lag_source`` ``bound``), or ``unmeasured`` with headroom 0.
+        ``capped``, or Redis's upper bound (``lag_source`` ``bound``).
         With ``records``, the call writes the groups' records where their entries-read is exact.
 
     Raises:

@@ -109,8 +109,8 @@ def _lua_list(value: Any) -> Any:
 class BacklogReading(BaseModel):
     """One backlog measurement of the consumer groups of a stream (docs/contract.md, "Backlog"; docs/memory.md).
 
-    The replay is bounded by the largest backlog among the groups measured (every group of the
-    stream, or the ones named); ``pending``, ``lag``, ``capped``, ``bytes_capped``, ``lag_bytes``,
+    The replay is bounded by the largest backlog among the groups that bound it (the ones named, else the
+    consumer group and every group with a consumer); ``pending``, ``lag``, ``capped``, ``bytes_capped``, ``lag_bytes``,
     ``last_delivered_id`` and ``xinfo_lag`` are those of that group, ``limiting_group``.
 
     Attributes:
