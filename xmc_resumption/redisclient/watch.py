@@ -1,7 +1,7 @@
 """Drain polls that share their backlog readings: one reading per stream for every replay of a process.
 
-A replay that waits for the consumers to drain (the adaptive policy's short waits) polls the
-backlog until it falls to its low watermark. A worker runs many replays of one stream: polling
+A replay that waits for the consumers to drain (the adaptive policy's short waits), or a short
+while for a rate cap's bucket, polls the backlog until it falls to its low watermark. A worker runs many replays of one stream: polling
 each on its own would cost Redis one reading per replay per poll interval, so the cost of a
 replayed task would grow with the number of replays (docs/pacing.md, "Many replays on one worker").
 Here every poll of one measurement (stream, groups, threshold, missing-group policy, byte budget)
