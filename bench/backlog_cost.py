@@ -40,8 +40,10 @@ PIPELINE_BYTES = 8 * MIB
 
 
 async def fill(redis: Redis, upto: int, payload_bytes: int = 100, stream: str = STREAM) -> None:
-    """Grow ``stream`` to ``upto`` entries of about ``payload_bytes`` each; create the group at 0 the
-    first time."""
+    """Grow ``stream`` to ``upto`` entries of about ``payload_bytes`` each.
+
+    Creates the group at 0 the first time.
+    """
     have = await redis.xlen(stream) if await redis.exists(stream) else 0
     per_pipe = max(1, min(5_000, PIPELINE_BYTES // max(payload_bytes, 1)))
     payload = "x" * payload_bytes
@@ -56,8 +58,10 @@ async def fill(redis: Redis, upto: int, payload_bytes: int = 100, stream: str = 
 
 @dataclass(frozen=True)
 class CostCase:
-    """One row of figure c: ``entries`` entries of ``payload_bytes`` each, measured ``calls`` times
-    with a byte budget of ``max_bytes`` per call (the product's default unless said)."""
+    """One row of figure c: ``entries`` entries of ``payload_bytes`` each, measured ``calls`` times.
+
+    With a byte budget of ``max_bytes`` per call (the product's default unless said).
+    """
 
     name: str
     entries: int
@@ -93,8 +97,10 @@ def _summary(latencies_ms: list[float]) -> dict[str, float]:
 
 
 async def _pings(url: str, work: Callable[[], Awaitable[float]]) -> tuple[float, dict[str, float]]:
-    """Run ``work`` (returns seconds) while another client PINGs from its own process
-    (``bench.pinger``); returns the work's seconds and the PING latencies (ms)."""
+    """Run ``work`` while another client PINGs from its own process (``bench.pinger``).
+
+    Returns the work's seconds (``work`` returns them) and the PING latencies (ms).
+    """
     pinger = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.pinger", url, stdin=PIPE, stdout=PIPE)
     assert pinger.stdin is not None and pinger.stdout is not None
     await pinger.stdout.readline()  # "ready": connected
@@ -161,8 +167,10 @@ async def measure_case(redis: Redis, url: str, case: CostCase) -> dict[str, Any]
 
 
 async def backlog_cost(redis: Redis, url: str, cases: tuple[CostCase, ...]) -> dict[str, Any]:
-    """Figure c: a row per case and the ratios of the two small-entry rows and the two large-entry rows
-    (Redis-side time: more entries / fewer entries, larger / smaller entries)."""
+    """Figure c: a row per case and the ratios of the small-entry rows and of the large-entry rows.
+
+    The ratios are of Redis-side time: more entries / fewer entries, larger / smaller entries.
+    """
     rows = [await measure_case(redis, url, case) for case in cases]
     small, big = rows[:2], rows[2:4]
     unbounded = rows[4:5]

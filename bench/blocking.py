@@ -49,8 +49,10 @@ MIB = 1024 * KIB
 
 @dataclass(frozen=True)
 class BlockingCase:
-    """One row of figure f: ``tasks`` held tasks of ``payload_bytes`` each, drained by
-    ``consumers`` consumers reading ``count`` entries a call at ``rate`` tasks/s in all."""
+    """One row of figure f: ``tasks`` held tasks of ``payload_bytes`` each.
+
+    Drained by ``consumers`` consumers reading ``count`` entries a call at ``rate`` tasks/s in all.
+    """
 
     name: str
     tasks: int
@@ -110,8 +112,10 @@ def _durations(entries: list[tuple[list[bytes], float]]) -> dict[str, dict[str, 
 
 
 async def blocking_case(env: BenchEnv, case: BlockingCase) -> dict[str, Any]:
-    """Replay ``case.tasks`` held tasks with consumers draining, PINGing and logging every command;
-    one row of figure f."""
+    """One row of figure f: replay ``case.tasks`` held tasks with consumers draining.
+
+    Another client PINGs meanwhile, and every command is logged.
+    """
     redis = env.redis
     keys = ExperimentKeys(DEFAULT_STREAM, f"bench-f-{case.payload_bytes}-{time.monotonic_ns() % 10**8}")
     await redis.delete(DEFAULT_STREAM)

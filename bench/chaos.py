@@ -182,8 +182,10 @@ class ChaosReport:
 
 
 def make_schedule(cfg: ChaosConfig, rng: random.Random) -> list[Fault]:
-    """The faults in firing order: the kinds shuffled, each at a random point of its own slot of
-    8%..85% of the tasks (so faults are spread out and the replay moves between two of them)."""
+    """The faults in firing order: the kinds shuffled, each in its own slot of 8%..85% of the tasks.
+
+    Each fires at a random point of its slot, so faults are spread out and the replay moves between two of them.
+    """
     kinds = ["worker"] * cfg.worker_kills + ["redis"] * cfg.redis_restarts + ["temporal"] * cfg.temporal_restarts
     rng.shuffle(kinds)
     lo, hi = 0.08 * cfg.tasks, 0.85 * cfg.tasks
@@ -197,8 +199,10 @@ def make_tasks(n: int, rng: random.Random) -> list[dict[str | bytes, bytes]]:
 
 
 class RedisServer:
-    """A redis-server of the run's own, with AOF fsynced on every write, that can be SIGKILLed
-    and started again on the same port and directory (held tasks and fence counters survive)."""
+    """A redis-server of the run's own, with AOF fsynced on every write.
+
+    It can be SIGKILLed and started again on the same port and directory (held tasks and fence counters survive).
+    """
 
     def __init__(self, data_dir: Path, log_file: Path) -> None:
         self.port = free_port()
@@ -225,8 +229,10 @@ class RedisServer:
 
 
 class TemporalServer:
-    """A headless Temporal dev server of the run's own on a SQLite file, SIGKILLed and started
-    again on the same port and file."""
+    """A headless Temporal dev server of the run's own on a SQLite file.
+
+    SIGKILLed and started again on the same port and file.
+    """
 
     def __init__(self, db_file: Path, log_file: Path) -> None:
         self.port = free_port()
@@ -254,8 +260,10 @@ class TemporalServer:
 
 
 class WorkerSupervisor:
-    """``python -m worker`` configured through the environment; restarted after every kill, and
-    after any exit nobody asked for (recorded, with its exit code)."""
+    """``python -m worker`` configured through the environment, restarted after every kill.
+
+    Also after any exit nobody asked for (recorded, with its exit code).
+    """
 
     def __init__(self, temporal_address: str, redis_url: str, task_queue: str, log_file: Path) -> None:
         self.env = {**os.environ, "TEMPORAL_ADDRESS": temporal_address, "TEMPORAL_NAMESPACE": "default",
@@ -303,12 +311,14 @@ class Consumed:
 async def consumer(
     url: str, stream: str, group: str, name: str, per_second: float, stop: asyncio.Event, out: Consumed
 ) -> None:
-    """A task worker that survives a Redis restart: ``XREADGROUP`` up to 10 entries, record each
-    (ID + fields), ``XACK``, at most ``per_second`` entries a second. After a connection fault it
-    reconnects and first re-reads its own pending entries (delivered before the fault but maybe
-    never received or never acknowledged), then goes on with new ones. An entry ID seen again is a
-    redelivery to the consumer, not a duplicate in the stream; it is counted apart. Returns once
-    ``stop`` is set and a read of new entries comes back empty."""
+    """A task worker that survives a Redis restart.
+
+    ``XREADGROUP`` up to 10 entries, record each (ID + fields), ``XACK``, at most ``per_second`` entries a second.
+    After a connection fault it reconnects and first re-reads its own pending entries (delivered before the fault
+    but maybe never received or never acknowledged), then goes on with new ones. An entry ID seen again is a
+    redelivery to the consumer, not a duplicate in the stream; it is counted apart. Returns once ``stop`` is set and
+    a read of new entries comes back empty.
+    """
     redis: Redis | None = None
     own_pending_first = True
     try:
@@ -395,11 +405,12 @@ async def drained(redis: Redis, stream: str, group: str) -> bool:
 
 
 async def next_move(redis: Redis, keys: ExperimentKeys, timeout: float) -> bool:
-    """Wait until the held stream shrinks (a publish just ran; the next ones of the same refill,
-    if any, are on their way), polling every millisecond; False when none came in ``timeout``
-    (nothing left to move, or Redis down). A fault fired right then lands inside the window that
-    matters: the script has moved tasks whose workflow task (its local-activity markers) is not
-    in the history yet."""
+    """Wait until the held stream shrinks, polling every millisecond; False when none came in ``timeout``.
+
+    A publish just ran (the next ones of the same refill, if any, are on their way); none: nothing left to move, or
+    Redis down. A fault fired right then lands inside the window that matters: the script has moved tasks whose
+    workflow task (its local-activity markers) is not in the history yet.
+    """
     deadline = time.monotonic() + timeout
     try:
         before = await held.held_count(redis, keys)
@@ -414,7 +425,9 @@ async def next_move(redis: Redis, keys: ExperimentKeys, timeout: float) -> bool:
 
 async def fire(fault: Fault, redis_server: RedisServer, temporal: TemporalServer, workers: WorkerSupervisor) -> None:
     """SIGKILL what ``fault`` names and start it again; records how long it was away (seconds).
-    Blocking waits run in a thread so the consumers keep going."""
+
+    Blocking waits run in a thread so the consumers keep going.
+    """
     t0 = time.monotonic()
     if fault.kind == "worker":
         workers.kill_and_restart()
@@ -546,8 +559,10 @@ def judge(
     consumed: Consumed,
     stream: list[tuple[bytes, dict[bytes, bytes]]],
 ) -> None:
-    """Fill the report's delivery figures: what was consumed (ordered by entry ID) against the held
-    tasks, and against the task stream itself."""
+    """Fill the report's delivery figures.
+
+    What was consumed (ordered by entry ID) against the held tasks, and against the task stream itself.
+    """
 
     def id_key(entry_id: bytes) -> tuple[int, int]:
         ms, seq = entry_id.split(b"-")

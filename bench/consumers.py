@@ -61,9 +61,11 @@ class PacedConsumer:
         return sum(n for t, n in self.reads if start <= t < end)
 
     def busy_rate(self) -> float:
-        """Entries per second from its first to its last read, starved time (empty reads) excluded;
-        a read that brought fewer entries than asked is not counted as starved, so this is at most
-        the rate it sustains when entries are plentiful (``calibrate``)."""
+        """Entries per second from its first to its last read, starved time (empty reads) excluded.
+
+        A read that brought fewer entries than asked is not counted as starved, so this is at most the rate it
+        sustains when entries are plentiful (``calibrate``).
+        """
         if self.first_s is None or self.last_s is None or self.last_s <= self.first_s:
             return 0.0
         busy = (self.last_s - self.first_s) - self.starved_within(self.first_s, self.last_s)
@@ -121,8 +123,10 @@ async def run_paced_consumer(
 
 
 async def calibrate(redis: Redis, rate: float, ack_on_read: bool, name: str = "calibration") -> float:
-    """The rate (entries/s) a paced consumer sustains on a stream holding more than it can read in
-    ``CALIBRATION_SECONDS``: its own stream and group, deleted afterwards."""
+    """The rate (entries/s) a paced consumer sustains on a stream holding more than it can read.
+
+    Measured over ``CALIBRATION_SECONDS`` on its own stream and group, deleted afterwards.
+    """
     stream, group = f"bench-calibrate-{name}", "bench-group"
     count = max(200, round(rate * CALIBRATION_SECONDS))
     await redis.delete(stream)

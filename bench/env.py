@@ -1,5 +1,8 @@
-"""The services of one bench run: a fresh ``redis-server``, a fresh headless Temporal dev server, and
-``python -m worker`` subprocesses, all on loopback ports of their own."""
+"""The services of one bench run: a redis-server, a Temporal dev server and worker processes.
+
+A fresh ``redis-server``, a fresh headless Temporal dev server, and ``python -m worker`` subprocesses, all on
+loopback ports of their own.
+"""
 
 from __future__ import annotations
 
@@ -122,9 +125,11 @@ async def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float) 
 async def worker_process(
     env: BenchEnv, name: str = "worker", settings: Mapping[str, str] | None = None
 ) -> AsyncIterator[WorkerProcess]:
-    """Run ``python -m worker`` (env ``XMC_REDIS_URL``, ``XMC_TASK_QUEUE``, ``TEMPORAL_ADDRESS``, and
-    ``settings``: more ``XMC_*`` variables) as ``xmc/demo.py`` does, once it polls; SIGTERM at the end
-    (it exits 0 after a graceful shutdown)."""
+    """Run ``python -m worker`` as ``xmc/demo.py`` does, once it polls; SIGTERM at the end.
+
+    Its environment: ``XMC_REDIS_URL``, ``XMC_TASK_QUEUE``, ``TEMPORAL_ADDRESS``, and ``settings``: more ``XMC_*``
+    variables. It exits 0 after a graceful shutdown.
+    """
     log = env.log_dir / f"{name}.log"
     log.write_bytes(b"")
     worker_env = {

@@ -1,5 +1,8 @@
-"""Another Redis client in its own process (no GIL shared with the bench): PING every millisecond
-until its stdin closes, then print the latencies (ms) as JSON: ``python -m bench.pinger URL``."""
+"""Another Redis client in its own process: ``python -m bench.pinger URL``.
+
+No GIL shared with the bench: it PINGs every millisecond until its stdin closes, then prints the latencies (ms) as
+JSON.
+"""
 
 from __future__ import annotations
 

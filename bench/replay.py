@@ -1,5 +1,7 @@
-"""One timed resumption: build the input, start ``ResumptionWorkflow`` through the project's start
-helper, wait for its result, count its history."""
+"""One timed resumption, started through the project's start helper.
+
+Build the input, start ``ResumptionWorkflow``, wait for its result, count its history.
+"""
 
 from __future__ import annotations
 

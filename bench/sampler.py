@@ -1,5 +1,6 @@
-"""The backlog sampler of figure b, in its own process so the bench's event loop (consumers, the
-Temporal client) cannot delay its readings: ``python -m bench.sampler URL STREAM GROUP HELD``.
+"""The backlog sampler of figure b: ``python -m bench.sampler URL STREAM GROUP HELD``.
+
+In its own process, so the bench's event loop (consumers, the Temporal client) cannot delay its readings.
 
 Every ``EVERY_S`` seconds it reads the group's exact backlog (``measure_backlog`` with a threshold far
 above the replay's, so the count never stops at a cap) and the held tasks, until its stdin closes;

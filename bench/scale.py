@@ -86,8 +86,11 @@ class ScaleCase:
 
 @dataclass(frozen=True)
 class ScaleSize:
-    """The size of figure g: experiments and tasks of the equal rows, consumer rate R (entries/s),
-    threshold (entries), the fixed policy's wait and the adaptive policy's longest wait (seconds)."""
+    """The size of figure g.
+
+    Experiments and tasks of the equal rows, consumer rate R (entries/s), threshold (entries), the fixed policy's
+    wait and the adaptive policy's longest wait (seconds).
+    """
 
     experiments: int
     tasks: int
@@ -96,9 +99,12 @@ class ScaleSize:
     throttle_seconds: float = 1.0
 
     def cases(self, policies: tuple[str, ...]) -> list[ScaleCase]:
-        """The equal rows (one per policy, then adaptive with the fair share; batch a fifth of the
-        threshold: 100 at 500), then the fairness rows: one experiment publishes batches of the
-        whole threshold, the others a fifth of it; adaptive, without and with the fair share."""
+        """The equal rows, then the fairness rows.
+
+        The equal rows: one per policy, then adaptive with the fair share; batch a fifth of the threshold (100 at
+        500). The fairness rows: one experiment publishes batches of the whole threshold, the others a fifth of it;
+        adaptive, without and with the fair share.
+        """
         batch = max(1, self.threshold // 5)
         equal = (Group(self.experiments, self.tasks, batch),)
         greedy = (Group(self.experiments - 1, self.tasks, batch), Group(1, self.tasks, self.threshold))
@@ -146,8 +152,11 @@ class StreamCheck:
 
 
 async def check_stream(env: BenchEnv, stream: str, expected: dict[str, int]) -> StreamCheck:
-    """Read ``stream`` once, oldest first, and compare each experiment's task numbers with
-    0..``expected[e]``-1 in order (tasks carry ``task`` = ``E:n`` and ``n``, ``bench.tasks``)."""
+    """Read ``stream`` once, oldest first, and check each experiment's tasks are all there, in order.
+
+    Each experiment's task numbers must be 0..``expected[e]``-1 in order (tasks carry ``task`` = ``E:n`` and ``n``,
+    ``bench.tasks``).
+    """
     seen: dict[str, list[int]] = defaultdict(list)
     entries, start = 0, "-"
     while True:
@@ -197,8 +206,10 @@ async def _timed_result(handle: Any, started: float) -> tuple[float, Any]:
 async def scale_run(
     env: BenchEnv, case: ScaleCase, size: ScaleSize, workers: tuple[WorkerProcess, ...] = ()
 ) -> dict[str, Any]:
-    """One row of figure g, under the workers already polling ``env.task_queue`` (``workers``:
-    those whose CPU time the row reports)."""
+    """One row of figure g, under the workers already polling ``env.task_queue``.
+
+    ``workers``: those whose CPU time the row reports.
+    """
     run_id = uuid.uuid4().hex[:8]
     stream = f"bench-scale-{run_id}"
     members: list[tuple[ExperimentKeys, Group]] = [

@@ -63,8 +63,10 @@ REPLAYS = ((10, 6_000), (100, 600))
 
 @dataclass(frozen=True)
 class Case:
-    """One consumer-driven row: name, held tasks, the input's extra fields, and the consumers'
-    schedule ``(seconds after the start, rate)`` (rate 0: stopped); ``burst``: 200 every 100 ms."""
+    """One consumer-driven row: name, held tasks, the input's extra fields, the consumers' schedule.
+
+    The schedule is ``(seconds after the start, rate)`` (rate 0: stopped); ``burst``: 200 every 100 ms.
+    """
 
     name: str
     tasks: int
@@ -104,16 +106,21 @@ class Reads:
     consumed: list[int] = field(default_factory=list)
 
     def add(self, at: float, entries: list[Any]) -> None:
+        """Record a read at monotonic time ``at`` that brought ``entries``."""
         self.reads.append((at, len(entries)))
         self.consumed += [int(fields.get(b"n", b"-1")) for _, fields in entries]
 
     def read_before(self, at: float) -> int:
+        """Entries read before monotonic time ``at``."""
         return sum(n for t, n in self.reads if t < at)
 
 
 async def _consume(redis: Redis, stream: str, case: Case, started: float, reads: Reads, stop: asyncio.Event) -> None:
-    """One consumer following ``case``'s schedule: paced on a token bucket (as ``bench.consumers``,
-    acknowledging after processing), or ``BURST`` entries every ``BURST_PERIOD_S`` acknowledged at once."""
+    """One consumer following ``case``'s schedule.
+
+    Paced on a token bucket (as ``bench.consumers``, acknowledging after processing), or ``BURST`` entries every
+    ``BURST_PERIOD_S`` acknowledged at once.
+    """
     free_at, tick = time.monotonic(), started
     while not stop.is_set():
         now = time.monotonic()
@@ -226,8 +233,10 @@ async def replays_run(
 
 
 async def scenarios(env: BenchEnv) -> dict[str, Any]:
-    """Figure p: the consumer rows, the batch rows and the replays rows, in that order (the worker
-    of ``bench.run`` for the first two, two fresh ones for the replays)."""
+    """Figure p: the consumer rows, the batch rows and the replays rows, in that order.
+
+    The worker of ``bench.run`` runs the first two, two fresh ones the replays.
+    """
     rate = await calibrate(env.redis, RATE, False)
     rows = []
     for case in CASES:

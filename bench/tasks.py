@@ -1,5 +1,8 @@
-"""Held tasks for the benchmarks: fill an experiment's held stream, and check after a replay that
-every task reached the task stream exactly once and in order."""
+"""Held tasks for the benchmarks: fill a held stream, check a replay moved every task once, in order.
+
+Fill an experiment's held stream, and check after a replay that every task reached the task stream exactly once and
+in order.
+"""
 
 from __future__ import annotations
 

@@ -48,8 +48,11 @@ LEASE_MS = 120_000
 
 @dataclass
 class MoveTiming:
-    """One replay of N tasks: wall seconds, turns (workflow) or publish calls (bare), exactly once, the longest
-    publish script's Redis-side ms (``SLOWLOG``, calls of 5 ms or more; 0 when none)."""
+    """One replay of N tasks: its times and counts.
+
+    Wall seconds, turns (workflow) or publish calls (bare), exactly once, the longest publish script's Redis-side ms
+    (``SLOWLOG``, calls of 5 ms or more; 0 when none).
+    """
 
     wall_s: float
     steps: int
@@ -61,8 +64,10 @@ class MoveTiming:
 
 @contextlib.asynccontextmanager
 async def longest_script(redis: Redis) -> AsyncIterator[list[float]]:
-    """In the block, Redis logs every call of 5 ms or more; after it, the list yielded holds the longest publish
-    script's ms (0.0 when none)."""
+    """In the block, Redis logs every call of 5 ms or more.
+
+    After it, the list yielded holds the longest publish script's ms (0.0 when none).
+    """
     publish_sha = hashlib.sha1(source("publish").encode()).hexdigest().encode()
     await redis.config_set("slowlog-max-len", "10000")
     await redis.config_set("slowlog-log-slower-than", "5000")
@@ -92,8 +97,10 @@ return redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], '$', 'ENTRIESREAD', added
 
 @contextlib.asynccontextmanager
 async def caught_up(redis: Redis, stream: str) -> AsyncIterator[None]:
-    """While in the block, the stream's consumer group (``DEFAULT_GROUP``, created at its end) has
-    read everything: ``CATCH_UP`` every ``CAUGHT_UP_EVERY_S``, O(1)."""
+    """While in the block, the stream's consumer group has read everything.
+
+    The group is ``DEFAULT_GROUP``, created at the stream's end: ``CATCH_UP`` every ``CAUGHT_UP_EVERY_S``, O(1).
+    """
     await redis.xgroup_create(stream, DEFAULT_GROUP, id="$", mkstream=True)
     catch_up = redis.register_script(CATCH_UP)
     stop = asyncio.Event()
@@ -119,9 +126,12 @@ AUTO_BATCH = 500
 
 @contextlib.asynccontextmanager
 async def lagging(redis: Redis, stream: str) -> AsyncIterator[dict[str, int]]:
-    """While in the block, one consumer reads the group (created at the stream's end) ``LAGGING_COUNT`` entries at
-    a time with ``LAGGING_PAUSE_S`` between reads, acknowledging on read: it falls a little behind a fast
-    publish. Yields a dict whose ``max_lag`` is the most it was behind when a read came back full."""
+    """While in the block, one consumer reads the group and falls a little behind a fast publish.
+
+    The group is created at the stream's end; the consumer reads ``LAGGING_COUNT`` entries at a time with
+    ``LAGGING_PAUSE_S`` between reads, acknowledging on read. Yields a dict whose ``max_lag`` is the most it was
+    behind when a read came back full.
+    """
     await redis.xgroup_create(stream, DEFAULT_GROUP, id="$", mkstream=True)
     stop = asyncio.Event()
     seen = {"max_lag": 0, "reads": 0}
@@ -191,9 +201,11 @@ CONSUMERS = {"caught_up": caught_up, "lagging": lagging}
 
 
 async def redis_ms_per_turn(env: BenchEnv, calls: int = 200) -> dict[str, float]:
-    """Mean ms of a turn's other two Redis calls made bare from Python (``check_claim`` and
-    ``measure_backlog``, as in a's unthrottled turns: a caught-up group), to split the workflow's ms per turn
-    into Redis work and the rest (local activities, workflow tasks, the SDK)."""
+    """Mean ms of a turn's other two Redis calls, made bare from Python.
+
+    ``check_claim`` and ``measure_backlog``, as in a's unthrottled turns (a caught-up group), to split the
+    workflow's ms per turn into Redis work and the rest (local activities, workflow tasks, the SDK).
+    """
     keys = _experiment("a-turn")
     await hold_tasks(env.redis, keys, 1)
     grant = await acquire_claim(env.redis, keys, owner="bench", lease_ms=LEASE_MS)
@@ -248,8 +260,10 @@ async def throughput(env: BenchEnv, count: int, batches: tuple[int, ...], repeat
 async def lagging_rows(
     env: BenchEnv, count: int, batches: tuple[int | None, ...], repeats: int
 ) -> list[dict[str, object]]:
-    """The lagging rows: best-of-``repeats`` workflow and bare move under one fast consumer that falls behind a
-    little, per batch (None: the automatic batch; the bare move's is ``AUTO_BATCH``)."""
+    """The lagging rows: best-of-``repeats`` workflow and bare move under one fast consumer.
+
+    The consumer falls behind a little; per batch (None: the automatic batch; the bare move's is ``AUTO_BATCH``).
+    """
     rows: list[dict[str, object]] = []
     for batch in batches:
         wf = min([await workflow_move(env, count, batch, "lagging") for _ in range(repeats)], key=lambda t: t.wall_s)

@@ -298,7 +298,8 @@ def _mark_never_started(worker: Worker) -> None:
     sets the same event, and does nothing more, when its own start-up check fails
     (``Worker._run``); as there, the core keeps the refused worker registered on its task queue,
     and the process cannot build another worker for that queue. (A run started with its shutdown
-    already requested would release it, but its pollers reach the server before they stop.)"""
+    already requested would release it, but its pollers reach the server before they stop.)
+    """
     event = getattr(worker, "_shutdown_complete_event", None)
     if isinstance(event, asyncio.Event):
         event.set()

@@ -108,7 +108,8 @@ def local_redis(port: int | None = None, log_file: Path | None = None) -> Iterat
 
     Its working directory is a temporary one of its own: a server made a replica writes a
     ``dump.rdb`` there, which would otherwise land in the caller's directory and be loaded,
-    silently, by the next server started from it."""
+    silently, by the next server started from it.
+    """
     port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="xmc-redis-") as workdir:
         args = [installed_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",

@@ -101,12 +101,10 @@ def emit(as_json: bool, doc: Mapping[str, Any] | Sequence[Any], text: str) -> No
 
 
 class ManyArgument(click.Argument):
-    """An argument taking one or more values: ``NAME...`` in the usage line, ``'NAME'`` in errors.
-
-    It names itself in errors as a single argument does.
-    """
+    """An argument taking one or more values: ``NAME...`` in the usage line, ``'NAME'`` in errors."""
 
     def get_error_hint(self, ctx: click.Context | None) -> str:
+        """How errors name the argument: as a single argument does."""
         return f"'{self.human_readable_name}'"
 
 
@@ -238,6 +236,7 @@ def experiment_command(group: click.Group, name: str, help_text: str) -> Callabl
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``--json`` option of a command: one JSON document instead of text."""
     return click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")(fn)
 
 

@@ -58,6 +58,7 @@ class IntegerRange(click.IntRange):
     """
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The integer ``value`` stands for; ``fail`` when it breaks the rule above."""
         _ascii_number(self, INTEGER, value, param, ctx)
         return super().convert(value, param, ctx)
 
@@ -73,6 +74,7 @@ class FiniteFloat(click.FloatRange):
     name = "float"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The finite number ``value`` stands for; ``fail`` when it breaks the rule above."""
         if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
             self.fail(f"{value[:40]!r} is not a finite number.", param, ctx)
         _ascii_number(self, DECIMAL, value, param, ctx)
@@ -91,6 +93,7 @@ class NameType(click.ParamType[str]):
         self.what = what
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """``value`` as a checked name; ``fail`` names the rule it breaks."""
         try:
             return validate_name(self.what, str(value))
         except ValueError as err:
@@ -109,6 +112,7 @@ class NameListType(click.ParamType[list[str]]):
         self.what = what
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[str]:
+        """The names ``value`` lists; ``fail`` names the rule it breaks."""
         if isinstance(value, list):
             return value
         try:
@@ -131,6 +135,7 @@ class EntryIdType(click.ParamType[str]):
     name = "entry-id"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """``value`` as an entry ID; ``fail`` when it is none."""
         text = str(value)
         match = re.fullmatch(r"([0-9]{1,20})-([0-9]{1,20})", text)
         if not match or any(int(part) > MAX_ENTRY_ID_PART for part in match.groups()):
@@ -151,6 +156,7 @@ class TaskQueueType(click.ParamType[str]):
     name = "task-queue"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """``value`` as a task queue name; ``fail`` when it is none."""
         text = str(value)
         if not text or len(text) > MAX_TASK_QUEUE_LENGTH or text != text.strip() or not text.isprintable():
             self.fail(

@@ -274,6 +274,7 @@ class RateCapChange(FiniteFloat):
         super().__init__(0, MAX_TASKS_PER_SECOND)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The cap ``value`` stands for (0: none); ``fail`` when it is out of bounds."""
         number = super().convert(value, param, ctx)
         return 0.0 if number == 0 else field_type(ResumptionInput, "max_tasks_per_second").convert(number, param, ctx)
 

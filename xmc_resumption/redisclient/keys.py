@@ -18,11 +18,11 @@ MAX_NAME_LENGTH = 200
 
 
 def validate_name(what: str, value: str) -> str:
-    """The one rule for a name that becomes part of a key (an experiment ID, a stream); returns ``value``.
+    r"""The one rule for a name that becomes part of a key (an experiment ID, a stream); returns ``value``.
 
     1 to 200 of ``NAME_CHARACTERS``. So no whitespace, no brace (it would move the ``{S}`` hash tag and
     split an experiment's keys across cluster slots) and no glob character (``*``, ``?``, ``[``,
-    ``\\``) where a key pattern is built; every entry point (workflow input, activities, CLI,
+    ``\``) where a key pattern is built; every entry point (workflow input, activities, CLI,
     producers) goes through it.
 
     Raises:
@@ -167,9 +167,9 @@ def backlog_key(stream: str) -> str:
 
 
 def as_text(value: bytes | str) -> str:
-    """A reply as text, whether the client decodes responses or not.
+    r"""A reply as text, whether the client decodes responses or not.
 
-    UTF-8; a byte that is no part of a UTF-8 character becomes the four characters ``\\xNN``. Redis
+    UTF-8; a byte that is no part of a UTF-8 character becomes the four characters ``\xNN``. Redis
     takes any bytes as a name (a consumer group, a consumer), so a name found in Redis may not be
     UTF-8: it is then never an error, and two such names stay apart. ``show_name``
     (``redisclient.text``) shows it on one line.

@@ -81,7 +81,7 @@ class GroupBacklog(BaseModel):
 
     @property
     def backlog(self) -> int:
-        """pending + lag (entries): exact when ``exact``."""
+        """The group's backlog, pending + lag (entries): exact when ``exact``."""
         return self.pending + self.lag
 
 
@@ -173,7 +173,7 @@ class BacklogReading(BaseModel):
 
     @property
     def backlog(self) -> int:
-        """pending + lag, in entries; exact below the threshold, >= threshold when capped."""
+        """The backlog, pending + lag (entries): exact below the threshold, >= threshold when capped."""
         return self.pending + self.lag
 
 

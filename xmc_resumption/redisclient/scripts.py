@@ -73,7 +73,7 @@ the client requires them: the claim, every publish, the release and the producer
 
 
 def script(client: RedisClient, name: str) -> AsyncScript:
-    """A callable script ``name`` bound to ``client``: ``await script(keys=[...], args=[...])``.
+    """The script ``name`` bound to ``client``, called as ``await s(keys=[...], args=[...])``.
 
     The registration is cached on the client object, so each script is hashed once per client.
     """

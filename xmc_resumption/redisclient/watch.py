@@ -1,9 +1,10 @@
 """Drain polls that share their backlog readings: one reading per stream for every replay of a process.
 
 A replay that waits for the consumers to drain (the adaptive policy's short waits), or a short
-while for a rate cap's bucket, polls the backlog until it falls to its low watermark. A worker runs many replays of one stream: polling
-each on its own would cost Redis one reading per replay per poll interval, so the cost of a
-replayed task would grow with the number of replays (docs/pacing.md, "Many replays on one worker").
+while for a rate cap's bucket, polls the backlog until it falls to its low watermark. A worker
+runs many replays of one stream: polling each on its own would cost Redis one reading per replay
+per poll interval, so the cost of a replayed task would grow with the number of replays
+(docs/pacing.md, "Many replays on one worker").
 Here every poll of one measurement (stream, groups, threshold, missing-group policy, byte budget)
 waits on one ``_Watch``: a task that takes one reading (``backlog.measure_backlog``) as often as
 its most impatient waiter asks, and hands it to every waiter.
