@@ -1,7 +1,6 @@
 """What every ``xmc`` command shares: the group, the settings, parameter types and options, output, error handling.
 
-The click group, the settings, the parameter types and the options taken from ``ResumptionInput``,
-output, and the error handling of ``main`` (the exit codes of the package docstring).
+The options are taken from ``ResumptionInput``; ``main``'s exit codes are the package docstring's.
 """
 
 from __future__ import annotations
