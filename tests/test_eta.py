@@ -31,8 +31,9 @@ from xmc_resumption.workflows.eta import (
     NetRate,
     eta_seconds,
 )
-from xmc_resumption.workflows.models import Outcome, Phase, Progress
+from xmc_resumption.workflows.models import Outcome, Phase, Progress, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
+from xmc_resumption.workflows.state import RunState
 from xmc_resumption.workflows.text import details_markdown
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -188,3 +189,23 @@ async def test_the_eta_mid_run_is_the_formulas_and_zero_at_the_end(temporal_env,
     assert done.outcome is Outcome.COMPLETED
     assert (final.phase, final.remaining, final.eta_seconds) == (Phase.DONE, 0, 0.0)
     assert final.eta_at is not None and "ETA: 0s" in details_markdown(final)
+
+
+def test_under_a_shared_stream_cap_the_eta_counts_the_replays_share() -> None:
+    """Issue 25 item 4: two replays take from one stream cap of 10/s, each moving about 5/s (its net
+    rate): while the cap cuts its publishes, 100 left take 20 s, not the 10 s of the whole cap; a
+    cap that does not cut them counts whole, and the replay's own cap is its alone."""
+    state = RunState.of(ResumptionInput(experiment_id="E"))
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    state.progress.remaining, state.progress.backlog, state.progress.stream_rate_limit = 100, 0, 10.0
+    state.net = NetRate(rate=5.0)
+    state.stream_capped = True
+    state.estimate(now)
+    assert state.progress.eta_seconds == 20.0
+    state.stream_capped = False
+    state.estimate(now)
+    assert state.progress.eta_seconds == 10.0
+    state.stream_capped = True
+    state.input = state.input.model_copy(update={"max_tasks_per_second": 2.0})
+    state.estimate(now)
+    assert state.progress.eta_seconds == 50.0

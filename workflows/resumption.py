@@ -229,6 +229,7 @@ class ResumptionWorkflow(ControlHandlers):
         replayed_before = p.replayed
         for result in rounds.results():
             p.stream_rate_limit = result.rate_limit or None
+            state.stream_capped = result.rate_limited
             state.count(result)  # Redis's count (the metric is the activity's: activities/metrics.py)
             if result.status in MOVED:
                 self._view.observe(result.reading, result.moved)  # measured before its move

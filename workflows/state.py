@@ -51,6 +51,8 @@ class RunState:
         outcome_counted: the outcomes metric has this run's end already (the release activity counted it).
         lease_until: when the claim's lease lapses at the latest (workflow time, UTC); None before a call extended it.
         task_bytes: the mean bytes of a task the last publish moved, for the automatic batch; None before one moved.
+        stream_capped: the stream's cap (``{S}:rate``) cut the last publish short: the replay moves at its share of
+            the cap, which the ETA counts instead of the whole cap (docs/operating.md, "ETA").
     """
 
     input: ResumptionInput
@@ -74,6 +76,7 @@ class RunState:
     outcome_counted: bool = False
     lease_until: datetime | None = None
     task_bytes: float | None = None
+    stream_capped: bool = False
 
     @classmethod
     def of(cls, inp: ResumptionInput) -> RunState:
@@ -346,7 +349,10 @@ class RunState:
         else:
             threshold = self.input.max_backlog_threshold
             headroom = threshold - p.backlog if p.backlog is not None else 0
-            caps = [c for c in (self.input.max_tasks_per_second, p.stream_rate_limit) if c]
+            stream = p.stream_rate_limit
+            if stream and self.stream_capped and self.net.rate:
+                stream = min(stream, self.net.rate)  # its share: other replays take from the same bucket
+            caps = [c for c in (self.input.max_tasks_per_second, stream) if c]
             low = self.pacer.low_watermark(self.input.pacing)
             wait_left = (p.throttled_until - now).total_seconds() if p.throttled_until else 0.0
             p.eta_seconds = eta_seconds(
