@@ -23,7 +23,6 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.workflows import fleet
     from xmc_resumption.workflows.calls import (
         FAILED_CALL,
-        MAX_SCRIPTS_PER_CALL,
         ROUNDS_LOCAL_SECONDS,
         ROUNDS_SECONDS,
         TaskBudget,
@@ -216,7 +215,7 @@ class ResumptionWorkflow(ControlHandlers):
             batch = min(batch, allowed)
         self._view.phase(Phase.PUBLISHING)
         seconds = ROUNDS_SECONDS if self.task_budget.passed_by(ROUNDS_LOCAL_SECONDS) else ROUNDS_LOCAL_SECONDS
-        params = state.publish_params(batch, allowed, MAX_SCRIPTS_PER_CALL, seconds)
+        params = state.publish_params(batch, allowed, seconds)
         most = min(x for x in (allowed, p.remaining, params.threshold) if x is not None)
         rounds = await call(
             ResumptionActivities.publish_rounds,

@@ -13,6 +13,7 @@ from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.redisclient.readings import BacklogReading, GroupStatus, MissingGroupPolicy
 from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant, PublishResult, Release, ReleaseRecord
 from xmc_resumption.redisclient.text import show_name
+from xmc_resumption.workflows.calls import MAX_SCRIPTS_PER_CALL
 from xmc_resumption.workflows.control import INVALID_CONTROL, RESUMPTION_ENDING, ControlChange, InvalidControlError
 from xmc_resumption.workflows.eta import NetRate, eta_seconds
 from xmc_resumption.workflows.models import (
@@ -143,9 +144,7 @@ class RunState:
             consumer_groups=inp.consumer_groups,
         )
 
-    def publish_params(
-        self, batch_size: int, max_tasks: int | None, max_scripts: int, max_seconds: float
-    ) -> PublishParams:
+    def publish_params(self, batch_size: int, max_tasks: int | None, max_seconds: float) -> PublishParams:
         """The next publish's parameters, from the input in force, the claim and the seq (``PublishParams``).
 
         Its first seq is the last used plus one: a publish that failed after its scripts ran is asked again the same.
@@ -163,7 +162,7 @@ class RunState:
             max_memory_fraction=inp.max_memory_fraction,
             fair_share=inp.fair_share,
             max_tasks=max_tasks,
-            max_scripts=max_scripts,
+            max_scripts=MAX_SCRIPTS_PER_CALL,
             max_seconds=max_seconds,
         )
 
