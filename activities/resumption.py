@@ -1,4 +1,4 @@
-"""The resumption's activities, called by ``ResumptionWorkflow`` (as local activities, or regular ones: ``calls.py``).
+"""The resumption's activities, called by ``ResumptionWorkflow`` (local or regular activities: ``workflows/calls.py``).
 
 Each takes a request envelope (``activities.requests``), returns a pydantic result and calls one
 function of ``redisclient``. The workflow calls them by name (``workflow.execute_local_activity``
