@@ -11,8 +11,13 @@ from redis.exceptions import ResponseError
 from xmc_resumption.redisclient.connection import RedisClient
 
 UNBLOCKED_PAUSE_SECONDS = 0.05
-"""How long a consumer whose blocked read Redis ended (``UNBLOCKED``) waits before reading again
-(seconds): long enough for a slot migration's last step or a re-created stream."""
+"""How long a consumer whose read Redis refused for a stream gone away (``UNBLOCKED``, ``NOGROUP``) waits before
+reading again (seconds): long enough for a slot migration's last step or a re-created stream."""
+
+GONE_REPLIES = ("UNBLOCKED", "NOGROUP")
+"""The starts of Redis's replies to an ``XREADGROUP`` whose stream or group is gone: a blocked read ended by the key's
+deletion (``UNBLOCKED the stream key no longer exists``), and a read that lands after the deletion, before the stream
+and its group are made again (``NOGROUP No such key ... or consumer group ...``)."""
 
 
 def entries_of(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
@@ -36,8 +41,8 @@ async def run_consumer(
 
     ``XREADGROUP`` up to ``count`` entries, append each entry's ``field`` to ``out``, ``XACK`` them; at
     most ``rate`` entries per second (None: as fast as Redis answers). Returns once ``stop`` is set and a
-    read comes back empty. A blocked read that Redis ends because its stream key went away
-    (``UNBLOCKED``) is read again.
+    read comes back empty or refused. A read that Redis refuses because the stream or the group is gone
+    (``GONE_REPLIES``: deleted, or not made again yet) is read again after ``UNBLOCKED_PAUSE_SECONDS``.
 
     Raises:
         redis.exceptions.RedisError: any other Redis fault.
@@ -47,11 +52,12 @@ async def run_consumer(
         try:
             entries = entries_of(await redis.xreadgroup(group, name, {stream: ">"}, count=count, block=50))
         except ResponseError as err:
-            # Redis ends a blocked read when its stream key goes away under it: "UNBLOCKED the
-            # stream key no longer exists" (a Redis Cluster slot migrated, the key deleted and
-            # made again); a moment later the next read finds the stream wherever it lives now
-            if not str(err).startswith("UNBLOCKED"):
+            # the stream went away (a Redis Cluster slot migrated, the key deleted and made again): a
+            # moment later the next read finds the stream and its group wherever they live now
+            if not str(err).startswith(GONE_REPLIES):
                 raise
+            if stop.is_set():
+                return
             await asyncio.sleep(UNBLOCKED_PAUSE_SECONDS)
             continue
         if entries:
