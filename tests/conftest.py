@@ -4,7 +4,9 @@ binaries (never downloaded), chosen by ``--workflow-environment`` and the ``real
 
 from __future__ import annotations
 
+import fcntl
 import gc
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -15,6 +17,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from tests.support.helpers import open_workflows
 from xmc_resumption import search_attributes
 from xmc_resumption.services import installed_binary, local_redis
 from xmc_resumption.workflows import fleet
@@ -49,32 +52,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-SLOW = (
-    "tests/test_chaos.py",  # crashes of the worker, Redis and Temporal: about 50 s
-    "tests/test_bench_smoke.py",  # the benchmarks' smoke run
-    "tests/test_demo_signals.py",  # make demo and xmc demo, stopped by signals
-    "tests/test_names.py::test_hostile_names_are_refused_everywhere[cli]",  # one xmc process per name
-    "tests/test_waits.py::test_stopped_consumers_under_the_shortest_max_wait_do_not_spin",  # a 6 s window
-)
-"""Tests marked ``slow`` besides every ``real_server`` test (node ID prefixes; each takes seconds)."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("real_server") is not None or item.nodeid.startswith(SLOW):
-            item.add_marker(pytest.mark.slow)
+    # every real_server test takes seconds: its file marks it slow too, where a reader sees it
+    unmarked = [i.nodeid for i in items if i.get_closest_marker("real_server") and not i.get_closest_marker("slow")]
+    if unmarked:
+        raise pytest.UsageError(f"marked real_server but not slow: {', '.join(unmarked)}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "slow: takes seconds (every real_server test and conftest.SLOW); make test-fast leaves them out",
+        "slow: takes seconds, starts the dev server or runs processes end to end; make test-fast leaves them out "
+        "(every real_server test is marked slow as well)",
     )
     config.addinivalue_line(
         "markers",
         "real_server: needs a real Temporal server (real time, reset, continue-as-new chains, child workflows, the "
         "temporal CLI): runs on the dev server, or on --workflow-environment HOST:PORT",
     )
+    config.addinivalue_line(
+        "markers",
+        "heavy: an end-to-end run with servers and worker processes of its own, or a measurement of latencies: "
+        "runs while no other heavy test runs, whatever make test's process (one_heavy_test_at_a_time)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def one_heavy_test_at_a_time(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test marked ``heavy`` holds a lock shared by make test's processes (pytest-xdist) while it runs.
+
+    The lock is a file beside the processes' temporary directories (their common parent, the run's
+    own). Heavy tests take about 130 s in all: a wait stays well within the 300 s timeout.
+    """
+    if request.node.get_closest_marker("heavy") is None or "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / "heavy.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 class Environments:
@@ -121,6 +138,10 @@ class Environments:
         await search_attributes.register(client)
         return WorkflowEnvironment.from_client(client)
 
+    async def discard(self, kind: str) -> None:
+        """Shut the ``kind`` environment down; the next test that asks for it gets a new one."""
+        await self._started.pop(kind).shutdown()
+
     async def shutdown(self) -> None:
         for env in self._started.values():
             await env.shutdown()
@@ -135,19 +156,25 @@ async def environments(request: pytest.FixtureRequest) -> AsyncIterator[Environm
 
 
 @pytest_asyncio.fixture
-async def temporal_env(request: pytest.FixtureRequest, environments: Environments) -> WorkflowEnvironment:
+async def temporal_env(
+    request: pytest.FixtureRequest, environments: Environments
+) -> AsyncIterator[WorkflowEnvironment]:
     """The test's Temporal environment: ``--workflow-environment``'s, or the dev server for a test
-    marked ``real_server`` (``Environments.kind``)."""
-    return await environments.get(environments.kind(request.node.get_closest_marker("real_server") is not None))
+    marked ``real_server`` (``Environments.kind``).
 
-
-@pytest_asyncio.fixture
-async def own_clock_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A time-skipping server of the test's own, for a test whose timers must skip whatever the
-    session's earlier tests left running there (the session's clock was seen held by one of them)."""
-    env = await Environments._start(TIME_SKIPPING)
+    A test on the time-skipping server must end every workflow it starts while its worker runs. The
+    server skips time for nobody while any workflow or activity task is scheduled and not completed
+    (one time lock for the whole server, Temporal's Java test server): a workflow left open once
+    its worker stopped holds the clock, for good (terminating it does not free it), as soon as it
+    has a task to run, and every later test's timers then take real time. Such a test errors here,
+    naming the workflows, and the next test gets a new server.
+    """
+    kind = environments.kind(request.node.get_closest_marker("real_server") is not None)
+    env = await environments.get(kind)
     yield env
-    await env.shutdown()
+    if kind == TIME_SKIPPING and (left := await open_workflows(env.client)):
+        await environments.discard(kind)
+        pytest.fail(f"left open on the time-skipping server (they would hold its clock): {', '.join(left)}")
 
 
 @pytest.fixture

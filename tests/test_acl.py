@@ -41,7 +41,7 @@ from xmc_resumption.redisclient.scripts import source
 from xmc_resumption.services import free_port
 from xmc_resumption.status import experiment_status
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 STREAM = "xmc-tasks-stream"
 GROUP = "xmc-workers"

@@ -7,7 +7,12 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from bench.run import main
+
+# the benchmarks' own services and runs; one heavy test at a time
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 A_KEYS = {
     "batch", "tasks", "repeats", "workflow_tasks_per_s", "bare_tasks_per_s", "ratio", "workflow_ms_per_turn",

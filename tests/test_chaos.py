@@ -15,7 +15,12 @@ import os
 import random
 from pathlib import Path
 
+import pytest
+
 from bench.chaos import ChaosConfig, run_chaos
+
+# crashes of the worker, Redis and Temporal: about 50 s; one heavy test at a time
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 async def test_exactly_once_through_worker_redis_and_temporal_crashes(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from tests.test_cli import Xmc, one_line, xmc_fixture  # noqa: F401  (the fixtur
 from tests.test_cli_temporal import ROOT, _read_lines, address, until
 from xmc_resumption.redisclient import ratecap
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 
 async def test_rate_shows_sets_and_clears_the_stream_cap(redis: Redis, xmc: Xmc) -> None:

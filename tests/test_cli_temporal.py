@@ -40,7 +40,7 @@ from tests.test_cli import Ran, Xmc, one_line, xmc_fixture  # noqa: F401  (the f
 from xmc_resumption.client import XmcClient
 from xmc_resumption.services import installed_binary
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 
 def address(env: WorkflowEnvironment) -> str:

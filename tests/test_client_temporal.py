@@ -37,7 +37,7 @@ from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.control import ControlChange
 from xmc_resumption.workflows.models import Phase, ResumptionInput
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 
 def ids(prefix: str, n: int) -> list[str]:

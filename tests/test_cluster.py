@@ -102,7 +102,7 @@ from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import Outcome, ResumptionInput, ResumptionResult, ThrottlePolicy
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 OTHER_STREAM = "clicks"
 """A second task stream: slot 12981, served by another primary than ``STREAM`` (slot 5175) in the

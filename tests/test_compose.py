@@ -175,6 +175,7 @@ def test_the_redis_command_runs_and_a_restart_keeps_the_data(services, tmp_path)
             stop_process(proc)
 
 
+@pytest.mark.slow  # starts a Temporal dev server
 def test_the_temporal_command_runs_with_the_search_attributes(services, tmp_path) -> None:
     command = services["temporal"]["command"]
     registered = dict(a.split("=") for a in _flags(command, "--search-attribute"))

@@ -9,13 +9,14 @@ import uuid
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from tests.support.helpers import (
     STREAM,
     assert_checked_after_every_wait,
     assert_never_over,
+    cancelled,
     consume,
     fill_backlog,
     hold_tasks,
@@ -36,14 +37,6 @@ from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 def experiment() -> str:
     return f"E{uuid.uuid4().hex[:6]}"
-
-
-async def cancelled(handle) -> None:  # type: ignore[no-untyped-def]
-    """Cancel the run and wait for its end while the worker still runs: a run left with a workflow
-    task nobody polls holds the time-skipping server's clock for every later test."""
-    await handle.cancel()
-    with pytest.raises(WorkflowFailureError):
-        await handle.result()
 
 
 async def event_types(handle) -> list[int]:  # type: ignore[no-untyped-def]

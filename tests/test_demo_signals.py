@@ -26,6 +26,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+# make demo and xmc demo with their own servers, stopped by signals; one heavy test at a time
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(sys.executable).parent.parent  # the venv running the tests, as `make VENV=...` names it
 DEMO_ARGS = ["--rate", "20", "--threshold", "50", "--batch", "50", "--throttle-seconds", "1"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -145,6 +146,15 @@ def test_every_make_target_named_exists() -> None:
     assert ("README.md", "demo") in named and ("README.md", "test") in named
     unknown = sorted((p, t) for p, t in named if t not in targets)
     assert not unknown, f"make targets named but not in the Makefile: {unknown}"
+
+
+def test_the_pre_commit_hooks_run_the_venvs_tools_and_download_nothing() -> None:
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]
+    assert {hook["language"] for hook in hooks} == {"system"}
+    tools = {hook["entry"].split()[0] for hook in hooks}
+    assert tools == {".venv/bin/ruff", ".venv/bin/mypy"}
 
 
 def xmc_group() -> click.Group:

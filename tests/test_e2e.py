@@ -37,7 +37,7 @@ from xmc_resumption.worker import SHUTDOWN_LIMIT_SECONDS
 from xmc_resumption.workflows.models import Outcome, ResumptionInput, ResumptionResult
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 
 @pytest.fixture
@@ -115,11 +115,9 @@ async def test_bad_cli_input_fails_the_run_naming_the_field(temporal_env, redis,
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     handle = temporal_env.client.get_workflow_handle(wid, result_type=ResumptionResult)
-    t0 = time.monotonic()
     with pytest.raises(WorkflowFailureError) as failure:
         await asyncio.wait_for(handle.result(), 30)
-    assert time.monotonic() - t0 < 10
-    assert "batch_size" in str(failure.value.cause)
+    assert "batch_size" in str(failure.value.cause)  # the run failed: its workflow task was not retried for ever
     assert await redis.dbsize() == 0
 
 
@@ -226,11 +224,11 @@ async def test_sigterm_during_back_to_back_polls_stops_the_worker_and_another_fi
         # 60 script calls in, the first poll is over and another runs
         await until(lambda: script_calls(redis), 60, timeout=30)
         first.send_signal(signal.SIGTERM)
+        # bounded: without its shutdown limit the worker never exits (still blocked after 30 s, runner.py)
         t0 = time.monotonic()
-        while first.poll() is None and time.monotonic() - t0 < SHUTDOWN_LIMIT_SECONDS + 10:
+        while first.poll() is None and time.monotonic() - t0 < SHUTDOWN_LIMIT_SECONDS + 30:
             await asyncio.sleep(0.1)
-        stopped_in = time.monotonic() - t0
-    assert first.returncode == 0 and stopped_in < SHUTDOWN_LIMIT_SECONDS + 5, (first.returncode, stopped_in)
+    assert first.returncode == 0, log.read_text()
     assert await redis.xlen(STREAM) == 5  # nothing published while nobody drained
     stop, seen = asyncio.Event(), []
     with running_worker(temporal_env, redis_url, task_queue, log):

@@ -18,7 +18,7 @@ from tests.support.helpers import run_module
 from tests.support.secure import Certificates, make_certificates
 from xmc_resumption.settings import temporal_connect_config
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 API_KEY = "tmprl-ApiKey-s3cret"
 

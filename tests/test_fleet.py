@@ -37,7 +37,7 @@ from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import START_BATCH_SIZE, Outcome, Phase
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 
 def temporal(env, *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
@@ -68,6 +68,13 @@ def attributes(row: dict[str, Any]) -> dict[str, Any]:
     return {name: json.loads(base64.b64decode(p["data"])) for name, p in fields.items()}
 
 
+TIMER_EVENTS = {
+    EventType.EVENT_TYPE_TIMER_STARTED,
+    EventType.EVENT_TYPE_TIMER_FIRED,
+    EventType.EVENT_TYPE_TIMER_CANCELED,
+}
+
+
 async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises_its_threshold(
     temporal_env, redis, redis_url, task_queue
 ) -> None:
@@ -94,7 +101,6 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
             "XmcRemaining": 10,
         }
         # the operator raises the threshold from the Temporal CLI: the 60 s wait ends at once
-        t0 = time.monotonic()
         updated = await asyncio.to_thread(
             temporal,
             temporal_env, "workflow", "update", "execute", "--workflow-id", f"resumption-{e}",
@@ -102,7 +108,7 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
         )  # fmt: skip
         assert updated.returncode == 0, updated.stderr
         result = await asyncio.wait_for(handle.result(), 30)
-        elapsed = time.monotonic() - t0
+        timers = [e.event_type for e in (await handle.fetch_history()).events if e.event_type in TIMER_EVENTS]
     assert json.loads(updated.stdout)["result"] == {
         "max_backlog_threshold": 15,
         "batch_size": START_BATCH_SIZE,  # the input left it out: automatic, and nothing has moved yet
@@ -111,7 +117,8 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
         "stopping": False,
         "max_tasks_per_second": None,
     }
-    assert elapsed < 20  # not the 60 s the wait had left
+    # the Update ended the 60 s wait: its timer was cancelled, never fired
+    assert timers == [EventType.EVENT_TYPE_TIMER_STARTED, EventType.EVENT_TYPE_TIMER_CANCELED]
     assert (result.outcome, result.replayed) == (Outcome.COMPLETED, 10)
     assert (await stream_tasks(redis))[5:] == names
     done = await listed(temporal_env, f'XmcOutcome="completed" AND XmcExperimentId="{e}"')
@@ -123,7 +130,7 @@ async def test_a_throttled_resumption_is_found_by_its_phase_and_an_update_raises
 
 
 async def settled_history(handle: Any) -> list[Any]:
-    """The run's events once its throttle timer has started and two readings 0.2 s apart agree."""
+    """The run's events once its throttle timer has started and two readings 0.2 s apart agree (bounded: 20 s)."""
     events: list[Any] = []
     for _ in range(100):
         now = list((await handle.fetch_history()).events)
@@ -133,6 +140,16 @@ async def settled_history(handle: Any) -> list[Any]:
         events = now
         await asyncio.sleep(0.2)
     raise AssertionError(f"the history did not settle: {len(events)} events")
+
+
+WORKFLOW_TASK_EVENTS = {
+    EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+}
+"""What the server may write for a speculative workflow task that it had to keep (one not completed within its
+schedule-to-start timeout on a busy machine is written as a normal one): no Update, no command."""
 
 
 async def test_a_rejected_update_leaves_nothing_in_the_history(temporal_env, redis, redis_url, task_queue) -> None:
@@ -160,14 +177,16 @@ async def test_a_rejected_update_leaves_nothing_in_the_history(temporal_env, red
             temporal_env, "workflow", "update", "execute", "--workflow-id", f"resumption-{e}",
             "--name", "set_threshold", "--input", "true",
         )  # fmt: skip
-        after = (await handle.fetch_history()).events
+        after = await settled_history(handle)
         progress = await handle.query(ResumptionWorkflow.progress)
         await handle.cancel()
     assert "claim_lease_seconds" in str(raised.value.cause)
     assert typed.returncode != 0
     assert "set_threshold: max_backlog_threshold: Input should be a valid integer (got a bool)" in typed.stderr
     assert (progress.threshold, progress.settings_changes) == (5, 0)
-    assert len(after) == len(before)
+    # the history as it was, but for workflow task events the server may have had to keep: no Update event
+    assert after[: len(before)] == before
+    assert {e.event_type for e in after[len(before) :]} <= WORKFLOW_TASK_EVENTS, [e.event_type for e in after]
 
 
 async def test_the_worker_refuses_a_namespace_without_the_search_attributes(temporal_env, tmp_path) -> None:

@@ -156,6 +156,7 @@ async def test_the_idle_consumers_activity_takes_any_group(redis: Redis) -> None
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_stall_names_an_idle_consumer_of_any_group_on_one_line(
     temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:

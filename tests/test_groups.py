@@ -17,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.support.helpers import (
     GROUP,
     STREAM,
+    cancelled,
     hold_tasks,
     resumption_worker,
     start,
@@ -487,4 +488,4 @@ async def test_the_progress_names_a_group_no_consumer_reads_and_gives_no_eta_whi
         await temporal_env.sleep(1)
         progress = await wait_for(handle, lambda p: (p.limiting_idle_ms or 0) >= 2_000)
         assert (progress.eta_seconds, progress.limiting_group, progress.backlog) == (None, GROUP, 10)
-        await handle.cancel()
+        await cancelled(handle)

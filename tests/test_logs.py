@@ -33,7 +33,7 @@ from tests.support.helpers import (
 from xmc_resumption.services import free_port, local_temporal
 from xmc_resumption.workflows.models import Outcome
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 
 def _worker_env(address: str, redis_url: str, task_queue: str, log_format: str) -> dict[str, str]:

@@ -78,7 +78,9 @@ ENTRY_POINTS: dict[str, tuple[Callable[[str, str, Redis], Awaitable[str]], tuple
 }
 
 
-@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(
+    "entry", [pytest.param(e, marks=pytest.mark.slow) if e == "cli" else e for e in ENTRY_POINTS]
+)  # the CLI: one command per name, seconds in all
 async def test_hostile_names_are_refused_everywhere(
     entry: str, redis: Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -144,6 +144,7 @@ def enqueue(experiment: str, *specs: tuple[str, str | None]) -> dict[str, Any]:
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_node_producer_enqueues_as_the_acl_user_and_the_replay_is_exact(
     acl_urls: tuple[str, str], temporal_env: WorkflowEnvironment, task_queue: str
 ) -> None:

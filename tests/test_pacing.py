@@ -57,7 +57,10 @@ async def test_adaptive_keeps_up_with_fast_consumers_by_polling(temporal_env, re
     assert "timer" not in kinds  # consumers this fast are waited for by polls, not 1 s timers
     assert kinds.count("wait_for_drain") == result.throttles >= 5
     assert progress.drain_rate is not None and progress.drain_rate > 100
-    assert progress.low_watermark is not None and 0 <= progress.low_watermark <= 37
+    # at most 3/4 of the threshold, or one learned burst (the largest drop a poll saw) below it: a busy machine
+    # stretches the poll interval, and the consumers then take more at once
+    burst = max(r["largest_drop"] for k, r in calls if k == "wait_for_drain")
+    assert progress.low_watermark is not None and 0 <= progress.low_watermark <= max(37, min(burst, 49)), burst
     assert_checked_after_every_wait(calls)
     assert_waited_at_the_threshold(calls)
     assert_never_over(calls, 50)

@@ -25,7 +25,7 @@ from xmc_resumption.workflows.eta import eta_seconds
 from xmc_resumption.workflows.models import ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 
 def address(env: WorkflowEnvironment) -> str:

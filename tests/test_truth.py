@@ -149,6 +149,7 @@ async def test_a_repeated_publish_counts_nothing_in_the_metric(redis: Redis) -> 
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_workflow_task_lost_after_its_release_ends_with_the_recorded_outcome(
     temporal_env, redis, redis_url, task_queue, tmp_path
 ) -> None:
@@ -266,6 +267,7 @@ async def test_a_pause_just_after_continue_as_new_reports_the_held_tasks(
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_reset_to_the_first_workflow_task_counts_the_whole_resume(
     temporal_env, redis, redis_url, task_queue, tmp_path
 ) -> None:
@@ -317,6 +319,7 @@ async def test_a_reset_to_the_first_workflow_task_counts_the_whole_resume(
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_soak_updates_pause_resume_reset_and_worker_restarts_agree_with_redis(
     temporal_env, redis, redis_url, task_queue, tmp_path
 ) -> None:

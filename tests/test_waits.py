@@ -10,9 +10,10 @@ import time
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 from redis.asyncio import Redis
 
-from tests.support.helpers import STREAM, fill_backlog, hold_tasks, resumption_worker, start, wait_for
+from tests.support.helpers import STREAM, cancelled, fill_backlog, hold_tasks, resumption_worker, start, wait_for
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.results import ExperimentState
@@ -78,6 +79,7 @@ async def _scripts_run(redis: Redis) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
+@pytest.mark.slow  # a 6 s window
 async def test_stopped_consumers_under_the_shortest_max_wait_do_not_spin(
     temporal_env, redis: Redis, redis_url, task_queue
 ) -> None:
@@ -101,7 +103,7 @@ async def test_stopped_consumers_under_the_shortest_max_wait_do_not_spin(
         await asyncio.sleep(6)
         last = await handle.query(ResumptionWorkflow.progress)
         scripts, window = await _scripts_run(redis) - scripts, time.monotonic() - t0
-        await handle.cancel()
+        await cancelled(handle)
     turns = last.turns - first.turns
     print(f"stopped consumers, max_wait_seconds 0.001: {turns / window:.1f} turns/s, {scripts / window:.1f} scripts/s")
     bound = window / WAIT_FLOOR_SECONDS + 2  # a turn in progress at each end of the window

@@ -40,6 +40,8 @@ CHROMIUM = "/usr/bin/chromium"
 
 VIEWPORT = {"width": 1400, "height": 1000}
 
+pytestmark = pytest.mark.slow  # a dev server with its web UI, and chromium
+
 
 @pytest.fixture(scope="module")
 def temporal_with_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:

@@ -41,7 +41,7 @@ import xmc_resumption
 from tests.support.helpers import GROUP, ROOT, STREAM, hold_tasks, scrape, stream_tasks, worker_polling
 from xmc_resumption.services import free_port
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 BUILT_FROM = ("pyproject.toml", "README.md", "LICENSE", "xmc_resumption", "workflows", "activities", "Makefile")
 """What the build reads (pyproject.toml's packages, package-dir, readme and license-files), and the Makefile."""

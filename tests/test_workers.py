@@ -41,7 +41,7 @@ from xmc_resumption.redisclient.keys import DEFAULT_GROUP, ExperimentKeys
 from xmc_resumption.runs import start_resumption
 from xmc_resumption.workflows.models import ResumptionInput
 
-pytestmark = pytest.mark.real_server
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 EXPERIMENTS, TASKS, THRESHOLD = 3, 130, 30
 RATE = 300

@@ -30,6 +30,7 @@ from tests.support.helpers import (
     consume,
     fill_backlog,
     hold_tasks,
+    open_workflows,
     redis_calls,
     resumption_worker,
     start,
@@ -317,8 +318,19 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(temporal_env, 
     assert publishes[0]["rounds"] == {"scripts": 3, "moved": 2}
 
 
+async def test_the_open_workflows_are_listed_on_the_time_skipping_server(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
+    """What ``temporal_env`` checks after every test on the time-skipping server: a run in its
+    throttle wait is open, and no longer once terminated (while its worker runs)."""
+    async with throttled_replay(temporal_env, task_queue, redis, redis_url) as run:
+        assert await open_workflows(temporal_env.client) == [run.handle.id]
+        await run.handle.terminate()
+    assert await open_workflows(temporal_env.client) == []
+
+
 async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshold(
-    own_clock_env, redis, redis_url, task_queue
+    temporal_env, redis, redis_url, task_queue
 ) -> None:
     """A backlog one below the threshold (pending 2 + lag 2 at threshold 5) takes exactly one task;
     at exactly the threshold the run waits, turn after turn, checking pause and fencing after every
@@ -329,9 +341,9 @@ async def test_nothing_is_published_while_the_backlog_is_exactly_at_the_threshol
     names = await hold_tasks(redis, e, 10)
     await fill_backlog(redis, 4)
     await redis.xreadgroup(GROUP, "c0", {STREAM: ">"}, count=2)  # 2 pending, 2 undelivered
-    async with resumption_worker(own_clock_env.client, task_queue, redis_url):
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
         handle = await start(
-            own_clock_env.client,
+            temporal_env.client,
             task_queue,
             experiment_id=e,
             max_backlog_threshold=5,

@@ -23,8 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, RegisterNamespaceRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
+from temporalio.api.workflowservice.v1 import (
+    DescribeTaskQueueRequest,
+    ListOpenWorkflowExecutionsRequest,
+    RegisterNamespaceRequest,
+)
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowHistory
+from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -151,6 +156,32 @@ async def worker_polling(client: Client, task_queue: str, timeout: float = 20) -
         if time.monotonic() > deadline:
             raise TimeoutError(f"no worker polled {task_queue} within {timeout:g}s")
         await asyncio.sleep(0.05)
+
+
+async def cancelled(handle: WorkflowHandle) -> None:
+    """Cancel the run and wait for its end while the worker still runs: a run left with a workflow
+    task nobody polls holds the time-skipping server's clock for every later test (``open_workflows``)."""
+    await handle.cancel()
+    try:
+        await asyncio.wait_for(handle.result(), 60)
+    except WorkflowFailureError as err:
+        assert isinstance(err.cause, CancelledError), err.cause
+    else:
+        raise AssertionError("the run ended without its cancellation")
+
+
+async def open_workflows(client: Client) -> list[str]:
+    """The IDs of the workflows open on ``client``'s namespace (``ListOpenWorkflowExecutions``, which the
+    time-skipping test server serves; it has no visibility queries)."""
+    service, found, token = client.workflow_service, [], b""
+    while True:
+        page = await service.list_open_workflow_executions(
+            ListOpenWorkflowExecutionsRequest(namespace=client.namespace, maximum_page_size=1000, next_page_token=token)
+        )
+        found += [e.execution.workflow_id for e in page.executions]
+        token = page.next_page_token
+        if not token:
+            return found
 
 
 async def bare_namespace(client: Client) -> Client:
