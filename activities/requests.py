@@ -34,13 +34,16 @@ class ExperimentRef(BaseModel):
 class AcquireRequest(BaseModel):
     """Take the claim for ``ref`` as ``owner``.
 
-    With a lease of ``lease_ms`` milliseconds; ``request_id`` is the idempotency key (a repeat returns the same token).
+    With a lease of ``lease_ms`` milliseconds; ``request_id`` is the idempotency key (a repeat returns the same token);
+    ``moved_through``: the last held entry ID the run was told a resumption moved ('' for none), so the claim counts
+    the tasks held again (``fencing.acquire_claim``).
     """
 
     ref: ExperimentRef
     owner: str = Field(min_length=1)
     lease_ms: int = Field(ge=1)
     request_id: str = Field(min_length=1)
+    moved_through: str = Field(default="", max_length=41)
 
 
 class CheckRequest(BaseModel):

@@ -31,7 +31,7 @@ from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 
 from xmc_resumption.activities.errors import ErrorType
-from xmc_resumption.activities.metrics import HELD_REMAINING, OUTCOMES, REPLAYED
+from xmc_resumption.activities.metrics import HELD_REMAINING, OUTCOMES, REDELIVERED, REPLAYED
 from xmc_resumption.activities.requests import (
     AcquireRequest,
     CheckRequest,
@@ -169,7 +169,8 @@ class Counts:
     """The counts Redis decides, emitted where Redis answers.
 
     See ``activities/metrics.py``. Tasks moved (``REPLAYED``: the publish script's ``moved`` of a fresh move; a
-    recorded result returned again moved nothing) and resumptions ended by a release (``OUTCOMES``: a fresh release; a
+    recorded result returned again moved nothing), of those the tasks moved again after Redis lost their move
+    (``REDELIVERED``: the scripts' ``redelivered``) and resumptions ended by a release (``OUTCOMES``: a fresh release; a
     repeated one counts nothing). Labelled as the workflow's metrics are: ``stream``, ``consumer_group``, ``namespace``,
     ``task_queue``, ``workflow_type``.
 
@@ -192,12 +193,17 @@ class Counts:
         meter.create_counter(name, description).add(value, base | labels)
 
     def show(self, ref: ExperimentRef) -> None:
-        """Add 0 tasks moved: the series shows from a replay's first check on, not first at a move."""
+        """Add 0 tasks moved and moved again: the series show from a replay's first check on, not first at a move."""
         self._add(REPLAYED, "tasks moved into the task stream", 0, ref)
+        self._add(REDELIVERED, "tasks moved again after Redis lost their move", 0, ref)
 
     def moved(self, ref: ExperimentRef, tasks: int) -> None:
         """Count ``tasks`` moved now by publishes (none of a recorded result returned again; 0 shows the series)."""
         self._add(REPLAYED, "tasks moved into the task stream", max(0, tasks), ref)
+
+    def redelivered(self, ref: ExperimentRef, tasks: int) -> None:
+        """Count ``tasks`` moved again now, marked, after Redis lost their move (``REDELIVERED``)."""
+        self._add(REDELIVERED, "tasks moved again after Redis lost their move", max(0, tasks), ref)
 
     def released(self, ref: ExperimentRef, outcome: str, release: Release) -> None:
         """Count the resumption ended by a release done now (none for a repeated one or none at all)."""
@@ -254,11 +260,18 @@ class ResumptionActivities:
     async def acquire_claim(self, req: AcquireRequest) -> ClaimGrant:
         """Take the claim (a new fencing token); moves the experiment paused -> resuming."""
         async with _classified(self.redis):
-            grant = await fencing.acquire_claim(self.redis, _keys(req.ref), req.owner, req.lease_ms, req.request_id)
+            grant = await fencing.acquire_claim(
+                self.redis, _keys(req.ref), req.owner, req.lease_ms, req.request_id, moved_through=req.moved_through
+            )
         self.held.report(req.ref, grant.held, req.lease_ms)
         activity.logger.info(
             "claim taken",
-            extra={"experiment_id": req.ref.experiment_id, "token": grant.token, "held": grant.held},
+            extra={
+                "experiment_id": req.ref.experiment_id,
+                "token": grant.token,
+                "held": grant.held,
+                "held_again": grant.held_again,
+            },
         )
         return grant
 
@@ -307,14 +320,15 @@ class ResumptionActivities:
             rounds = await publish.publish_rounds(
                 self.redis, _keys(req.ref), req.ref.consumer_group, req.params, req.ref.consumer_groups
             )
-        self._published(req, rounds.final, rounds.fresh_moved)
+        self._published(req, rounds.final, rounds.fresh_moved, rounds.fresh_redelivered)
         return rounds
 
-    def _published(self, req: PublishRequest, result: PublishResult, moved_now: int) -> None:
-        """Report a publish's held tasks left to the gauge and count the tasks it moved now."""
+    def _published(self, req: PublishRequest, result: PublishResult, moved_now: int, again_now: int) -> None:
+        """Report a publish's held tasks left to the gauge and count the tasks it moved now, and moved again now."""
         fenced = result.status in (PublishStatus.FENCED, PublishStatus.FENCE_LOST, PublishStatus.RELEASED)
         self.held.report(req.ref, None if fenced else result.remaining, req.params.lease_ms)
         self.counts.moved(req.ref, moved_now)
+        self.counts.redelivered(req.ref, again_now)
 
     @activity.defn
     async def idle_consumers(self, req: IdleConsumersRequest) -> list[IdleConsumer]:

@@ -104,8 +104,8 @@ async def test_the_eta_in_wait_status_and_list_and_a_live_rate_cap(
                 assert row["eta_seconds"] is not None and row["eta_seconds"] > 0 and row["eta_at"] is not None
                 table = await asyncio.to_thread(xmc, "list", "--running", "--experiment", e, **env)
                 assert table.stdout.split("\n")[0].split() == [
-                    "WORKFLOW", "ID", "STATUS", "EXPERIMENT", "PHASE", "REPLAYED", "REMAINING", "ETA", "OUTCOME",
-                    "STARTED",
+                    "WORKFLOW", "ID", "STATUS", "EXPERIMENT", "PHASE", "REPLAYED", "REDELIVERED", "REMAINING", "ETA",
+                    "OUTCOME", "STARTED",
                 ]  # fmt: skip
                 bare = await asyncio.to_thread(xmc, "list", "--running", "--experiment", e, "--no-eta", "--json", **env)
                 assert "eta_seconds" not in json.loads(bare.stdout)["resumptions"][0]

@@ -20,8 +20,12 @@ PHASE = SearchAttributeKey.for_keyword("XmcPhase")
 OUTCOME = SearchAttributeKey.for_keyword("XmcOutcome")
 REPLAYED = SearchAttributeKey.for_int("XmcReplayed")
 REMAINING = SearchAttributeKey.for_int("XmcRemaining")
+REDELIVERED = SearchAttributeKey.for_int("XmcRedelivered")
+LAST_MOVED_ID = SearchAttributeKey.for_keyword("XmcLastMovedId")
 
-ALL: tuple[SearchAttributeKey[Any], ...] = (EXPERIMENT_ID, STREAM, PHASE, OUTCOME, REPLAYED, REMAINING)
+ALL: tuple[SearchAttributeKey[Any], ...] = (
+    EXPERIMENT_ID, STREAM, PHASE, OUTCOME, REPLAYED, REMAINING, REDELIVERED, LAST_MOVED_ID
+)  # fmt: skip
 
 
 class FleetPhase(StrEnum):
@@ -82,20 +86,34 @@ class FleetView:
         """The fleet phase last upserted and when (workflow time); None before the first upsert."""
         self._counts: tuple[int, int | None] = (0, None)
         """The (replayed, remaining) last upserted."""
+        self._redelivered = 0
+        """The ``XmcRedelivered`` last upserted."""
 
     def show(self, progress: Progress, *, failed: bool, stopping: bool) -> None:
-        """Upsert the search attributes when the fleet phase changed, or the counts did and ``FLEET_REFRESH`` passed."""
+        """Upsert the search attributes when due (``XmcLastMovedId`` with the outcome).
+
+        Due when the fleet phase or ``redelivered`` changed, or the counts did and ``FLEET_REFRESH`` passed.
+        """
         p, now = progress, workflow.now()
         phase, counts = fleet_phase(p, failed=failed, stopping=stopping), (p.replayed, p.remaining)
         shown = self._shown
-        if shown is not None and shown[0] == phase and (counts == self._counts or now - shown[1] < FLEET_REFRESH):
+        if (
+            shown is not None
+            and shown[0] == phase
+            and p.redelivered == self._redelivered
+            and (counts == self._counts or now - shown[1] < FLEET_REFRESH)
+        ):
             return
         updates: list[SearchAttributeUpdate[Any]] = [PHASE.value_set(phase), REPLAYED.value_set(p.replayed)]
         if p.remaining is not None:
             updates.append(REMAINING.value_set(p.remaining))
+        if p.redelivered:
+            updates.append(REDELIVERED.value_set(p.redelivered))
         if shown is None:
             updates += [EXPERIMENT_ID.value_set(p.experiment_id), STREAM.value_set(self._stream)]
         if p.outcome is not None or failed:
             updates.append(OUTCOME.value_set(p.outcome.value if p.outcome else FAILED))
+            if p.last_moved_id:
+                updates.append(LAST_MOVED_ID.value_set(p.last_moved_id))
         workflow.upsert_search_attributes(updates)
-        self._shown, self._counts = (phase, now), counts
+        self._shown, self._counts, self._redelivered = (phase, now), counts, p.redelivered

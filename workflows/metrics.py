@@ -17,6 +17,7 @@ from xmc_resumption.activities import metrics as activity_metrics
 REPLAYED = activity_metrics.REPLAYED
 THROTTLES = "xmc_resumption_throttles"
 THROTTLE_WAIT = "xmc_resumption_throttle_wait_seconds"
+REDELIVERED = activity_metrics.REDELIVERED
 OUTCOMES = activity_metrics.OUTCOMES
 """Counted by the release activity when it releases the claim, else by the workflow."""
 BACKLOG = "xmc_resumption_backlog"

@@ -9,6 +9,7 @@ from typing import TypedDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_GROUPS
+from xmc_resumption.redisclient.failover import validate_entry_id
 from xmc_resumption.redisclient.fencing import MAX_LEASE_MS
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, MAX_NAME_LENGTH, validate_name
 from xmc_resumption.redisclient.memory import DEFAULT_MEMORY_FRACTION
@@ -59,7 +60,9 @@ class Carry(BaseModel):
 
     The progress's counters (``runs``: the runs before this one), ``RunState``'s own fields of the same names, and its
     parts': the pacer's (``drain_rate``, ``reaction_seconds``, ``burst``), the stall watch's (``progress_at``,
-    ``stall_reading``), the ETA's (``net_rate``) and the rate cap's (``rate_bucket``), each in its unit there.
+    ``stall_reading``), the ETA's (``net_rate``) and the rate cap's (``rate_bucket``), each in its unit there;
+    ``last_moved_id``: the held entry ID of the last task Redis said was moved ('': none), the publishes' and the
+    claim's ``moved_through``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -81,6 +84,13 @@ class Carry(BaseModel):
     stall_reading: tuple[int, int, str] | None = None
     net_rate: NetRate | None = None
     rate_bucket: TaskBucket | None = None
+    redelivered: int = Field(default=0, ge=0)
+    last_moved_id: str = ""
+
+    @field_validator("last_moved_id")
+    @classmethod
+    def _entry_id(cls, value: str) -> str:
+        return validate_entry_id("last_moved_id", value)
 
 
 MAX_BATCH_SIZE = 10_000
@@ -129,6 +139,12 @@ class ResumptionInput(BaseModel):
     max_tasks_per_second: float | None = Field(
         default=None, ge=MIN_TASKS_PER_SECOND, le=MAX_TASKS_PER_SECOND, allow_inf_nan=False, strict=True
     )
+    moved_through: str = Field(default="", max_length=41)
+
+    @field_validator("moved_through")
+    @classmethod
+    def _moved_through(cls, value: str) -> str:
+        return validate_entry_id("moved_through", value)
 
     @field_validator("experiment_id", "stream", "consumer_group")
     @classmethod
@@ -226,6 +242,8 @@ class ResumptionResult(BaseModel):
     token: int
     set_aside: int = 0
     release_error: str | None = None
+    redelivered: int = 0
+    last_moved_id: str = ""
 
 
 class Phase(StrEnum):
@@ -288,3 +306,6 @@ class Progress(BaseModel):
     release_error: str | None = None
     unattended_groups: list[UnattendedGroup] = []
     limiting_idle_ms: int | None = None
+    redelivered: int = 0
+    last_moved_id: str = ""
+    held_again: int = 0

@@ -17,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, PublishRequest, SetAsideRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
+    from xmc_resumption.redisclient.failover import REDELIVERY_FIELD
     from xmc_resumption.redisclient.memory import memory_reason
     from xmc_resumption.redisclient.readings import GroupStatus, MissingGroupPolicy
     from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus, ReleaseRecord
@@ -146,14 +147,25 @@ class ResumptionWorkflow(ControlHandlers):
         self._view.phase(Phase.CLAIMING)
         grant = await call(
             ResumptionActivities.acquire_claim,
-            AcquireRequest(ref=state.ref, owner=state.owner, lease_ms=inp.lease_ms, request_id=state.request_id),
+            AcquireRequest(
+                ref=state.ref,
+                owner=state.owner,
+                lease_ms=inp.lease_ms,
+                request_id=state.request_id,
+                moved_through=state.progress.last_moved_id,
+            ),
             summary=f"take the claim on experiment {inp.experiment_id}",
         )
         state.claimed(grant)
         state.leased(workflow.now())
         workflow.logger.info(
             "resumption started",
-            extra={"experiment_id": inp.experiment_id, "token": grant.token, "held": grant.held},
+            extra={
+                "experiment_id": inp.experiment_id,
+                "token": grant.token,
+                "held": grant.held,
+                "held_again": grant.held_again,
+            },
         )
         if grant.held == 0 and grant.previous_state is ExperimentState.RUNNING:
             state.nothing_held = True
@@ -232,6 +244,10 @@ class ResumptionWorkflow(ControlHandlers):
             state.count(result)  # Redis's count (the metric is the activity's: activities/metrics.py)
             if result.status in MOVED:
                 self._view.observe(result.reading, result.moved)  # measured before its move
+        redelivered_before = p.redelivered
+        state.moved_again(rounds)
+        if p.redelivered and not redelivered_before:
+            self._redelivery_seen(rounds.first.behind, params.moved_through)
         # a call asked again after a lost reply moved what Redis counted then
         moved = max(rounds.moved, p.replayed - replayed_before)
         if cap is not None:
@@ -243,6 +259,25 @@ class ResumptionWorkflow(ControlHandlers):
         if last.poison_id:
             await self._set_aside(last.poison_id)
         return await self._after_publish(last)
+
+    def _redelivery_seen(self, behind: int, moved_through: str) -> None:
+        """Log, once per resumption, that Redis lost moves the run was told of and tasks moved again, marked.
+
+        The first publish that counts a task moved again says it; the count goes on in the progress, the result,
+        ``XmcRedelivered`` and the ``xmc_resumption_redelivered_tasks`` metric (docs/contract.md, "Redelivered tasks").
+        """
+        p = self._state.progress
+        workflow.logger.error(
+            "Redis lost moves this resumption was told of (a crash failover?): tasks moved again, marked %s",
+            REDELIVERY_FIELD.decode(),
+            extra={
+                "experiment_id": p.experiment_id,
+                "token": p.token,
+                "redelivered": p.redelivered,
+                "behind": behind,
+                "moved_through": moved_through,
+            },
+        )
 
     async def _set_aside(self, entry_id: str) -> None:
         """Move held task ``entry_id``, which stopped the publish, to the dead-letter stream (docs/contract.md)."""
@@ -377,6 +412,7 @@ class ResumptionWorkflow(ControlHandlers):
                 "replayed": p.replayed,
                 "remaining": p.remaining,
                 "throttles": p.throttles,
+                "redelivered": p.redelivered,
                 "detail": detail,
             },
         )

@@ -9,9 +9,17 @@ from datetime import datetime, timedelta
 from temporalio.exceptions import ApplicationError
 
 from xmc_resumption.activities.requests import ExperimentRef
+from xmc_resumption.redisclient.failover import later_id
 from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.redisclient.readings import BacklogReading, GroupStatus, MissingGroupPolicy
-from xmc_resumption.redisclient.results import ClaimCheck, ClaimGrant, PublishResult, Release, ReleaseRecord
+from xmc_resumption.redisclient.results import (
+    ClaimCheck,
+    ClaimGrant,
+    PublishResult,
+    PublishRounds,
+    Release,
+    ReleaseRecord,
+)
 from xmc_resumption.redisclient.text import show_name
 from xmc_resumption.workflows.calls import MAX_SCRIPTS_PER_CALL
 from xmc_resumption.workflows.control import INVALID_CONTROL, RESUMPTION_ENDING, ControlChange, InvalidControlError
@@ -29,8 +37,8 @@ from xmc_resumption.workflows.models import (
 from xmc_resumption.workflows.ratecap import TaskBucket
 from xmc_resumption.workflows.throttle import Pacer, StallWatch
 
-COUNTS = {"token", "replayed", "remaining", "throttles", "turns", "runs"}
-"""The progress's counters a run hands the next one (``Carry``)."""
+COUNTS = {"token", "replayed", "remaining", "throttles", "turns", "runs", "redelivered", "last_moved_id"}
+"""The progress's counters a run hands the next one (``Carry``), and the last held entry ID Redis said it moved."""
 
 
 @dataclass
@@ -84,6 +92,7 @@ class RunState:
         """The state a run starts from: ``inp.carry``'s when it continues a resumption, else fresh."""
         carry = inp.carry
         counts = carry.model_dump(include=COUNTS | {"drain_rate"}) | {"runs": carry.runs + 1} if carry else {}
+        counts = counts or {"last_moved_id": inp.moved_through}
         return cls(
             input=inp,
             progress=Progress(experiment_id=inp.experiment_id, threshold=inp.max_backlog_threshold, **counts),
@@ -148,6 +157,8 @@ class RunState:
         """The next publish's parameters, from the input in force, the claim and the seq (``PublishParams``).
 
         Its first seq is the last used plus one: a publish that failed after its scripts ran is asked again the same.
+        It passes what Redis told the run (``moved_through``, ``replayed``): a publish on a Redis that lost moves marks
+        and counts every task it moves again (docs/contract.md, "Redelivered tasks").
         """
         inp = self.input
         return PublishParams(
@@ -164,6 +175,8 @@ class RunState:
             max_tasks=max_tasks,
             max_scripts=MAX_SCRIPTS_PER_CALL,
             max_seconds=max_seconds,
+            moved_through=self.progress.last_moved_id,
+            replayed=self.progress.replayed,
         )
 
     @property
@@ -229,9 +242,12 @@ class RunState:
         return text + f" (missing_group {inp.missing_group.value}: nothing moves until it exists)"
 
     def claimed(self, grant: ClaimGrant) -> None:
-        """Take the claim's reply into the progress: the token and the counts."""
-        self.progress.token = grant.token
+        """Take the claim's reply into the progress: the token, the counts, and the tasks held again."""
+        p = self.progress
+        p.token, p.held_again = grant.token, grant.held_again
         self._counts(grant.replayed, grant.held)
+        if grant.redelivered is not None:
+            p.redelivered = max(p.redelivered, grant.redelivered)
 
     def checked(self, check: ClaimCheck) -> None:
         """Take a check's counts into the progress (a reset run of a continued one starts from an older carry)."""
@@ -257,6 +273,19 @@ class RunState:
         elif not result.repeated:  # (a recorded result returned again moved nothing now)
             p.replayed += result.moved
         p.remaining = result.remaining
+
+    def moved_again(self, rounds: PublishRounds) -> int:
+        """Take a publish call's redeliveries into the progress; returns the tasks it moved again now.
+
+        ``last_moved_id`` moves on to the last held entry ID the call moved; ``redelivered`` is Redis's count
+        (``redelivered_total``, the replay record's) when it keeps one, else the run's own sum of what the scripts
+        moved again now.
+        """
+        p = self.progress
+        p.last_moved_id = later_id(p.last_moved_id, rounds.last_moved_id)
+        total = rounds.final.redelivered_total
+        p.redelivered = max(p.redelivered, total) if total is not None else p.redelivered + rounds.fresh_redelivered
+        return rounds.fresh_redelivered
 
     def released(self, release: Release) -> None:
         """Take a release's reply into the progress; a release with an outcome had it counted by its activity."""

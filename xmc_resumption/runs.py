@@ -50,6 +50,8 @@ FLEET_COLUMNS: dict[str, Any] = {
     "replayed": fleet.REPLAYED,
     "remaining": fleet.REMAINING,
     "outcome": fleet.OUTCOME,
+    "redelivered": fleet.REDELIVERED,
+    "last_moved_id": fleet.LAST_MOVED_ID,
 }
 """The fleet view's columns and the search attributes they come from (``workflows/fleet.py``)."""
 
@@ -79,12 +81,17 @@ def fleet_row(
 
 
 def fleet_query(
-    *, running: bool = False, phase: str | None = None, experiment_id: str | None = None, stream: str | None = None
+    *,
+    running: bool = False,
+    phase: str | None = None,
+    experiment_id: str | None = None,
+    stream: str | None = None,
+    redelivered: bool = False,
 ) -> str:
     """The visibility query of ``list_resumptions``, narrowed by the filters.
 
     Every ``ResumptionWorkflow`` run but those that continued as new (a chain shows once, by its newest
-    run).
+    run); ``redelivered``: only those that moved tasks again after Redis lost their move (``XmcRedelivered > 0``).
 
     Raises:
         ValueError: an experiment ID or stream that breaks ``validate_name`` (its characters hold
@@ -104,6 +111,8 @@ def fleet_query(
         clauses.append(f"({fleet.EXPERIMENT_ID.name} = '{name}' OR WorkflowId = '{workflow_id_for(name)}')")
     if stream is not None:
         clauses.append(f"{fleet.STREAM.name} = '{validate_name('stream', stream)}'")
+    if redelivered:
+        clauses.append(f"{fleet.REDELIVERED.name} > 0")
     return " AND ".join(clauses)
 
 

@@ -62,6 +62,7 @@ newest first); the others show '-'. The queries run together, all within ``QUERY
 @click.option("--phase", type=click.Choice(fleet.phase_values()), help="only this XmcPhase (an outcome once ended)")
 @click.option("--experiment", "experiment_id", type=EXPERIMENT_ID, help="only this experiment")
 @click.option("--stream", type=STREAM_NAME, help="only resumptions into this stream")
+@click.option("--redelivered", is_flag=True, help="only resumptions that moved tasks again after Redis lost their move")
 @click.option("--limit", type=IntegerRange(1, MAX_LISTED), default=200, show_default=True, help="most runs listed")
 @click.option(
     "--eta/--no-eta",
@@ -77,6 +78,7 @@ def list_cmd(
     phase: str | None,
     experiment_id: str | None,
     stream: str | None,
+    redelivered: bool,
     limit: int,
     eta: bool,
     as_json: bool,
@@ -84,17 +86,24 @@ def list_cmd(
     """Every ResumptionWorkflow run visibility knows, newest first; no worker needed.
 
     A continue-as-new chain shows once, by its newest run; from the search attributes XmcExperimentId,
-    XmcPhase, XmcReplayed, XmcRemaining and XmcOutcome. The same query works from the Temporal CLI:
+    XmcPhase, XmcReplayed, XmcRemaining, XmcRedelivered and XmcOutcome. The same query works from the Temporal CLI:
     temporal workflow list --query "XmcPhase = 'throttled'". The ETA column is no search attribute (it
     changes with every reading): it comes from the progress query of each running run, asked together
     within a few seconds, '-' where no worker answered in time or no rate is known yet.
     """
-    query = fleet_query(running=running, phase=phase, experiment_id=experiment_id, stream=stream)
+    query = fleet_query(
+        running=running, phase=phase, experiment_id=experiment_id, stream=stream, redelivered=redelivered
+    )
 
     async def go() -> list[dict[str, object]]:
         async with client_of(ctx, stream or DEFAULT_STREAM) as client:
             found = await client.list_resumptions(
-                running=running, phase=phase, experiment_id=experiment_id, stream=stream, limit=limit
+                running=running,
+                phase=phase,
+                experiment_id=experiment_id,
+                stream=stream,
+                limit=limit,
+                redelivered=redelivered,
             )
             rows = [row.model_dump(mode="json") for row in found]
             if eta:
@@ -103,7 +112,18 @@ def list_cmd(
 
     rows = run_sync(go())
     table = text_table(
-        ["WORKFLOW ID", "STATUS", "EXPERIMENT", "PHASE", "REPLAYED", "REMAINING", "ETA", "OUTCOME", "STARTED"],
+        [
+            "WORKFLOW ID",
+            "STATUS",
+            "EXPERIMENT",
+            "PHASE",
+            "REPLAYED",
+            "REDELIVERED",
+            "REMAINING",
+            "ETA",
+            "OUTCOME",
+            "STARTED",
+        ],
         [
             [
                 r["workflow_id"],
@@ -111,6 +131,7 @@ def list_cmd(
                 or_missing(r["experiment_id"], "-"),
                 or_missing(r["phase"], "-"),
                 or_missing(r["replayed"], "-"),
+                or_missing(r["redelivered"], "-"),
                 or_missing(r["remaining"], "-"),
                 eta_text(r.get("eta_seconds"), r.get("eta_at")).split(" (at")[0],  # type: ignore[arg-type]
                 or_missing(r["outcome"], "-"),

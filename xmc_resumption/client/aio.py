@@ -428,6 +428,7 @@ class XmcClient:
         experiment_id: str | None = None,
         stream: str | None = None,
         limit: int = 200,
+        redelivered: bool = False,
     ) -> list[FleetRow]:
         """The resumptions Temporal visibility knows, newest first, narrowed by the filters; no worker needed.
 
@@ -439,7 +440,9 @@ class XmcClient:
         """
         if not 1 <= limit <= MAX_LISTED:
             raise ValueError(f"limit must be 1..{MAX_LISTED}, got {limit}")
-        query = fleet_query(running=running, phase=phase, experiment_id=experiment_id, stream=stream)
+        query = fleet_query(
+            running=running, phase=phase, experiment_id=experiment_id, stream=stream, redelivered=redelivered
+        )
         return [FleetRow.model_validate(r) for r in await list_resumptions(await self.temporal(), query, limit)]
 
     async def plan(

@@ -85,7 +85,11 @@ class HeldRow(BaseModel):
 
 
 class FleetRow(BaseModel):
-    """One resumption as Temporal visibility lists it (``XmcClient.list_resumptions``)."""
+    """One resumption as Temporal visibility lists it (``XmcClient.list_resumptions``).
+
+    ``redelivered``: tasks it moved again after Redis lost their move (None: none); ``last_moved_id``: the held entry
+    ID of the last task Redis said it moved, set once it ended (``workflows/fleet.py``).
+    """
 
     workflow_id: str
     run_id: str | None
@@ -96,6 +100,8 @@ class FleetRow(BaseModel):
     replayed: int | None
     remaining: int | None
     outcome: str | None
+    redelivered: int | None = None
+    last_moved_id: str | None = None
     start_time: str | None
     close_time: str | None
 
