@@ -19,6 +19,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,14 @@ from tests.support.failover import CrashFailover, crash_failover, until
 from tests.support.helpers import GROUP, RUNNER, STREAM, start, wait_for
 from tests.test_cli import Xmc, xmc_fixture  # noqa: F401  (the fixture)
 from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.reconcile import UNDONE_COMPLETIONS, ReconcileActivities
 from xmc_resumption.redisclient import failover, held
 from xmc_resumption.redisclient.connection import ReplicaAcks, require_replica_acks
 from xmc_resumption.redisclient.errors import ReplicaAckError
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.workflows import fleet
-from xmc_resumption.workflows.models import Outcome, Progress
+from xmc_resumption.workflows.models import Outcome, Progress, ReconcileInput, ResumptionInput, ResumptionResult
+from xmc_resumption.workflows.reconcile import ReconcileWorkflow
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 pytestmark = pytest.mark.real_server  # the fleet view's search attributes are read from visibility
@@ -236,3 +239,106 @@ async def test_with_replica_acks_nothing_acknowledged_is_lost_and_nothing_moved_
 async def _in_sync(servers: CrashFailover) -> bool:
     new, old = await servers.replica.info("replication"), await servers.primary.info("replication")
     return bool(old.get("slave_repl_offset") == new.get("master_repl_offset"))
+
+
+class Gauges:
+    """A metric meter that records what gauges are set to: ``{(name, labels): value}``."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+
+    def create_gauge(self, name: str, *_: object) -> Gauges._Gauge:
+        return Gauges._Gauge(self, name)
+
+    class _Gauge:
+        def __init__(self, meter: Gauges, name: str) -> None:
+            self.meter, self.name = meter, name
+
+        def set(self, value: int, labels: dict[str, str]) -> None:
+            self.meter.values[(self.name, tuple(sorted(labels.items())))] = value
+
+
+async def test_an_undone_completion_is_flagged_and_reconciled(
+    temporal_env: WorkflowEnvironment, servers: CrashFailover, task_queue: str, xmc: Xmc
+) -> None:
+    """A resumption completes while the link is held (its claim, moves and release all lost): on the
+    promoted replica the experiment is paused again with its 12 tasks held. ``xmc held --undone`` flags
+    it, ``xmc reconcile --dry-run`` finds it, ``xmc reconcile --schedule`` creates then updates the
+    Schedule, and ``ReconcileWorkflow`` (what the Schedule runs) resumes it with the completion's last
+    moved ID: every task moved again is marked and counted, exactly the consumer's duplicates, under a
+    token above the lost run's."""
+    keys = ExperimentKeys(STREAM, "UC1")
+    setup = servers.client()
+    await held.pause(setup, keys)
+    names = [f"u{i:02d}" for i in range(12)]
+    held_ids = [d.entry_id for d in await held.enqueue_tasks(setup, keys, [{b"task": n.encode()} for n in names])]
+    await setup.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    await servers.in_sync()
+    servers.hold()
+    consumer, redis, gauges = Consumer(servers), servers.client(), Gauges()
+    resumption = ResumptionActivities(redis)
+    reconciling = ReconcileActivities(resumption, meter=gauges)  # type: ignore[arg-type]
+    temporal = temporal_env.client.service_client.config.target_host
+    env = {"redis_at": servers.url, "temporal": temporal, "XMC_TASK_QUEUE": task_queue}
+    async with Worker(
+        temporal_env.client,
+        task_queue=task_queue,
+        workflows=[ResumptionWorkflow, ReconcileWorkflow],
+        activities=[*resumption.all(), reconciling.reconcile_completions],
+        workflow_runner=RUNNER,
+    ):
+        first = await (await start(temporal_env.client, task_queue, experiment_id="UC1")).result()
+        assert (first.outcome, first.replayed, first.last_moved_id) == (Outcome.COMPLETED, 12, held_ids[-1])
+        assert await consumer.read() == 12
+        await servers.crash()
+        await consumer.reconnect()
+
+        async def flagged() -> bool:
+            ran = await asyncio.to_thread(xmc, "held", "--undone", "--json", **env)
+            assert ran.returncode == 0, ran
+            [row] = json.loads(ran.stdout)["experiments"]
+            return row["undone_completion"] is not None
+
+        await until(flagged, what="xmc held --undone flagging UC1")
+        shown = await asyncio.to_thread(xmc, "held", "--undone", **env)
+        assert "12 held again after" in shown.stdout and "paused" in shown.stdout, shown
+        dry = json.loads((await asyncio.to_thread(xmc, "reconcile", "--dry-run", "--json", **env)).stdout)
+        assert [(u["experiment_id"], u["held_again"], u["started"]) for u in dry["undone"]] == [("UC1", 12, None)]
+        assert (dry["undone"][0]["moved_through"], dry["undone"][0]["state"]) == (held_ids[-1], "paused")
+        for expected in ("created", "updated"):
+            made = await asyncio.to_thread(xmc, "reconcile", "--schedule", "1m", "--json", **env)
+            assert json.loads(made.stdout) == {
+                "schedule_id": f"xmc-reconcile-{STREAM}", "schedule": expected, "every_seconds": 60.0
+            }, made  # fmt: skip
+        schedule = temporal_env.client.get_schedule_handle(f"xmc-reconcile-{STREAM}")
+        described = await schedule.describe()
+        assert [i.every for i in described.schedule.spec.intervals] == [timedelta(minutes=1)]
+        await schedule.delete()
+
+        found = await temporal_env.client.execute_workflow(
+            ReconcileWorkflow.run, ReconcileInput(task_queue=task_queue), id=f"reconcile-{task_queue}",
+            task_queue=task_queue,
+        )  # fmt: skip
+        assert [(r.experiment_id, r.held_again, r.started) for r in found] == [("UC1", 12, "resumption-UC1")]
+        assert gauges.values == {(UNDONE_COMPLETIONS, (("stream", STREAM),)): 1}
+        again = temporal_env.client.get_workflow_handle("resumption-UC1", result_type=ResumptionResult)
+        await drain_to_the_end(consumer, again)
+        redone = await again.result()
+    assert (redone.outcome, redone.replayed, redone.redelivered) == (Outcome.COMPLETED, 12, 12)
+    assert consumer.twice() == names  # every task, delivered once before the failover and once after
+    assert [failover.redelivery_of(f) for f in consumer.seen[12:]] == [
+        failover.Redelivery("UC1", held_id) for held_id in held_ids
+    ]
+    assert redone.token > first.token  # the lost run's token is not handed out again
+    for client in (consumer.client, redis, setup):
+        await client.aclose()
+
+
+async def test_reconcile_refuses_bad_intervals_and_a_bad_input(xmc: Xmc) -> None:
+    """The schedule's interval is a duration 10 s..7 d; the input's moved_through an entry ID."""
+    for bad in ("5s", "8d", "10", "1w", "\u0661\u0660m"):
+        ran = await asyncio.to_thread(xmc, "reconcile", "--schedule", bad)
+        assert ran.returncode == 2 and "--schedule" in ran.stderr, ran
+    with pytest.raises(ValueError, match="moved_through must be a stream entry ID"):
+        ResumptionInput(experiment_id="E", moved_through="12")
+    assert ResumptionInput(experiment_id="E", moved_through="1-2").moved_through == "1-2"

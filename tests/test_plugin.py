@@ -46,13 +46,15 @@ from xmc_resumption.plugin import (
     pydantic_converter,
     sandbox_passthrough,
 )
+from xmc_resumption.reconcile import ReconcileActivities
 from xmc_resumption.search_attributes import SearchAttributesMissingError
 from xmc_resumption.services import free_port
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, ResumptionInput
+from xmc_resumption.workflows.reconcile import ReconcileWorkflow
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
-from xmc_resumption.workflows.versioned import PinnedResumptionWorkflow
+from xmc_resumption.workflows.versioned import AutoUpgradeReconcileWorkflow, PinnedResumptionWorkflow
 
 ACTIVITIES = [
     "acquire_claim",
@@ -62,6 +64,7 @@ ACTIVITIES = [
     "idle_consumers",
     "set_aside",
     "release_claim",
+    "reconcile_completions",
 ]
 
 HISTORIES = releases()[-1]
@@ -82,7 +85,10 @@ async def connections_become(redis: Redis, n: int, timeout: float = 10) -> None:
 
 def plugin_activities(worker: Worker) -> ResumptionActivities:
     """The one ``ResumptionActivities`` whose methods are registered on ``worker``."""
-    (owner,) = {getattr(fn, "__self__", None) for fn in worker.config(active_config=True)["activities"]}
+    owners = {getattr(fn, "__self__", None) for fn in worker.config(active_config=True)["activities"]}
+    (owner,) = {o for o in owners if isinstance(o, ResumptionActivities)}
+    [reconciling] = [o for o in owners if isinstance(o, ReconcileActivities)]
+    assert reconciling._resumption is owner  # the reconciliation uses the replay's Redis client
     assert isinstance(owner, ResumptionActivities)
     return owner
 
@@ -101,7 +107,7 @@ async def test_on_the_client_it_hosts_the_replay_beside_the_workers_own_workflow
     assert client.data_converter.payload_converter_class is PydanticPayloadConverter
     worker = Worker(client, task_queue=task_queue, workflows=[ResumeExperimentParent])
     config = worker.config(active_config=True)
-    assert config["workflows"] == [ResumeExperimentParent, ResumptionWorkflow]
+    assert config["workflows"] == [ResumeExperimentParent, ResumptionWorkflow, ReconcileWorkflow]
     assert [fn.__name__ for fn in config["activities"]] == ACTIVITIES
     runner = config["workflow_runner"]
     assert isinstance(runner, SandboxedWorkflowRunner)
@@ -200,7 +206,8 @@ async def test_a_plugin_that_removes_the_activities_stops_the_start(
     temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str
 ) -> None:
     def without_ours(existing: Sequence[Any] | None) -> Sequence[Any]:
-        return [fn for fn in existing or () if not isinstance(getattr(fn, "__self__", None), ResumptionActivities)]
+        ours = (ResumptionActivities, ReconcileActivities)
+        return [fn for fn in existing or () if not isinstance(getattr(fn, "__self__", None), ours)]
 
     strip = SimplePlugin("strip", activities=without_ours)
     worker = Worker(
@@ -359,7 +366,8 @@ async def test_the_replay_is_registered_pinned_on_a_worker_with_worker_versionin
         **({"deployment_config": given} if given else {}),
     )
     config = worker.config(active_config=True)
-    assert config["workflows"] == [ResumeExperimentParent, expected_workflow]
+    reconcile = AutoUpgradeReconcileWorkflow if expected_workflow is PinnedResumptionWorkflow else ReconcileWorkflow
+    assert config["workflows"] == [ResumeExperimentParent, expected_workflow, reconcile]
     assert config.get("deployment_config") == (given if expected_config == "given" else expected_config)
 
 

@@ -309,3 +309,47 @@ class Progress(BaseModel):
     redelivered: int = 0
     last_moved_id: str = ""
     held_again: int = 0
+
+
+class ReconcileInput(BaseModel):
+    """Input of ``ReconcileWorkflow`` and of ``xmc reconcile``: which stream, where resumptions start, how many runs.
+
+    ``limit``: the most resumptions visibility lists for the stream, newest first (each experiment's newest counts).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    stream: str = Field(default=DEFAULT_STREAM, min_length=1, max_length=MAX_NAME_LENGTH)
+    task_queue: str = Field(default=TASK_QUEUE, min_length=1, max_length=1_000)
+    limit: int = Field(default=1_000, ge=1, le=10_000, strict=True)
+    resume: bool = Field(default=True, strict=True)
+
+    @field_validator("stream")
+    @classmethod
+    def _stream(cls, value: str) -> str:
+        return validate_name("stream", value)
+
+
+class Reconciled(BaseModel):
+    """An undone completion: an experiment whose newest resumption completed, holding its tasks again in Redis.
+
+    Attributes:
+        experiment_id: the experiment.
+        workflow_id, run_id: the completed resumption's run.
+        moved_through: its ``last_moved_id``: the held entry ID of the last task Redis said it moved.
+        held_again, held_again_capped: held entries at or below it (up to 1,000; more).
+        held: held entries in all; state: the experiment's state in Redis.
+        started: the workflow ID of the resumption started for it (None: none started).
+        error: why none started (one line), if one was meant to.
+    """
+
+    experiment_id: str
+    workflow_id: str
+    run_id: str | None = None
+    moved_through: str
+    held_again: int
+    held_again_capped: bool = False
+    held: int
+    state: str
+    started: str | None = None
+    error: str | None = None

@@ -1,4 +1,7 @@
-"""``PinnedResumptionWorkflow``: ``ResumptionWorkflow`` pinned (docs/operating.md, "Rolling out a release")."""
+"""``PinnedResumptionWorkflow`` and ``AutoUpgradeReconcileWorkflow``: the workflows declared for Worker Versioning.
+
+See docs/operating.md, "Rolling out a release"; ``ResumptionPlugin`` registers the classes that fit the worker.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,14 @@ from temporalio import workflow
 from temporalio.common import VersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    from xmc_resumption.workflows.models import WORKFLOW_TYPE, ResumptionInput, ResumptionResult
+    from xmc_resumption.workflows.models import (
+        WORKFLOW_TYPE,
+        Reconciled,
+        ReconcileInput,
+        ResumptionInput,
+        ResumptionResult,
+    )
+    from xmc_resumption.workflows.reconcile import RECONCILE_WORKFLOW_TYPE, ReconcileWorkflow
     from xmc_resumption.workflows.resumption import FAILURE_EXCEPTION_TYPES, ResumptionWorkflow
 
 
@@ -19,4 +29,14 @@ class PinnedResumptionWorkflow(ResumptionWorkflow):
     @workflow.run
     async def run(self, inp: ResumptionInput) -> ResumptionResult:
         """Run the resumption loop (``ResumptionWorkflow.run``)."""
+        return await super().run(inp)
+
+
+@workflow.defn(name=RECONCILE_WORKFLOW_TYPE, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+class AutoUpgradeReconcileWorkflow(ReconcileWorkflow):
+    """``ReconcileWorkflow`` on the current Worker Deployment Version: one short activity, nothing to pin."""
+
+    @workflow.run
+    async def run(self, inp: ReconcileInput) -> list[Reconciled]:
+        """Resume the stream's undone completions (``ReconcileWorkflow.run``)."""
         return await super().run(inp)

@@ -48,10 +48,12 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from xmc_resumption import search_attributes
 from xmc_resumption.activities.resumption import ResumptionActivities
+from xmc_resumption.reconcile import ReconcileActivities
 from xmc_resumption.settings import Settings, prometheus_runtime, temporal_connect_config
 from xmc_resumption.workflows import fleet
+from xmc_resumption.workflows.reconcile import ReconcileWorkflow
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
-from xmc_resumption.workflows.versioned import PinnedResumptionWorkflow
+from xmc_resumption.workflows.versioned import AutoUpgradeReconcileWorkflow, PinnedResumptionWorkflow
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=10)
 """How long a stopping worker lets running activities finish, when its ``graceful_shutdown_timeout`` is the SDK's 0."""
@@ -185,7 +187,7 @@ class ResumptionPlugin(SimplePlugin):
         super().__init__(
             PLUGIN_NAME,
             data_converter=pydantic_converter,
-            workflows=[ResumptionWorkflow],
+            workflows=[ResumptionWorkflow, ReconcileWorkflow],
             workflow_runner=sandbox_passthrough,
         )
 
@@ -219,7 +221,8 @@ class ResumptionPlugin(SimplePlugin):
         runtime = client.service_client.config.runtime or Runtime.default()
         activities = ResumptionActivities(meter=runtime.metric_meter)
         self._waiting.add(activities)
-        config["activities"] = [*config.get("activities", ()), *activities.all()]
+        reconciling = ReconcileActivities(activities, meter=runtime.metric_meter)
+        config["activities"] = [*config.get("activities", ()), *activities.all(), reconciling.reconcile_completions]
         if not config.get("graceful_shutdown_timeout"):
             config["graceful_shutdown_timeout"] = GRACEFUL_SHUTDOWN
         versioning = deployment_config(self.settings, config.get("deployment_config"))
@@ -229,9 +232,8 @@ class ResumptionPlugin(SimplePlugin):
         if versioning is not None and versioning.use_worker_versioning:
             # a server refuses every workflow task completed with a versioning behavior by a worker without
             # versioning: the pinned declaration goes only where versioning is on (workflows/versioned.py)
-            config["workflows"] = [
-                PinnedResumptionWorkflow if w is ResumptionWorkflow else w for w in config.get("workflows", ())
-            ]
+            versioned = {ResumptionWorkflow: PinnedResumptionWorkflow, ReconcileWorkflow: AutoUpgradeReconcileWorkflow}
+            config["workflows"] = [versioned.get(w, w) for w in config.get("workflows", ())]
         return config
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:

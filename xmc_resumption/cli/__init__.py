@@ -1,4 +1,4 @@
-"""The ``xmc`` command (Click): pause, enqueue, status, dead, plan, resume, list, held, set, rate, stop, demo.
+"""The ``xmc`` command (Click): every command of the operator, ``demo`` and ``reconcile`` among them.
 
 Redis from ``XMC_REDIS_URL``, Temporal from envconfig (``TEMPORAL_ADDRESS``, ...), like the worker.
 Every command but ``demo`` takes ``--json``: one JSON document on stdout instead of text, never
@@ -18,11 +18,11 @@ Any other exception is a bug and keeps its traceback.
 
 Modules: ``common`` (the group, shared options, output, ``main``'s error handling), ``params``
 (the parameter types: every value checked at parse time),
-``experiments`` (the Redis-side commands), ``runs`` (the Temporal-side ones), ``planning``
+``experiments`` (the Redis-side commands), ``runs`` (the Temporal-side ones), ``reconcile``, ``planning``
 (``plan`` and ``rate``), ``watch`` (``resume --wait``), ``demo``.
 """
 
-from xmc_resumption.cli import demo, experiments, planning, runs  # noqa: F401  (each registers its commands on ``cli``)
+from xmc_resumption.cli import demo, experiments, planning, reconcile, runs  # noqa: F401  (each registers its commands)
 from xmc_resumption.cli.common import EXPERIMENT_ID, GROUP_NAME, INPUT_OPTIONS, STREAM_NAME, AppState, cli, main
 
 __all__ = ["EXPERIMENT_ID", "GROUP_NAME", "INPUT_OPTIONS", "STREAM_NAME", "AppState", "cli", "main"]

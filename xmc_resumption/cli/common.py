@@ -189,6 +189,13 @@ INPUT_OPTIONS = (
         "this replay's rate cap, tasks per second (xmc rate sets the stream's)",
         "none",
     ),
+    InputOption(
+        "--moved-through",
+        "moved_through",
+        "the last held entry ID an earlier resumption was told it moved: tasks held at or below it are moved again "
+        "marked xmc-redelivery (xmc reconcile sets it)",
+        "none",
+    ),
 )
 """One option per ``ResumptionInput`` field but the experiment, the stream (every command's) and
 ``carry`` (the workflow's own); tests/test_cli.py checks that none is missing."""
@@ -197,10 +204,12 @@ INPUT_OPTIONS = (
 def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add ``INPUT_OPTIONS`` to a command, each with the model's default.
 
-    A default of None, such as ``max_wait_seconds``'s, stays None: the model fills it in.
+    A default of None, such as ``max_wait_seconds``'s, stays None, and so does an empty one (``moved_through``'s):
+    the model fills it in.
     """
     for opt in reversed(INPUT_OPTIONS):
         default = ResumptionInput.model_fields[opt.field].default
+        default = None if default == "" else default
         fn = click.option(
             opt.flag,
             opt.field,

@@ -28,6 +28,7 @@ from xmc_resumption.cli.common import (
 from xmc_resumption.cli.params import EntryIdType, FiniteFloat, IntegerRange, NameListType
 from xmc_resumption.client import MAX_ENQUEUE_TASKS
 from xmc_resumption.errors import EXIT_OPERATOR_ERROR, OperatorError
+from xmc_resumption.reconcile import undone_completions
 from xmc_resumption.redisclient import deadletter
 from xmc_resumption.redisclient.acl import is_denial
 from xmc_resumption.redisclient.held import Task
@@ -344,27 +345,40 @@ def dead(
 @cli.command("held", short_help="experiments paused or orphaned in Redis, with their held tasks")
 @click.option("--stream", type=STREAM_NAME, default=DEFAULT_STREAM, show_default=True, help="the task stream")
 @click.option("--orphaned", is_flag=True, help="only orphaned experiments (resuming, no live claim)")
+@click.option(
+    "--undone",
+    is_flag=True,
+    help="also ask Temporal which are undone completions (completed there, holding its tasks again here)",
+)
 @click.option("--limit", type=IntegerRange(1, MAX_LISTED), default=1_000, show_default=True, help="most experiments")
 @json_option
 @click.pass_context
-def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_json: bool) -> None:
+def held_cmd(ctx: click.Context, stream: str, orphaned: bool, undone: bool, limit: int, as_json: bool) -> None:
     """Every experiment on the stream that Redis holds something for.
 
     Paused, orphaned (resuming with no live claim: start a resumption again), resuming (a replay holds
     the claim), unknown (a state value the contract does not know), stranded (tasks held but no state
-    key), bad_keys. Found by SCAN (never KEYS), so it is safe on a busy Redis.
+    key), bad_keys. Found by SCAN (never KEYS), so it is safe on a busy Redis. With --undone, each whose newest
+    resumption Temporal shows completed while Redis holds the tasks it moved is flagged an undone completion (a
+    crash failover lost the moves; xmc reconcile resumes it), with the tasks held again.
     """
 
     async def go() -> tuple[list[dict[str, object]], bool]:
         async with client_of(ctx, stream) as client:
             found, truncated = await client.held(limit=limit)
-        return [row.model_dump(mode="json", exclude_unset=True) for row in found], truncated
+            rows = [row.model_dump(mode="json", exclude_unset=True) for row in found]
+            if undone:
+                completions = await undone_completions(await client.temporal(), client.redis, stream)
+                flagged = {u.experiment_id: u.model_dump(mode="json") for u in completions}
+                for row in rows:
+                    row["undone_completion"] = flagged.get(str(row["experiment_id"]))
+        return rows, truncated
 
     rows, truncated = run_sync(go())
     if orphaned:
         rows = [r for r in rows if r["condition"] == "orphaned"]
     table = text_table(
-        ["EXPERIMENT", "CONDITION", "STATE", "HELD", "CLAIM"],
+        ["EXPERIMENT", "CONDITION", "STATE", "HELD", "CLAIM"] + (["UNDONE COMPLETION"] if undone else []),
         [
             [
                 r["experiment_id"],
@@ -373,6 +387,7 @@ def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_jso
                 or_missing(r["held"]),
                 r.get("error") or _claim_text(r["claim"]),  # type: ignore[arg-type]
             ]
+            + ([_undone_text(r["undone_completion"])] if undone else [])  # type: ignore[arg-type]
             for r in rows
         ],
     )
@@ -380,6 +395,13 @@ def held_cmd(ctx: click.Context, stream: str, orphaned: bool, limit: int, as_jso
     none = "is orphaned" if orphaned else "is paused, resuming or holding tasks"
     text = (table if rows else f"no experiment on {stream} {none}") + more
     emit(as_json, {"stream": stream, "experiments": rows, "truncated": truncated}, text)
+
+
+def _undone_text(undone: Mapping[str, Any] | None) -> str:
+    if not undone:
+        return "-"
+    capped = "+" if undone["held_again_capped"] else ""
+    return f"{undone['held_again']}{capped} held again after {undone['run_id'] or undone['workflow_id']} completed"
 
 
 def _claim_text(claim: Mapping[str, str]) -> str:

@@ -143,6 +143,30 @@ class EntryIdType(click.ParamType[str]):
         return text
 
 
+class DurationType(click.ParamType[float]):
+    """A duration of ``low``..``high`` seconds, converted to seconds.
+
+    ASCII digits with a unit, ``s``, ``m``, ``h`` or ``d`` (``90s``, ``10m``, ``1.5h``).
+    """
+
+    name = "duration"
+    UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        """The duration in seconds; a usage error for anything else, or out of bounds."""
+        text = str(value).strip()
+        match = re.fullmatch(r"([0-9]{1,7}(?:\.[0-9]{1,3})?)([smhd])", text, re.ASCII)
+        if not match:
+            self.fail(f"not a duration (a number and s, m, h or d, e.g. 10m): {text[:40]!r}", param, ctx)
+        seconds = float(match.group(1)) * self.UNITS[match.group(2)]
+        if not self.low <= seconds <= self.high:
+            self.fail(f"{text} is not within {self.low:g}s..{self.high:g}s", param, ctx)
+        return seconds
+
+
 MAX_TASK_QUEUE_LENGTH = 1000
 """The longest task queue name (characters): the Temporal server's default ``limit.maxIDLength``."""
 
