@@ -12,6 +12,7 @@ faults, timeouts and transient error replies propagate and are retried.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -20,12 +21,14 @@ from typing import Any
 from redis.exceptions import (
     AskError,
     ClusterDownError,
+    ConnectionError,
     MovedError,
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
     TryAgainError,
 )
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from temporalio import activity
 from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
@@ -74,8 +77,66 @@ Redis Cluster addressed without a cluster client repeats too: the run then waits
 ``redis_unavailable`` with the MOVED reply as its last error instead of failing.)"""
 
 
+PROBE_WINDOW_SECONDS = 60.0
+"""How long after a connection fault this worker's calls first probe Redis (seconds)."""
+
+PROBE_SECONDS = 0.5
+"""The probe's bound (seconds): a ``PING`` that takes longer fails the call at once."""
+
+UNREACHED_SECONDS = 1.0
+"""After a probe failed, calls fail at once for this long (seconds), without another probe."""
+
+
+class Reachability:
+    """Whether this worker reached Redis lately: a worker cut off from Redis fails its calls fast.
+
+    After a connection fault or timeout (``fault``), each call during ``PROBE_WINDOW_SECONDS`` first sends a ``PING``
+    bounded by ``PROBE_SECONDS`` (``probe``), and for ``UNREACHED_SECONDS`` after one failed the calls fail at once:
+    while the worker is cut off, an attempt fails in half a second at most instead of a socket timeout, so the
+    retries of a call handed on to the task queue (``workflows/calls.py``, ``HandOff``) soon reach a worker that
+    reaches Redis. A probe answered ends the window.
+    """
+
+    def __init__(self) -> None:
+        self.faulted_at: float | None = None
+        self.unreached_at: float | None = None
+        self.unreached: Exception | None = None
+        """How the last probe failed: what the calls raise without probing for ``UNREACHED_SECONDS``."""
+
+    def fault(self) -> None:
+        """Note a connection fault or timeout now."""
+        self.faulted_at = time.monotonic()
+
+    async def probe(self, redis: RedisClient) -> None:
+        """Within the window after a fault, ``PING`` within ``PROBE_SECONDS``.
+
+        Raises:
+            redis.exceptions.TimeoutError: no answer in time (the pool's connections dropped).
+            redis.exceptions.ConnectionError: the connection failed (its own error, ``AuthenticationError`` too).
+        """
+        now = time.monotonic()
+        if self.faulted_at is None or now - self.faulted_at > PROBE_WINDOW_SECONDS:
+            return
+        if self.unreached_at is not None and now - self.unreached_at < UNREACHED_SECONDS and self.unreached:
+            raise type(self.unreached)(*self.unreached.args)  # as the probe failed, without another
+        try:
+            await asyncio.wait_for(redis.ping(), PROBE_SECONDS)
+        except (TimeoutError, ConnectionError, RedisTimeoutError) as err:
+            await drop_stale_connections(redis, err)
+            self.fault()
+            self.unreached_at = time.monotonic()
+            if isinstance(err, ConnectionError | RedisTimeoutError):
+                self.unreached = err
+                raise
+            self.unreached = RedisTimeoutError(
+                f"Redis did not answer a PING within {PROBE_SECONDS:g}s after a connection fault on this worker"
+            )
+            raise self.unreached from err
+        self.faulted_at = self.unreached_at = None
+
+
 @asynccontextmanager
-async def _classified(redis: RedisClient) -> AsyncIterator[None]:
+async def _classified(redis: RedisClient, reach: Reachability | None = None) -> AsyncIterator[None]:
     """Make errors that retrying cannot mend non-retryable ``ApplicationError``s.
 
     Connection faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``) propagate and
@@ -85,11 +146,16 @@ async def _classified(redis: RedisClient) -> AsyncIterator[None]:
     (``redisclient.connection.STALE_CONNECTION_ERRORS``) the pooled connections of ``redis`` are
     dropped before the error propagates, so Temporal's retry (200 ms later, ``REDIS_RETRY``)
     connects afresh to whatever server the address names now: a failover behind a stable address
-    costs one failed attempt per call in flight, never a worker restart.
+    costs one failed attempt per call in flight, never a worker restart. With ``reach``, a connection fault or
+    timeout is noted there, and the call probes Redis first while it says so (``Reachability``).
     """
+    if reach is not None:
+        await reach.probe(redis)
     try:
         yield
     except STALE_CONNECTION_ERRORS as err:
+        if reach is not None and isinstance(err, (ConnectionError, RedisTimeoutError)):
+            reach.fault()
         await drop_stale_connections(redis, err)
         raise
     except ValueError as err:
@@ -226,6 +292,7 @@ class ResumptionActivities:
         self._redis = redis
         self.held = HeldRemaining(meter)
         self.counts = Counts(meter)
+        self.reach = Reachability()
         self.watches = BacklogWatches()
         """The drain polls of this worker, sharing one backlog reading per measurement (``redisclient.watch``)."""
 
@@ -259,7 +326,7 @@ class ResumptionActivities:
     @activity.defn
     async def acquire_claim(self, req: AcquireRequest) -> ClaimGrant:
         """Take the claim (a new fencing token); moves the experiment paused -> resuming."""
-        async with _classified(self.redis):
+        async with _classified(self.redis, self.reach):
             grant = await fencing.acquire_claim(
                 self.redis, _keys(req.ref), req.owner, req.lease_ms, req.request_id, moved_through=req.moved_through
             )
@@ -278,7 +345,7 @@ class ResumptionActivities:
     @activity.defn
     async def check_claim(self, req: CheckRequest) -> ClaimCheck:
         """Check pause state and fencing token; extend the claim's lease."""
-        async with _classified(self.redis):
+        async with _classified(self.redis, self.reach):
             check = await fencing.check_claim(self.redis, _keys(req.ref), req.token, req.owner, req.lease_ms)
         # a fenced run ends without a release: it stops counting here at once
         self.held.report(req.ref, None if check.fenced or check.fence_lost else check.held, req.lease_ms)
@@ -297,7 +364,7 @@ class ResumptionActivities:
         On the readings every poll of this worker of the same measurement shares (``redisclient.watch``).
         """
         _keys(req.ref)
-        async with _classified(self.redis):
+        async with _classified(self.redis, self.reach):
             return await self.watches.wait_for_drain(
                 self.redis,
                 req.ref.stream,
@@ -316,7 +383,7 @@ class ResumptionActivities:
     @activity.defn
     async def publish_rounds(self, req: PublishRequest) -> PublishRounds:
         """Move held tasks in rounds of atomic publishes while headroom is left (``publish.publish_rounds``)."""
-        async with _classified(self.redis):
+        async with _classified(self.redis, self.reach):
             rounds = await publish.publish_rounds(
                 self.redis, _keys(req.ref), req.ref.consumer_group, req.params, req.ref.consumer_groups
             )
@@ -339,7 +406,7 @@ class ResumptionActivities:
         experiment's own (``_keys``).
         """
         _keys(req.ref)
-        async with _classified(self.redis):
+        async with _classified(self.redis, self.reach):
             return await consumers.idle_consumers(self.redis, req.ref.stream, req.groups, req.min_idle_ms, req.limit)
 
     @activity.defn
@@ -348,7 +415,7 @@ class ResumptionActivities:
 
         The move is fenced and atomic (see ``redisclient.deadletter``).
         """
-        async with _classified(self.redis):
+        async with _classified(self.redis, self.reach):
             result = await deadletter.set_aside(self.redis, _keys(req.ref), req.token, req.entry_id)
         activity.logger.warning(
             "held task set aside: too many fields for the publish script",
@@ -362,7 +429,7 @@ class ResumptionActivities:
 
         Returns the release (token 0: nothing released) with the resume's count and the held tasks left.
         """
-        async with _classified(self.redis):
+        async with _classified(self.redis, self.reach):
             released = await fencing.release_claim(
                 self.redis,
                 _keys(req.ref),

@@ -92,7 +92,7 @@ async def waited_for_redis(redis: Redis, handle: WorkflowHandle, e: str) -> None
     await wait_for(handle, throttled)
     async with redis_outage(redis):
         await redis.xgroup_setid(STREAM, GROUP, "$")
-        await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE, timeout=30)
+        await wait_for(handle, lambda p: p.redis_waits > 0, timeout=60)  # the wait after a call's retries
     await completed(redis, handle, e)
 
 
@@ -149,7 +149,7 @@ async def release_failed(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     rounds (a durable wait between them) until the claim's lease lapses: ``release_error``."""
     await wait_for(handle, throttled)
     async with redis_outage(redis):
-        await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE, timeout=30)
+        await wait_for(handle, lambda p: p.redis_waits > 0, timeout=60)  # the wait after a call's retries
         await handle.execute_update(ResumptionWorkflow.pause)
         await handle.result()
 

@@ -108,12 +108,13 @@ async def test_resume_wait_completes_and_the_fleet_view_shows_it(
     assert (row["replayed"], row["remaining"], row["run_id"]) == (300, 0, newest)
     assert newest != doc["run_id"]
     text = await asyncio.to_thread(xmc, "list", "--experiment", experiment, **env)
-    assert text.stdout.split("\n")[1].split()[:8] == [
+    assert text.stdout.split("\n")[1].split()[:9] == [
         f"resumption-{experiment}",
         "completed",
         experiment,
         "completed",
         "300",
+        "-",  # redelivered: none
         "0",
         "-",  # no ETA: not running
         "completed",

@@ -36,7 +36,7 @@ from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys, replayers_key
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.worker import JSON_FIELDS, JSON_RENAMES
-from xmc_resumption.workflows.calls import RELEASE_RETRY
+from xmc_resumption.workflows.calls import RELEASE_RETRY, handed_on_retry
 from xmc_resumption.workflows.models import Outcome, Phase, ResumptionResult
 from xmc_resumption.workflows.release import MAX_RELEASE_ROUNDS
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
@@ -195,9 +195,13 @@ async def test_a_release_with_redis_away_ends_after_its_rounds_while_the_lease_i
     told = result.release_error
     assert told is not None and told.startswith(f"claim not released after {MAX_RELEASE_ROUNDS} round(s) of tries: ")
     assert "its lease lapses by" in told  # not "has lapsed": the rounds ended, not the lease
-    # each round: one local activity of 7 attempts (its backoff past the task budget on durable timers), then a
-    # durable wait before the next round
-    assert release_rounds(events) == [(RELEASE_RETRY.maximum_attempts, True)] * MAX_RELEASE_ROUNDS
+    # each round: a local attempt whose connection fault hands the call on to a regular activity (within
+    # HAND_OFF_SECONDS of a fault, the regular activity at once), which fails after its attempts; then a durable wait
+    # before the next round
+    local = release_rounds(events)
+    assert local and all(ended == (1, True) for ended in local)
+    attempts = handed_on_retry(RELEASE_RETRY).maximum_attempts
+    assert regular_release_rounds(events) == [(attempts, True)] * MAX_RELEASE_ROUNDS
     waits = [summary for summary in timer_summaries(events) if summary.startswith("release failed")]
     assert waits == [
         f"release failed ({n} of at most {MAX_RELEASE_ROUNDS} rounds): trying again"
@@ -232,6 +236,26 @@ def release_rounds(events: Sequence[HistoryEvent]) -> list[tuple[int, bool]]:
             if data.get("activity_type") == "release_claim" and data["backoff"] is None:
                 ended.append((data["attempt"], marker.HasField("failure")))
     return ended
+
+
+def regular_release_rounds(events: Sequence[HistoryEvent]) -> list[tuple[int, bool]]:
+    """The ``release_claim`` regular activities that ended: (last attempt, failed), in order."""
+    scheduled = {
+        e.event_id for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "release_claim"
+    }  # fmt: skip
+    attempts = {
+        e.activity_task_started_event_attributes.scheduled_event_id: e.activity_task_started_event_attributes.attempt
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    }
+    return [
+        (attempts[e.activity_task_failed_event_attributes.scheduled_event_id], True)
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+        and e.activity_task_failed_event_attributes.scheduled_event_id in scheduled
+    ]
 
 
 def timer_summaries(events: Sequence[HistoryEvent]) -> list[str]:

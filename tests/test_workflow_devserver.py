@@ -168,8 +168,8 @@ async def test_throttle_wait_survives_a_worker_restart_and_fires_once(
 
 
 async def test_redis_outage_is_waited_out_and_loses_nothing(temporal_env, redis, redis_url, task_queue) -> None:
-    """An outage longer than the local activities' retries: the turn waits on a durable timer and
-    starts over; nothing is published meanwhile, and the replay completes exactly once."""
+    """An outage longer than a call's retries: the turn waits on a durable timer and starts over; nothing is
+    published meanwhile, and the replay completes exactly once."""
     e = f"E{uuid.uuid4().hex[:6]}"
     names = await hold_tasks(redis, e, 60)
     await fill_backlog(redis, 5)
@@ -185,7 +185,9 @@ async def test_redis_outage_is_waited_out_and_loses_nothing(temporal_env, redis,
         await wait_for(handle, throttled)
         async with redis_outage(redis):
             await redis.xgroup_setid(STREAM, GROUP, "$")  # the backlog is gone; only the outage holds it
-            during = await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE, timeout=30)
+            # the first failed attempt shows the fault (the call handed on); the wait after its retries follows
+            await wait_for(handle, lambda p: p.phase is Phase.REDIS_UNAVAILABLE and p.redis_handoffs > 0, timeout=30)
+            during = await wait_for(handle, lambda p: p.redis_waits > 0, timeout=60)
             assert during.replayed == 0 and await redis.xlen(STREAM) == 5
         stop, seen = asyncio.Event(), []
         consumer = asyncio.create_task(consume(redis, "c1", stop, seen))

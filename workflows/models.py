@@ -309,6 +309,7 @@ class Progress(BaseModel):
     redelivered: int = 0
     last_moved_id: str = ""
     held_again: int = 0
+    redis_handoffs: int = 0
 
 
 class ReconcileInput(BaseModel):

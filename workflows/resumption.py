@@ -26,8 +26,10 @@ with workflow.unsafe.imports_passed_through():
         FAILED_CALL,
         ROUNDS_LOCAL_SECONDS,
         ROUNDS_SECONDS,
+        HandOff,
         TaskBudget,
         call,
+        failure_text,
         permanent,
     )
     from xmc_resumption.workflows.handlers import ControlHandlers
@@ -67,6 +69,9 @@ class ResumptionWorkflow(ControlHandlers):
         """The throttle, rate, Redis and missing-group waits."""
         self.task_budget = TaskBudget()
         """How long the current workflow task has been open: ``call`` keeps it short, for queries."""
+        self.hand_off = HandOff(on_fault=self._handed_off, on_back=self._reached_again)
+        """Whether the Redis calls go to the task queue: after a connection fault on this worker, until one succeeds."""
+        self._phase_before_fault: Phase | None = None
 
     @workflow.run
     async def run(self, inp: ResumptionInput) -> ResumptionResult:
@@ -93,6 +98,26 @@ class ResumptionWorkflow(ControlHandlers):
             raise ApplicationError(
                 f"{type(err).__name__}: {err}", type="WorkflowCodeError", non_retryable=True
             ) from err
+
+    def _handed_off(self, err: BaseException) -> None:
+        """A local call failed with a connection fault: show it at once; the call goes on as a regular activity.
+
+        Any worker that reaches Redis takes it (``workflows/calls.py``, ``HandOff``): this one may be cut off.
+        """
+        p = self._state.progress
+        p.last_error, p.redis_handoffs = failure_text(err)[:300], p.redis_handoffs + 1
+        self._phase_before_fault = p.phase
+        self._view.phase(Phase.REDIS_UNAVAILABLE)
+        workflow.logger.warning(
+            "this worker cannot reach Redis; its calls go to the task queue, for any worker that can",
+            extra={"experiment_id": p.experiment_id, "error": p.last_error},
+        )
+
+    def _reached_again(self) -> None:
+        """A call handed on succeeded: back to the phase the fault interrupted, calls local again."""
+        if self._state.progress.phase is Phase.REDIS_UNAVAILABLE and self._phase_before_fault is not None:
+            self._view.phase(self._phase_before_fault)
+        self._phase_before_fault = None
 
     async def _fail(self) -> None:
         """Hand the experiment back as paused; show ``failed`` in the fleet view and the outcomes metric."""

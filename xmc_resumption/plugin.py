@@ -254,7 +254,10 @@ class ResumptionPlugin(SimplePlugin):
         except BaseException:
             _mark_never_started(worker)
             raise
-        redis = self.settings.redis()
+        # a single Redis client sends nothing again by itself (redis-py would retry a timed-out call 10 times):
+        # Temporal retries the call, and a local attempt's first connection fault hands the replay on at once to a
+        # worker that reaches Redis (workflows/calls.py, HandOff); a cluster client keeps re-reading its slot map
+        redis = self.settings.redis(retries=None if self.settings.redis_cluster else 0)
         activities.redis = redis
         try:
             await next(worker)

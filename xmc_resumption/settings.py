@@ -108,10 +108,11 @@ class Settings(BaseSettings):
 
     ``XMC_REDIS_URL`` (redis://, rediss:// or unix:// URL), ``XMC_TASK_QUEUE``, ``XMC_METRICS_BIND``
     (host:port for a Prometheus ``/metrics`` endpoint, off when unset), ``XMC_REDIS_TIMEOUT_SECONDS``
-    (0 < s <= 300), ``XMC_REDIS_CLUSTER`` (``true``: the URL is a seed node of a Redis Cluster, reached
-    with redis-py's cluster client; default ``false``); TLS to Redis (``rediss://`` only):
-    ``XMC_REDIS_TLS_CA_FILE``, ``XMC_REDIS_TLS_CERT_FILE``, ``XMC_REDIS_TLS_KEY_FILE`` (PEM files, see
-    ``redis_tls_kwargs``); ``XMC_LOG_FORMAT`` (the worker's log lines: ``json``, one JSON object a line
+    (0 < s <= 300), ``XMC_REDIS_CONNECT_TIMEOUT_SECONDS`` (a new connection's, 0 < s <= 300, default 2, at most the
+    socket timeout: a worker cut off from Redis learns it from its first connect), ``XMC_REDIS_CLUSTER`` (``true``:
+    the URL is a seed node of a Redis Cluster, reached with redis-py's cluster client; default ``false``); TLS to
+    Redis (``rediss://`` only): ``XMC_REDIS_TLS_CA_FILE``, ``XMC_REDIS_TLS_CERT_FILE``, ``XMC_REDIS_TLS_KEY_FILE``
+    (PEM files, see ``redis_tls_kwargs``); ``XMC_LOG_FORMAT`` (the worker's log lines: ``json``, one JSON object a line
     with every ``extra`` field, or ``text``); ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` (together: the
     worker's Worker Deployment Version, see ``deployment_version``; unset, the worker is unversioned);
     ``XMC_REPLICA_ACKS`` (0, the default: off; N in 1..16: the claim, every publish, the release and the enqueue
@@ -129,6 +130,7 @@ class Settings(BaseSettings):
     task_queue: str = Field(default=TASK_QUEUE, min_length=1, max_length=1000)
     metrics_bind: str | None = None
     redis_timeout_seconds: float = Field(default=5.0, gt=0, le=MAX_REDIS_TIMEOUT_SECONDS, allow_inf_nan=False)
+    redis_connect_timeout_seconds: float = Field(default=2.0, gt=0, le=MAX_REDIS_TIMEOUT_SECONDS, allow_inf_nan=False)
     log_format: Literal["json", "text"] = "json"
     redis_cluster: bool = False
     redis_tls_ca_file: Path | None = None
@@ -333,7 +335,7 @@ class Settings(BaseSettings):
         return {
             "decode_responses": False,
             "socket_timeout": self.redis_timeout_seconds,
-            "socket_connect_timeout": self.redis_timeout_seconds,
+            "socket_connect_timeout": min(self.redis_connect_timeout_seconds, self.redis_timeout_seconds),
             "health_check_interval": 30,
             **self.redis_tls_kwargs(),
         }

@@ -39,6 +39,9 @@ class LosingProxy:
 
     ``delay(marker, seconds, times)``: the next ``times`` requests holding ``marker`` reach the server
     ``seconds`` late.
+
+    ``cut()``: a network partition: from now on every byte either way is dropped (connections stay open and
+    new ones are accepted, but nothing gets through: a client waits out its timeout); ``heal()`` forwards again.
     """
 
     def __init__(self, upstream: int) -> None:
@@ -49,6 +52,7 @@ class LosingProxy:
         self._delayed: tuple[bytes, float, int] = (b"", 0.0, 0)
         self._lock = threading.Lock()
         self._holding = False
+        self._cut = False
         self._kept: dict[socket.socket, list[bytes]] = {}
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
@@ -66,6 +70,16 @@ class LosingProxy:
         """Keep the server's bytes from now on instead of relaying them."""
         with self._lock:
             self._holding = True
+
+    def cut(self) -> None:
+        """Drop every byte either way from now on: the network between clients and server is gone."""
+        with self._lock:
+            self._cut = True
+
+    def heal(self) -> None:
+        """Forward again (bytes dropped meanwhile stay dropped)."""
+        with self._lock:
+            self._cut = False
 
     def release(self) -> None:
         """Relay every byte kept since ``hold()``, in order, and forward again."""
@@ -129,6 +143,9 @@ class LosingProxy:
                     losing.set()
                 if late := self._lateness(request):
                     time.sleep(late)
+                with self._lock:
+                    if self._cut:
+                        continue
                 upstream.sendall(request)
         except OSError:
             pass
@@ -145,6 +162,8 @@ class LosingProxy:
                         self.lost += 1
                     return
                 with self._lock:
+                    if self._cut:
+                        continue
                     if self._holding:
                         self._kept.setdefault(client, []).append(reply)
                         continue

@@ -171,7 +171,10 @@ def _status_text(doc: Mapping[str, Any]) -> str:
         lines = [f"{e} on {s}: unknown: no key of this experiment in Redis (never paused here: a typo, or --stream?)"]
     else:
         state = doc["state"] if "state" not in unknown else why("state")
-        lines = [f"{e} on {s}: {state}" + (" (orphaned: resuming, no live claim)" if doc["orphaned"] else "")]
+        note = " (orphaned: resuming, no live claim)" if doc["orphaned"] else ""
+        if doc.get("cut_off"):
+            note = " (running, its worker cannot reach Redis: no live claim; the run goes on once a worker reaches it)"
+        lines = [f"{e} on {s}: {state}{note}"]
         held_text = f"{doc['held']} tasks" if "state" not in unknown else why("state")
         dead = doc["set_aside"] if "set_aside" not in unknown else why("set_aside")
         lines.append(f"  held: {held_text}; set aside: {dead}")
@@ -209,7 +212,7 @@ def _status_text(doc: Mapping[str, Any]) -> str:
     elif "redis_memory" in unknown:
         lines.append(f"  redis memory: {why('redis_memory')}")
     lines.append("  " + _run_text(doc.get("run")))
-    known = {"experiment_id", "stream", "exists", "state", "orphaned", "held", "set_aside", "claim", "fence"}
+    known = {"experiment_id", "stream", "exists", "state", "orphaned", "cut_off", "held", "set_aside", "claim", "fence"}
     shown = known | {"backlog", "run", "redis_memory", "unknown", "idle_consumers"}
     lines += [f"  {k}: {v}" for k, v in doc.items() if k not in shown]
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 from temporalio.client import WorkflowHandle
 
 from xmc_resumption.errors import OperatorError
@@ -36,6 +36,20 @@ class BacklogSummary(BaseModel):
     groups: list[GroupBacklog] = []
 
 
+def cut_off(orphaned: object, run: object) -> dict[str, object]:
+    """``orphaned`` and ``cut_off`` of ``xmc status``: orphaned only with no run alive in Temporal.
+
+    An experiment resuming with no live claim is orphaned only when no run of its resumption is alive in Temporal
+    (``run``: ``live_run``'s row).
+
+    With one running, the claim lapsed because no worker that runs the replay has reached Redis for the lease: the
+    run goes on by itself once one does (its calls go to the task queue, ``workflows/calls.py``), so the status says
+    ``cut_off`` (running, its worker cannot reach Redis) instead of asking for a new resumption.
+    """
+    alive = bool(orphaned) and isinstance(run, dict) and run.get("status") == "running"
+    return {"orphaned": False if alive else orphaned, "cut_off": alive}
+
+
 class ExperimentStatus(BaseModel):
     """One experiment in Redis (and its resumption in Temporal): ``XmcClient.status``.
 
@@ -43,7 +57,9 @@ class ExperimentStatus(BaseModel):
         exists: False when no key of the experiment exists on this stream (``state`` is then
             ``unknown``: never paused nor resumed here).
         state: ``running``, ``paused``, ``resuming`` or ``unknown``.
-        orphaned: resuming with no live claim: the replayer is gone; resuming again goes on.
+        orphaned: resuming with no live claim and no run alive in Temporal: the replayer is gone; resuming again goes
+            on. cut_off: resuming with no live claim while its run is alive in Temporal: its worker cannot reach
+            Redis; the run goes on once a worker does (``cut_off``, applied when the status is built).
         held: held tasks (entries); set_aside: tasks in the dead-letter stream.
         claim: ``token``, ``owner``, ``lease_ms`` left; {} when none. fence: the last fencing token.
         backlog: the consumer groups' backlog (``BacklogSummary``); idle_consumers: the consumers
@@ -62,6 +78,7 @@ class ExperimentStatus(BaseModel):
     exists: bool | None
     state: str
     orphaned: bool | None
+    cut_off: bool = False
     held: int | None
     claim: dict[str, str] | None
     fence: int | None
@@ -71,6 +88,13 @@ class ExperimentStatus(BaseModel):
     redis_memory: RedisMemory | None
     run: dict[str, Any] | None = None
     unknown: dict[str, str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cut_off(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "cut_off" not in data:
+            return data | cut_off(data.get("orphaned"), data.get("run"))
+        return data
 
 
 class HeldRow(BaseModel):
