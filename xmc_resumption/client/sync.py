@@ -259,11 +259,17 @@ class XmcSyncClient:
         experiment_id: str | None = None,
         stream: str | None = None,
         limit: int = 200,
+        redelivered: bool = False,
     ) -> list[FleetRow]:
         """``XmcClient.list_resumptions``."""
         return self._call(
             lambda c: c.list_resumptions(
-                running=running, phase=phase, experiment_id=experiment_id, stream=stream, limit=limit
+                running=running,
+                phase=phase,
+                experiment_id=experiment_id,
+                stream=stream,
+                limit=limit,
+                redelivered=redelivered,
             )
         )
 
