@@ -43,7 +43,7 @@ from xmc_resumption.workflows.models import Outcome, Progress, ReconcileInput, R
 from xmc_resumption.workflows.reconcile import ReconcileWorkflow
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
-pytestmark = pytest.mark.real_server  # the fleet view's search attributes are read from visibility
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]  # visibility holds the fleet view's search attributes
 
 THRESHOLD = 10
 TASKS = 40

@@ -51,6 +51,7 @@ def worker_client(port: int) -> Redis:
 
 
 @pytest.mark.real_server
+@pytest.mark.slow
 async def test_a_worker_cut_off_from_redis_hands_its_replay_to_one_that_reaches_it(
     temporal_env: WorkflowEnvironment, redis: Redis, redis_url: str, task_queue: str, xmc: Xmc
 ) -> None:
@@ -157,6 +158,7 @@ def test_an_orphan_whose_run_is_alive_is_cut_off_instead() -> None:
     assert cut_off(False, {"status": "running"}) == {"orphaned": False, "cut_off": False}
 
 
+@pytest.mark.slow
 async def test_a_worker_that_saw_a_connection_fault_probes_redis_before_its_calls(redis: Redis) -> None:
     """``Reachability``: no probe before any fault; after one, a PING bounded by 0.5 s, then calls failing at once
     for a second after a probe failed; a probe answered ends the window."""
