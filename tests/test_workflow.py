@@ -191,7 +191,9 @@ async def fails_at_once_naming(
         )
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), 10)
-    assert field in str(failure.value.cause)
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and cause.non_retryable, cause
+    assert cause.type == "InvalidInput" and "\n" not in str(cause) and field in str(cause), str(cause)
     assert await redis.dbsize() == 0
 
 

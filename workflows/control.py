@@ -44,7 +44,7 @@ class ControlChange(BaseModel):
         try:
             return self.applied_to(inp)
         except ValidationError as err:
-            raise InvalidControlError(_first_error(None, err, self.model_dump(exclude_none=True))) from None
+            raise InvalidControlError(first_error(None, err, self.model_dump(exclude_none=True))) from None
 
     @classmethod
     def of_update(cls, update: Control, args: Sequence[object]) -> ControlChange:
@@ -74,7 +74,7 @@ class ControlChange(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            raise InvalidControlError(_first_error(update, err, data)) from None
+            raise InvalidControlError(first_error(update, err, data)) from None
 
 
 def _json_kind(value: object) -> str:
@@ -84,10 +84,10 @@ def _json_kind(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _first_error(update: Control | None, err: ValidationError, data: object) -> str:
-    """``[<update>: ]<field>: <pydantic's message> (got <kind>)``: a rejected Update, never its value (may be long)."""
+def first_error(update: Control | None, err: ValidationError, data: object, whole: str = "change") -> str:
+    """``[<update>: ]<field>: <pydantic's message> (got <kind>)``, ``whole`` for the value itself, never the value."""
     first = err.errors(include_url=False)[0]
-    field = ".".join(str(x) for x in first["loc"]) or "change"
+    field = ".".join(str(x) for x in first["loc"]) or whole
     msg = first["msg"].removeprefix("Value error, ")
     given = first.get("input", data)
     got = f" (got {_json_kind(given)})" if first["type"].endswith("_type") else ""

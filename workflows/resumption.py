@@ -9,6 +9,8 @@ signal and query (``workflows/handlers.py``, the base class), the waits (``workf
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 from pydantic import ValidationError
 from temporalio import workflow
@@ -32,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         failure_text,
         permanent,
     )
+    from xmc_resumption.workflows.control import first_error
     from xmc_resumption.workflows.handlers import ControlHandlers
     from xmc_resumption.workflows.models import WORKFLOW_TYPE, Outcome, Phase, ResumptionInput, ResumptionResult
     from xmc_resumption.workflows.release import release_claim
@@ -52,6 +55,27 @@ MOVED = (
 FAILURE_EXCEPTION_TYPES = [ValidationError, TypeError]
 """What fails a run instead of retrying its workflow task: a bad input (see ``ResumptionWorkflow``)."""
 
+INVALID_INPUT = "InvalidInput"
+"""``ApplicationError.type`` of a run failed for its input (non-retryable)."""
+
+
+def parse_input(inp: Any) -> ResumptionInput:
+    """The run's input, read from what the data converter decoded (a ``ResumptionInput``, or any JSON value).
+
+    The run takes any JSON so that a bad input reaches this check, not the converter's multi-line, retryable
+    ``ValidationError``: it is read as the converter would (JSON mode).
+
+    Raises:
+        ApplicationError: non-retryable, type ``INVALID_INPUT``, one line naming the field (docs/contract.md, "Input").
+    """
+    if isinstance(inp, ResumptionInput):
+        return inp
+    try:
+        return ResumptionInput.model_validate_json(json.dumps(inp))
+    except ValidationError as err:
+        message = f"invalid input: {first_error(None, err, inp, whole='ResumptionInput')}"
+        raise ApplicationError(message, type=INVALID_INPUT, non_retryable=True) from None
+
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
 class ResumptionWorkflow(ControlHandlers):
@@ -62,8 +86,14 @@ class ResumptionWorkflow(ControlHandlers):
     """
 
     @workflow.init
-    def __init__(self, inp: ResumptionInput) -> None:
-        # the state and the view are built here, not in ``run``: an Update delivered with the start is handled first
+    def __init__(self, inp: ResumptionInput | Any) -> None:
+        # the state and the view are built here, not in ``run``: an Update delivered with the start is handled first;
+        # a bad input is raised by ``run`` (raised here, it would leave the SDK's run coroutine never awaited)
+        self._bad_input: ApplicationError | None = None
+        try:
+            inp = parse_input(inp)
+        except ApplicationError as err:
+            self._bad_input, inp = err, ResumptionInput.model_construct(experiment_id="")
         super().__init__(inp)
         self._waits = Waits(self._state, self._view)
         """The throttle, rate, Redis and missing-group waits."""
@@ -74,8 +104,10 @@ class ResumptionWorkflow(ControlHandlers):
         self._phase_before_fault: Phase | None = None
 
     @workflow.run
-    async def run(self, inp: ResumptionInput) -> ResumptionResult:
+    async def run(self, inp: ResumptionInput | Any) -> ResumptionResult:
         """Run the resumption loop; see the class docstring."""
+        if self._bad_input is not None:
+            raise self._bad_input
         info = workflow.info()
         self._state.begin(info.workflow_id, info.continued_run_id, workflow.now(), lambda: str(workflow.uuid4()))
         try:

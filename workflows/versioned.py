@@ -5,6 +5,8 @@ See docs/operating.md, "Rolling out a release"; ``ResumptionPlugin`` registers t
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio import workflow
 from temporalio.common import VersioningBehavior
 
@@ -27,7 +29,7 @@ class PinnedResumptionWorkflow(ResumptionWorkflow):
     """``ResumptionWorkflow`` pinned to its Worker Deployment Version: the same type, input, result and handlers."""
 
     @workflow.run
-    async def run(self, inp: ResumptionInput) -> ResumptionResult:
+    async def run(self, inp: ResumptionInput | Any) -> ResumptionResult:
         """Run the resumption loop (``ResumptionWorkflow.run``)."""
         return await super().run(inp)
 
