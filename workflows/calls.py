@@ -1,8 +1,4 @@
-"""How ``ResumptionWorkflow`` calls Redis: activities, local within a task's budget (docs/contract.md, "Faults").
-
-A first attempt that fails with a connection fault goes on as a regular activity on the task queue, which any worker
-that reaches Redis takes (``HandOff``): a local activity would keep the replay on a worker cut off from Redis.
-"""
+"""How ``ResumptionWorkflow`` calls Redis: activities, local within a task's budget (docs/contract.md, "Faults")."""
 
 from __future__ import annotations
 
@@ -43,26 +39,17 @@ RELEASE_RETRY = dataclasses.replace(REDIS_RETRY, maximum_attempts=7)
 """One round of release tries: 7 attempts, about 10 s of backoff (docs/contract.md, "Faults")."""
 
 CONNECTION_FAULTS = ("ConnectionError", "TimeoutError")
-"""The error types of a Redis connection fault as an activity reports them (redis-py's ``ConnectionError`` and
-``TimeoutError``, the classes ``redisclient.connection`` drops stale connections on): a local attempt that fails
-with one hands the call on to a regular activity (``HandOff``) instead of retrying on the same worker."""
+"""The error types of a Redis connection fault (redis-py's), which hand the calls on (``HandOff``)."""
 
 HAND_OFF_SECONDS = 60.0
-"""After a connection fault on a local attempt, the calls run as regular activities for this long (workflow time,
-seconds) before a local attempt tries this worker again: each local attempt on a worker cut off from Redis costs a
-socket timeout (``XMC_REDIS_TIMEOUT_SECONDS``) before it fails."""
+"""How long the calls stay handed on after a connection fault (workflow time, seconds; docs/contract.md, "Faults")."""
 
 HAND_OFF_ATTEMPTS = 12
-"""The attempts of a call handed on (at least): each attempt goes to whichever worker polls first, and one cut off
-from Redis fails its attempt within half a second (``activities.resumption.Reachability``), so the next soon reaches
-a worker that does."""
+"""The least attempts of a call handed on: each goes to whichever worker polls first (docs/contract.md, "Faults")."""
 
 
 def handed_on_retry(policy: RetryPolicy) -> RetryPolicy:
-    """``policy`` for a call handed on: retries 100 ms to 1 s apart, ``HAND_OFF_ATTEMPTS`` attempts or more.
-
-    About 10 s of backoff in all, as ``REDIS_RETRY``'s; ``policy``'s attempts if they are more.
-    """
+    """``policy`` for a call handed on: retries 100 ms to 1 s apart, ``HAND_OFF_ATTEMPTS`` attempts or more."""
     attempts = max(HAND_OFF_ATTEMPTS, policy.maximum_attempts)
     return dataclasses.replace(
         policy,
@@ -74,8 +61,7 @@ def handed_on_retry(policy: RetryPolicy) -> RetryPolicy:
 
 
 FAILED_CALL = (ActivityError, ApplicationError)
-"""What a failed call raises in workflow code: an ``ActivityError`` wrapping the cause, or, for a local activity that
-failed without retrying, the activity's ``ApplicationError`` itself."""
+"""What a failed call raises: an ``ActivityError``, or a local activity's own ``ApplicationError``."""
 
 
 TASK_BUDGET_SECONDS = 0.5
@@ -93,10 +79,7 @@ MAX_SCRIPTS_PER_CALL = 1_000
 
 @dataclass
 class TaskBudget:
-    """How long the current workflow task has been open, from workflow time and history length (both replay the same).
-
-    A workflow instance's ``task_budget`` attribute of this type keeps its calls within ``TASK_BUDGET_SECONDS``.
-    """
+    """How long the current workflow task has been open, from workflow time and history length (both replay alike)."""
 
     history_length: int = -1
     opened_at: datetime | None = None
@@ -115,13 +98,9 @@ class TaskBudget:
 
 @dataclass
 class HandOff:
-    """Whether the workflow's Redis calls run as regular activities, after a connection fault on a local attempt.
+    """Whether the Redis calls run as regular activities, after a connection fault (docs/contract.md, "Faults").
 
-    A workflow whose instance has a ``hand_off`` attribute of this type has its calls handed on (``call``): once a
-    local attempt failed with a connection fault (at workflow time ``since``), every call is a regular activity for
-    ``HAND_OFF_SECONDS``, then the next tries locally again, and the calls stay local once one succeeds there.
-    ``on_fault`` is told of the fault (the workflow shows it in its progress at once), ``on_back`` when the first call
-    after it succeeded (on whichever worker). Not carried across continue-as-new: a new run tries locally first.
+    ``on_fault`` is told of the fault, ``on_back`` when the first call after it succeeded; a new run starts local.
     """
 
     remote: bool = False
@@ -194,64 +173,45 @@ async def call(
 ) -> _Res:
     """Run ``activity`` (a method of ``ResumptionActivities``) on ``arg`` and return its validated result.
 
-    A local activity, or a regular one when the call, which may last ``longest`` seconds, would pass ``TaskBudget``,
-    or while the calls are handed on (``HandOff``): a first attempt that fails with a connection fault is shown at
-    once and the call runs again as a regular activity (the same request: every activity is idempotent).
+    A regular activity when the call (up to ``longest`` seconds) would pass ``TaskBudget``, or ``HandOff`` says so.
 
     Raises:
         asyncio.CancelledError: the workflow was cancelled while the call ran or retried (never a Redis fault).
         ActivityError, ApplicationError: the call failed (see ``permanent``).
         pydantic.ValidationError: the result does not match the method's return type.
     """
-    instance = workflow.instance()
-    budget = getattr(instance, "task_budget", None)
-    if not isinstance(budget, TaskBudget):
-        budget = None
-    hand_off = getattr(instance, "hand_off", None)
-    if not isinstance(hand_off, HandOff):
-        hand_off = None
-
-    async def regular(policy: RetryPolicy) -> Any:
-        return await workflow.execute_activity(
-            activity.__name__,
-            arg,
-            result_type=None,
-            start_to_close_timeout=start_to_close,
-            retry_policy=policy,
-            summary=summary,
-        )
-
-    async def local_activity(policy: RetryPolicy) -> Any:
-        return await workflow.execute_local_activity(
-            activity.__name__,  # the activity's registered name (activity.defn's default)
-            arg,
-            result_type=None,
-            start_to_close_timeout=start_to_close,
-            retry_policy=policy,
-            summary=summary,
-            local_retry_threshold=timedelta(seconds=TASK_BUDGET_SECONDS) if budget else None,
-        )
-
-    handed = hand_off is not None and hand_off.handed_on(workflow.now())
-    local = not handed and not (budget is not None and budget.passed_by(longest))
-    first = handed_on_retry(retry_policy) if handed else retry_policy
-    if hand_off is not None and not handed:  # a connection fault is shown at once, then goes to the task queue
+    instance = workflow.instance()  # a ResumptionWorkflow: the only workflow that calls Redis
+    budget: TaskBudget = instance.task_budget
+    hand_off: HandOff = instance.hand_off
+    options: dict[str, Any] = {"result_type": None, "start_to_close_timeout": start_to_close, "summary": summary}
+    handed = hand_off.handed_on(workflow.now())
+    local = not handed and not budget.passed_by(longest)
+    if handed:
+        first = handed_on_retry(retry_policy)
+    else:  # a connection fault is shown at once, then goes to the task queue
         faults = [*(retry_policy.non_retryable_error_types or ()), *CONNECTION_FAULTS]
         first = dataclasses.replace(retry_policy, non_retryable_error_types=faults)
     try:
         try:
-            raw = await (local_activity(first) if local else regular(first))
+            if local:
+                threshold = timedelta(seconds=TASK_BUDGET_SECONDS)
+                raw = await workflow.execute_local_activity(
+                    activity.__name__, arg, retry_policy=first, local_retry_threshold=threshold, **options
+                )
+            else:
+                raw = await workflow.execute_activity(activity.__name__, arg, retry_policy=first, **options)
         except FAILED_CALL as err:
-            if hand_off is None or handed or is_cancelled_exception(err) or not connection_fault(err):
+            if handed or is_cancelled_exception(err) or not connection_fault(err):
                 raise
             hand_off.fault(err, workflow.now())
             local = False
-            raw = await regular(handed_on_retry(retry_policy))
+            raw = await workflow.execute_activity(
+                activity.__name__, arg, retry_policy=handed_on_retry(retry_policy), **options
+            )
     except FAILED_CALL as err:
         if is_cancelled_exception(err):
             raise asyncio.CancelledError() from err
         raise
-    if hand_off is not None:
-        hand_off.succeeded(local=local)
+    hand_off.succeeded(local=local)
     # read here, not by the SDK: a result the workflow cannot read fails the run through ``run``, which hands back
     return cast(_Res, _result_adapter(activity).validate_python(raw))
