@@ -56,14 +56,7 @@ class StartOptions(TypedDict):
 
 
 class Carry(BaseModel):
-    """State carried across continue-as-new (``RunState.carry``); callers never set it.
-
-    The progress's counters (``runs``: the runs before this one), ``RunState``'s own fields of the same names, and its
-    parts': the pacer's (``drain_rate``, ``reaction_seconds``, ``burst``), the stall watch's (``progress_at``,
-    ``stall_reading``), the ETA's (``net_rate``) and the rate cap's (``rate_bucket``), each in its unit there;
-    ``last_moved_id``: the held entry ID of the last task Redis said was moved ('': none), the publishes' and the
-    claim's ``moved_through``.
-    """
+    """State carried across continue-as-new (``RunState.carry``): each field as its ``Progress``/``RunState`` one."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -227,10 +220,7 @@ class Outcome(StrEnum):
 
 
 class ResumptionResult(BaseModel):
-    """What ``ResumptionWorkflow`` returns: docs/contract.md, "Result and outcomes".
-
-    A cancelled run returns no result: its outcome ``cancelled`` shows in the progress and ``XmcOutcome`` only.
-    """
+    """What ``ResumptionWorkflow`` returns (a cancelled run returns none): docs/contract.md, "Result and outcomes"."""
 
     experiment_id: str
     outcome: Outcome
@@ -313,10 +303,7 @@ class Progress(BaseModel):
 
 
 class ReconcileInput(BaseModel):
-    """Input of ``ReconcileWorkflow`` and of ``xmc reconcile``: which stream, where resumptions start, how many runs.
-
-    ``limit``: the most resumptions visibility lists for the stream, newest first (each experiment's newest counts).
-    """
+    """Input of ``ReconcileWorkflow`` and of ``xmc reconcile``: docs/operating.md, "Reconciliation"."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -332,17 +319,7 @@ class ReconcileInput(BaseModel):
 
 
 class Reconciled(BaseModel):
-    """An undone completion: an experiment whose newest resumption completed, holding its tasks again in Redis.
-
-    Attributes:
-        experiment_id: the experiment.
-        workflow_id, run_id: the completed resumption's run.
-        moved_through: its ``last_moved_id``: the held entry ID of the last task Redis said it moved.
-        held_again, held_again_capped: held entries at or below it (up to 1,000; more).
-        held: held entries in all; state: the experiment's state in Redis.
-        started: the workflow ID of the resumption started for it (None: none started).
-        error: why none started (one line), if one was meant to.
-    """
+    """An undone completion, and the resumption started for it: docs/operating.md, "Reconciliation"."""
 
     experiment_id: str
     workflow_id: str
