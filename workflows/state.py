@@ -51,17 +51,13 @@ class RunState:
         owner, request_id, started_at: the claim's owner, the acquire's idempotency key, the first run's start
             (workflow time, UTC): set by ``begin``.
         publish_next: the next turn publishes without a check (right after the claim, or a publish that left headroom).
-        nothing_held: the claim found the experiment running and holding nothing.
-        stopping: the ``pause`` Update was accepted. failed: the run is failing.
         wake: an accepted Update ends the durable wait in progress, if any.
         hold: what holds the replay back besides the consumers (Redis's memory), until a task moves.
         stall_base: the stall reason without the idle consumers, None when not stalled.
-        idle_read_at: when the idle consumers were last read during this stall (workflow time).
         outcome_counted: the outcomes metric has this run's end already (the release activity counted it).
         lease_until: when the claim's lease lapses at the latest (workflow time, UTC); None before a call extended it.
         task_bytes: the mean bytes of a task the last publish moved, for the automatic batch; None before one moved.
-        stream_capped: the stream's cap (``{S}:rate``) cut the last publish short: the replay moves at its share of
-            the cap, which the ETA counts instead of the whole cap (docs/operating.md, "ETA").
+        stream_capped: the stream's cap cut the last publish short (docs/operating.md, "ETA").
     """
 
     input: ResumptionInput
@@ -157,8 +153,7 @@ class RunState:
         """The next publish's parameters, from the input in force, the claim and the seq (``PublishParams``).
 
         Its first seq is the last used plus one: a publish that failed after its scripts ran is asked again the same.
-        It passes what Redis told the run (``moved_through``, ``replayed``): a publish on a Redis that lost moves marks
-        and counts every task it moves again (docs/contract.md, "Redelivered tasks").
+        ``moved_through`` and ``replayed``: docs/contract.md, "Redelivered tasks".
         """
         inp = self.input
         return PublishParams(
@@ -274,18 +269,12 @@ class RunState:
             p.replayed += result.moved
         p.remaining = result.remaining
 
-    def moved_again(self, rounds: PublishRounds) -> int:
-        """Take a publish call's redeliveries into the progress; returns the tasks it moved again now.
-
-        ``last_moved_id`` moves on to the last held entry ID the call moved; ``redelivered`` is Redis's count
-        (``redelivered_total``, the replay record's) when it keeps one, else the run's own sum of what the scripts
-        moved again now.
-        """
+    def moved_again(self, rounds: PublishRounds) -> None:
+        """Take a publish call's last moved ID and redeliveries (Redis's count, else a sum) into the progress."""
         p = self.progress
         p.last_moved_id = later_id(p.last_moved_id, rounds.last_moved_id)
         total = rounds.final.redelivered_total
         p.redelivered = max(p.redelivered, total) if total is not None else p.redelivered + rounds.fresh_redelivered
-        return rounds.fresh_redelivered
 
     def released(self, release: Release) -> None:
         """Take a release's reply into the progress; a release with an outcome had it counted by its activity."""
