@@ -1,9 +1,6 @@
-"""``ResumptionWorkflow``: replay an experiment's held tasks into the task stream.
+"""``ResumptionWorkflow``: replay an experiment's held tasks into the task stream (docs/contract.md, "The loop").
 
-Each turn of the loop: check, publish, wait (docs/contract.md, "The loop"). The Redis calls are activities
-(``workflows/calls.py``); the run's state is one ``RunState`` (``workflows/state.py``). Beside the loop: the Updates,
-signal and query (``workflows/handlers.py``, the base class), the waits (``workflows/waits.py``), what the run shows
-(``workflows/view.py``) and the hand-back (``workflows/release.py``).
+Its helpers, each in its own module: docs/development.md, "Layout".
 """
 
 from __future__ import annotations
@@ -53,7 +50,7 @@ MOVED = (
 
 
 FAILURE_EXCEPTION_TYPES = [ValidationError, TypeError]
-"""What fails a run instead of retrying its workflow task: a bad input (see ``ResumptionWorkflow``)."""
+"""What fails a run instead of retrying its first workflow task for ever: a bad input, or the wrong number of inputs."""
 
 INVALID_INPUT = "InvalidInput"
 """``ApplicationError.type`` of a run failed for its input (non-retryable)."""
@@ -79,11 +76,7 @@ def parse_input(inp: Any) -> ResumptionInput:
 
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=FAILURE_EXCEPTION_TYPES)
 class ResumptionWorkflow(ControlHandlers):
-    """Replays held tasks of one experiment: docs/contract.md, "The workflow".
-
-    A bad input, or the wrong number of inputs, raises before ``run`` starts: ``failure_exception_types`` fail the run
-    instead of retrying its first workflow task for ever.
-    """
+    """Replays held tasks of one experiment: docs/contract.md, "The workflow"."""
 
     @workflow.init
     def __init__(self, inp: ResumptionInput | Any) -> None:
@@ -96,12 +89,9 @@ class ResumptionWorkflow(ControlHandlers):
             self._bad_input, inp = err, ResumptionInput.model_construct(experiment_id="")
         super().__init__(inp)
         self._waits = Waits(self._state, self._view)
-        """The throttle, rate, Redis and missing-group waits."""
         self.task_budget = TaskBudget()
-        """How long the current workflow task has been open: ``call`` keeps it short, for queries."""
         self.hand_off = HandOff(on_fault=self._handed_off, on_back=self._reached_again)
-        """Whether the Redis calls go to the task queue: after a connection fault on this worker, until one succeeds."""
-        self._phase_before_fault: Phase | None = None
+        self._phase_before_fault = Phase.CLAIMING
 
     @workflow.run
     async def run(self, inp: ResumptionInput | Any) -> ResumptionResult:
@@ -124,18 +114,14 @@ class ResumptionWorkflow(ControlHandlers):
         except workflow.NondeterminismError:
             raise  # (a sandbox violation too) the workflow task retries, so a fixed worker can go on
         except Exception as err:
-            # a fault of the workflow code itself (or of a result it cannot read): fail the run and hand the
-            # experiment back, instead of retrying the workflow task for ever
+            # a fault of the workflow code (or a result it cannot read): fail the run instead of retrying for ever
             await self._fail()
             raise ApplicationError(
                 f"{type(err).__name__}: {err}", type="WorkflowCodeError", non_retryable=True
             ) from err
 
     def _handed_off(self, err: BaseException) -> None:
-        """A local call failed with a connection fault: show it at once; the call goes on as a regular activity.
-
-        Any worker that reaches Redis takes it (``workflows/calls.py``, ``HandOff``): this one may be cut off.
-        """
+        """A local call failed with a connection fault: show it at once (docs/contract.md, "Faults")."""
         p = self._state.progress
         p.last_error, p.redis_handoffs = failure_text(err)[:300], p.redis_handoffs + 1
         self._phase_before_fault = p.phase
@@ -146,10 +132,9 @@ class ResumptionWorkflow(ControlHandlers):
         )
 
     def _reached_again(self) -> None:
-        """A call handed on succeeded: back to the phase the fault interrupted, calls local again."""
-        if self._state.progress.phase is Phase.REDIS_UNAVAILABLE and self._phase_before_fault is not None:
+        """A call handed on succeeded: back to the phase the fault interrupted (``_handed_off`` noted it)."""
+        if self._state.progress.phase is Phase.REDIS_UNAVAILABLE:
             self._view.phase(self._phase_before_fault)
-        self._phase_before_fault = None
 
     async def _fail(self) -> None:
         """Hand the experiment back as paused; show ``failed`` in the fleet view and the outcomes metric."""
@@ -184,8 +169,7 @@ class ResumptionWorkflow(ControlHandlers):
                 turns_this_run += 1
                 state.progress.turns += 1
                 state.wake = False  # an Update accepted from here on ends this turn's durable wait
-                # adding 0 shows the counter from the first live turn on (the meter skips replayed code), not first
-                # at a wait
+                # add 0: the counter shows from the first live turn on (the meter skips replayed code)
                 self._view.metrics.throttles.add(0, {"policy": state.input.throttle_policy.value})
                 result = await self._turn()
             except FAILED_CALL as err:
@@ -267,10 +251,7 @@ class ResumptionWorkflow(ControlHandlers):
         return None
 
     async def _publish(self) -> ResumptionResult | None:
-        """Publish in rounds (``publish_rounds``), then do what the last script's status asks; the result once ended.
-
-        At most what the replay's own rate cap allows (none allowed: its wait instead).
-        """
+        """Publish in rounds, within the replay's rate cap, then do what the last status asks; the result once ended."""
         state = self._state
         inp, p = state.input, state.progress
         batch, cap = state.batch_size, inp.max_tasks_per_second
@@ -318,11 +299,7 @@ class ResumptionWorkflow(ControlHandlers):
         return await self._after_publish(last)
 
     def _redelivery_seen(self, behind: int, moved_through: str) -> None:
-        """Log, once per resumption, that Redis lost moves the run was told of and tasks moved again, marked.
-
-        The first publish that counts a task moved again says it; the count goes on in the progress, the result,
-        ``XmcRedelivered`` and the ``xmc_resumption_redelivered_tasks`` metric (docs/contract.md, "Redelivered tasks").
-        """
+        """Log once that tasks moved again, marked (docs/contract.md, "Redelivered tasks")."""
         p = self._state.progress
         workflow.logger.error(
             "Redis lost moves this resumption was told of (a crash failover?): tasks moved again, marked %s",
@@ -380,8 +357,7 @@ class ResumptionWorkflow(ControlHandlers):
                 # the stream or a required group is missing: nothing moved or written
                 return await self._end_stalled() if await self._waits.for_group(result.reading) else None
             case PublishStatus.MEMORY:
-                # a durable timer of throttle_seconds whatever the policy: the backlog may be low, so an adaptive
-                # poll for the drain would return at once
+                # a durable timer of throttle_seconds whatever the policy: an adaptive poll may return at once
                 state.hold = memory_reason(result.used_memory, result.maxmemory, inp.max_memory_fraction or 1.0)
                 stalled = await self._waits.throttle(result.reading.backlog, state.hold, inp.throttle_seconds)
                 return await self._end_stalled() if stalled else None
@@ -392,8 +368,7 @@ class ResumptionWorkflow(ControlHandlers):
                 # the stream-wide cap cut this move short: wait for the bucket, not for the next publish
                 await self._waits.rate(result.rate_wait_ms / 1000, self._stream_rate_reason(result))
             case PublishStatus.STALE:
-                # an older seq than the last publish recorded for this token (after a workflow reset): go on from
-                # the recorded one
+                # an older seq than the last one recorded for this token (after a workflow reset): go on from it
                 workflow.logger.warning(
                     "publish refused as stale", extra={"seq": state.seq, "last_seq": result.last_seq}
                 )
