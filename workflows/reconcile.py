@@ -1,10 +1,6 @@
 """``ReconcileWorkflow``: resume the undone completions of one task stream, once (docs/operating.md, "Reconciliation").
 
-A completed resumption whose tasks Redis holds again (a crash failover to a replica that never got its last moves)
-is an undone completion; the activity ``reconcile_completions`` (``xmc_resumption.reconcile``) finds them, from
-Temporal visibility and Redis, and starts a resumption of each that passes the completion's last moved ID on, so
-every task it moves again is marked and counted. ``xmc reconcile --schedule`` runs this workflow from a Temporal
-Schedule. Workflow code only: the activity is called by its registered name.
+Workflow code only: the activity (``xmc_resumption.reconcile``) is called by its registered name.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ class ReconcileWorkflow:
 
     @workflow.run
     async def run(self, inp: ReconcileInput) -> list[Reconciled]:
-        """Find the stream's undone completions and resume each (see the module docstring)."""
+        """Find the stream's undone completions and resume each."""
         found = await workflow.execute_activity(
             RECONCILE_ACTIVITY,
             inp,
