@@ -1,7 +1,4 @@
-"""``PinnedResumptionWorkflow`` and ``AutoUpgradeReconcileWorkflow``: the workflows declared for Worker Versioning.
-
-See docs/operating.md, "Rolling out a release"; ``ResumptionPlugin`` registers the classes that fit the worker.
-"""
+"""The workflows declared for Worker Versioning (docs/operating.md, "Rolling out a release")."""
 
 from __future__ import annotations
 
