@@ -21,14 +21,7 @@ MAX_ETA_SECONDS = 366 * 86_400.0
 
 
 class NetRate(BaseModel):
-    """The net drain rate's running average; carried across continue-as-new.
-
-    Attributes:
-        rate: tasks per second, None until ``ETA_FIRST_SECONDS`` were measured.
-        weighted: the sum of weighted samples (tasks per second) and weight: the sum of weights
-            (0..1) of the corrected exponential average; seconds: time measured so far (capped).
-        anchor: the last exact reading: (replayed - backlog, workflow time), or None.
-    """
+    """The net drain rate's running average (docs/operating.md, "ETA"); carried across continue-as-new."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -66,17 +59,7 @@ def eta_seconds(
     refill: int = 0,
     wait_left: float = 0.0,
 ) -> float | None:
-    """The time left (seconds) until the last held task moves: 0 with nothing held; None while it cannot be estimated.
-
-    Args:
-        remaining: held tasks left (entries).
-        headroom: what the next publish may move at once (entries, ``threshold - backlog``, >= 0).
-        rate: the net drain rate (tasks per second).
-        cap: the rate cap in force (tasks per second), or None: the replay moves no faster.
-        refill: what the consumers drain before the policy refills the stream (entries: the adaptive policy's
-            ``threshold - low watermark``; 0 under ``fixed``).
-        wait_left: seconds left of a durable wait in progress: nothing moves before it ends.
-    """
+    """The time left (seconds) until the last held task moves, or None: docs/operating.md, "ETA" (entries, tasks/s)."""
     if remaining is None:
         return None
     if remaining <= 0:
