@@ -1,8 +1,4 @@
-"""The throttle policy: how long the replay waits, and how (pure code, no I/O): docs/pacing.md, "The two policies".
-
-When to wait is ``redisclient/lua/backlog.lua``'s rule (headroom 0). Deterministic: its inputs are activity results
-and ``workflow.now()`` readings the workflow passes in.
-"""
+"""The throttle policy: how long the replay waits, and how (pure code, no I/O): docs/pacing.md, "The two policies"."""
 
 from __future__ import annotations
 
@@ -72,7 +68,6 @@ class WaitPlan:
     """One throttle wait.
 
     Attributes:
-        kind: timer or poll.
         seconds: the timer's duration, or the poll's upper bound (seconds).
         min_seconds: a poll lasts at least this long (seconds; 0 for a timer).
         low_watermark: the backlog a poll waits for (entries; 0 for a timer).
@@ -124,10 +119,7 @@ class Pacing:
 class Pacer:
     """Decides how long the replay waits, and estimates the consumers' drain rate; the settings come with each call.
 
-    Args:
-        rate: the drain-rate estimate carried from an earlier run (entries/s), or None.
-        reaction: the measured reaction time carried from an earlier run (seconds), or None.
-        burst: the consumers' learned burst carried from an earlier run (entries, 0: none yet).
+    Carried from an earlier run: ``rate`` (entries/s), ``reaction`` (seconds), ``burst`` (entries, 0: none yet).
     """
 
     rate: float | None = None
@@ -252,9 +244,7 @@ class Pacer:
 class StallWatch:
     """How long the backlog has not gone down and no task moved: the stall window's clock (docs/contract.md, "Faults").
 
-    Args:
-        progress_at: when progress was last seen (workflow time), carried across continue-as-new.
-        last: the last reading (backlog, pending, last-delivered-id), carried across continue-as-new.
+    Carried across continue-as-new: ``progress_at`` (workflow time), ``last`` (backlog, pending, last-delivered-id).
     """
 
     progress_at: datetime | None = None
