@@ -36,14 +36,7 @@ class Waits:
     async def throttle(
         self, backlog: int, reason: str, seconds: float | None = None, phase: Phase | None = None
     ) -> bool:
-        """Wait while the backlog (``backlog`` entries) is at or over the threshold, for ``reason``.
-
-        As the pacer plans it, or a durable timer of ``seconds`` when given, in ``phase`` (default: throttled, or
-        stalled).
-
-        Returns:
-            True, without waiting, when the stall has lasted ``max_stall_seconds``: the run is to end ``stalled``.
-        """
+        """Wait at ``backlog`` entries as the pacer plans it, or ``seconds`` when given; True: end ``stalled`` now."""
         state = self._state
         inp, p = state.input, state.progress
         if p.stalled and phase is not Phase.WAITING_FOR_GROUP:
@@ -81,11 +74,7 @@ class Waits:
         return False
 
     async def for_group(self, reading: BacklogReading) -> bool:
-        """Wait ``throttle_seconds`` for a missing stream or required group, which ``reading`` found.
-
-        Returns:
-            As ``throttle``: True when the run is to end ``stalled``.
-        """
+        """Wait ``throttle_seconds`` for a missing stream or group ``reading`` found; True: end ``stalled`` now."""
         reason = self._state.missing_text(reading) or "waiting for the consumer group"
         return await self.throttle(0, reason, self._state.input.throttle_seconds, Phase.WAITING_FOR_GROUP)
 
@@ -151,10 +140,7 @@ class Waits:
     async def _drain(
         self, low: int, least: float, most: float, every: float, take: int | None, summary: str
     ) -> DrainWait:
-        """Poll the backlog every ``every`` seconds, ``least`` .. ``most`` seconds, until it is at or below ``low``.
-
-        ``take``: the entries the replay means to publish once woken (docs/pacing.md, "Many replays on one worker").
-        """
+        """Poll the backlog down to ``low``; ``take``: docs/pacing.md, "Many replays on one worker"."""
         inp = self._state.input
         return await call(
             ResumptionActivities.wait_for_drain,
@@ -175,10 +161,7 @@ class Waits:
         )
 
     async def _name_idle_consumers(self) -> None:
-        """Name the idle consumers holding pending entries of the limiting group, for the stall reason.
-
-        At most once per stall window; best effort: a failed read (an ACL rule without ``xinfo|consumers``) is logged.
-        """
+        """Name the idle consumers holding pending entries: docs/memory.md, "A stall names who holds the entries"."""
         state, now = self._state, workflow.now()
         inp, p = state.input, state.progress
         window = timedelta(seconds=inp.stall_window_seconds)
