@@ -1,7 +1,4 @@
-"""The Updates, the signal handler and the ``progress`` query of ``ResumptionWorkflow`` (docs/contract.md, "Updates").
-
-``ControlHandlers`` is the workflow's base class (the SDK finds handlers on base classes too); it calls nothing back.
-"""
+"""The Updates, the signal handler and the ``progress`` query of ``ResumptionWorkflow``: docs/contract.md, "Updates"."""
 
 from __future__ import annotations
 
@@ -63,17 +60,11 @@ def _change_update(update: Control) -> workflow.UpdateMethodMultiParam[..., Effe
 
 
 class ControlHandlers:
-    """The workflow's Updates, signal handler and query, over the run's ``RunState`` and ``RunView``.
-
-    Args:
-        inp: the run's input; the state starts from it (``RunState.of``).
-    """
+    """The workflow's base class: its Updates, signal handler and query, over the run's ``RunState`` and ``RunView``."""
 
     def __init__(self, inp: ResumptionInput) -> None:
         self._state = RunState.of(inp)
-        """All of the run's state; ``Carry`` of it is what continue-as-new hands the next run."""
         self._view = RunView(self._state)
-        """What the run shows: phase and details, the fleet view, the metrics."""
 
     # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in its validator: a typed
     # parameter would have the data converter coerce ``true`` to 1 before the validator could name the field.
