@@ -1,7 +1,4 @@
-"""What the replay says to people: the Temporal UI's summary and details, durations and the ETA as text.
-
-Wording may change between releases, the contract's models may not. Deterministic: it reads only its arguments.
-"""
+"""What the replay says to people (the UI's summary and details, durations, the ETA): wording, not contract."""
 
 from __future__ import annotations
 
