@@ -1,6 +1,6 @@
 """The metric names the activities emit: the worker's held-tasks gauge and the counters Redis decides.
 
-``workflows/metrics.py`` lists every metric of the replay, these among them; conventions as there.
+docs/contract.md, "Metrics" lists every metric of the replay, these among them; conventions as ``workflows/metrics.py``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""The replay's Prometheus metrics, emitted through the Temporal SDK's runtime (docs/contract.md, "Metrics").
-
-Names without the exporter's ``_total``. The counts Redis decides are the activities' (``activities/metrics.py``): a
-workflow task whose completion is lost runs again live, not replayed (temporalio/temporal#5921).
-"""
+"""The workflow's Prometheus metrics, emitted through the Temporal SDK's runtime (docs/contract.md, "Metrics")."""
 
 from __future__ import annotations
 
@@ -14,14 +10,11 @@ from temporalio.common import MetricCounter, MetricGauge, MetricHistogramFloat
 
 from xmc_resumption.activities import metrics as activity_metrics
 
-REPLAYED = activity_metrics.REPLAYED
 THROTTLES = "xmc_resumption_throttles"
 THROTTLE_WAIT = "xmc_resumption_throttle_wait_seconds"
-REDELIVERED = activity_metrics.REDELIVERED
 OUTCOMES = activity_metrics.OUTCOMES
 """Counted by the release activity when it releases the claim, else by the workflow."""
 BACKLOG = "xmc_resumption_backlog"
-HELD_REMAINING = activity_metrics.HELD_REMAINING
 
 WAIT_BUCKETS: Sequence[float] = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
 """Buckets of ``THROTTLE_WAIT`` (seconds; the SDK's default buckets are for milliseconds)."""
