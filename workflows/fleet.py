@@ -1,7 +1,4 @@
-"""The fleet view: search attributes that show every replay in Temporal visibility.
-
-Their values: docs/contract.md, "Search attributes"; ``xmc_resumption.search_attributes`` registers them.
-"""
+"""The fleet view: search attributes that show every replay in visibility (docs/contract.md, "Search attributes")."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ class FleetPhase(StrEnum):
 
 
 FAILED = "failed"
-"""``XmcPhase`` and ``XmcOutcome`` of a run that failed (a fault retrying cannot mend, or a fault of
-the workflow code): the experiment was handed back as paused; the run has no ``Outcome``."""
+"""``XmcPhase`` and ``XmcOutcome`` of a run that failed: handed back as paused, with no ``Outcome``."""
 
 
 def phase_values() -> list[str]:
@@ -63,17 +59,10 @@ def fleet_phase(progress: Progress, *, failed: bool, stopping: bool) -> str:
         return FAILED
     if stopping:
         return FleetPhase.STOPPING
-    match progress.phase:
-        case Phase.CLAIMING:
-            return FleetPhase.CLAIMING
-        case Phase.STALLED:
-            return FleetPhase.STALLED
-        case Phase.THROTTLED if progress.throttled_until is not None:
-            return FleetPhase.THROTTLED
-        case Phase.REDIS_UNAVAILABLE:
-            return FleetPhase.REDIS_UNAVAILABLE
-        case Phase.WAITING_FOR_GROUP:
-            return FleetPhase.WAITING_FOR_GROUP
+    if progress.phase in (Phase.CLAIMING, Phase.STALLED, Phase.REDIS_UNAVAILABLE, Phase.WAITING_FOR_GROUP):
+        return FleetPhase(progress.phase.value)  # the same value in both
+    if progress.phase is Phase.THROTTLED and progress.throttled_until is not None:
+        return FleetPhase.THROTTLED
     return FleetPhase.REPLAYING
 
 
@@ -87,13 +76,9 @@ class FleetView:
         self._counts: tuple[int, int | None] = (0, None)
         """The (replayed, remaining) last upserted."""
         self._redelivered = 0
-        """The ``XmcRedelivered`` last upserted."""
 
     def show(self, progress: Progress, *, failed: bool, stopping: bool) -> None:
-        """Upsert the search attributes when due (``XmcLastMovedId`` with the outcome).
-
-        Due when the fleet phase or ``redelivered`` changed, or the counts did and ``FLEET_REFRESH`` passed.
-        """
+        """Upsert the search attributes when due: docs/contract.md, "Search attributes"."""
         p, now = progress, workflow.now()
         phase, counts = fleet_phase(p, failed=failed, stopping=stopping), (p.replayed, p.remaining)
         shown = self._shown
