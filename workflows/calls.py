@@ -84,16 +84,12 @@ class TaskBudget:
     history_length: int = -1
     opened_at: datetime | None = None
 
-    def open_for(self, history_length: int, now: datetime) -> float:
-        """Seconds the workflow task has been open at workflow time ``now`` (since a call saw ``history_length``)."""
-        if history_length != self.history_length or self.opened_at is None:
-            self.history_length, self.opened_at = history_length, now
-        return (now - self.opened_at).total_seconds()
-
     def passed_by(self, longest: float) -> bool:
         """Whether a call of ``longest`` seconds would keep the workflow task open past ``TASK_BUDGET_SECONDS``."""
-        opened = self.open_for(workflow.info().get_current_history_length(), workflow.now())
-        return opened + longest > TASK_BUDGET_SECONDS
+        history_length, now = workflow.info().get_current_history_length(), workflow.now()
+        if history_length != self.history_length or self.opened_at is None:
+            self.history_length, self.opened_at = history_length, now
+        return (now - self.opened_at).total_seconds() + longest > TASK_BUDGET_SECONDS
 
 
 @dataclass
