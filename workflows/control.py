@@ -11,10 +11,7 @@ from xmc_resumption.workflows.models import ResumptionInput, ThrottlePolicy
 
 
 class ControlChange(BaseModel):
-    """The argument of the ``configure`` Update: the settings of a running replay to change (docs/contract.md).
-
-    A field left out (None) keeps its value; ``max_tasks_per_second`` 0 removes the cap.
-    """
+    """The argument of the ``configure`` Update: the settings to change, None kept (docs/contract.md, "Updates")."""
 
     model_config = ConfigDict(extra="forbid")
 
