@@ -19,13 +19,9 @@ MAX_RELEASE_ROUNDS = 5
 
 
 async def release_claim(state: RunState, *, back_to_paused: bool, outcome: str) -> str | None:
-    """Release the claim of ``state``'s token, revoke the token and record ``outcome``, in rounds of tries.
+    """Release the claim of ``state``'s token, revoke the token and record ``outcome``: docs/contract.md, "Faults".
 
-    Token 0 releases whatever claim the owner holds; ``back_to_paused`` moves a resuming experiment back to paused.
-    The rounds, and what a release that failed says: docs/contract.md, "Faults".
-
-    Returns:
-        None once released (or nothing to release); else why not and what happens next, one line (``release_error``).
+    Token 0 releases whatever claim the owner holds. Returns None once released, else ``release_error`` (one line).
     """
     inp = state.input
     rounds = 0
