@@ -17,9 +17,6 @@ async def start_resumption_child(
 
     Its ID and parent close policy: docs/embedding.md, "As a child of another workflow".
 
-    Returns:
-        The child's handle; ``await handle`` for its ``ResumptionResult``.
-
     Raises:
         temporalio.exceptions.WorkflowAlreadyStartedError: a resumption of this experiment runs.
     """
