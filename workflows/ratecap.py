@@ -1,7 +1,4 @@
-"""A replay's own rate cap, ``max_tasks_per_second``, as a token bucket on workflow time (pure code, no I/O).
-
-The rule: docs/pacing.md, "A replay's own cap: `max_tasks_per_second`" (the stream-wide cap: ``lua/rate.lua``).
-"""
+"""A replay's own rate cap (pure code): docs/pacing.md, "A replay's own cap: `max_tasks_per_second`"."""
 
 from __future__ import annotations
 
@@ -14,13 +11,7 @@ from xmc_resumption.redisclient.ratecap import MAX_TASKS_PER_SECOND, bucket_capa
 
 
 class TaskBucket(BaseModel):
-    """The bucket's state; carried across continue-as-new, so a new run does not start full.
-
-    Attributes:
-        tokens: tasks the bucket held at ``at`` (>= 0).
-        at: when ``tokens`` was counted (workflow time: an ``allowance``, or the end of the publish that
-            ``take`` charged), or None before the first use (a full bucket).
-    """
+    """The bucket's state: ``tokens`` (tasks) at workflow time ``at`` (None: not used yet, full); carried on."""
 
     model_config = ConfigDict(extra="forbid")
 
