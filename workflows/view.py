@@ -21,7 +21,6 @@ class RunView:
         self._state = state
         self._fleet = FleetView(inp.stream)
         self.metrics = Instruments.create(inp.stream, inp.consumer_group)
-        """The run's instruments; the meter skips replayed code."""
 
     def phase(self, phase: Phase) -> None:
         """Enter ``phase``: the progress, its ETA, the UI's current details and the fleet view's search attributes."""
