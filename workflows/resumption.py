@@ -413,10 +413,7 @@ class ResumptionWorkflow(ControlHandlers):
         )
 
     def _ended_before(self, record: ReleaseRecord) -> ResumptionResult:
-        """End a turn run again after this run released its claim as Redis recorded the release, not as fenced.
-
-        The release's workflow task completion was lost, and the turn ran again (temporalio/temporal#5921).
-        """
+        """End, as Redis recorded it, a turn run again after its release (completion lost: temporalio/temporal#5921)."""
         outcome = self._state.recorded_release(record)
         return self._finish(outcome, detail="released before, in a workflow task run again: its recorded release")
 
