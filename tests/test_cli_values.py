@@ -21,6 +21,7 @@ import pytest
 from xmc_resumption.cli import AppState, cli, main
 from xmc_resumption.cli.params import (
     MAX_ENTRY_ID_PART,
+    DurationType,
     MAX_TASK_QUEUE_LENGTH,
     EntryIdType,
     FiniteFloat,
@@ -100,6 +101,10 @@ def values(param: click.Parameter) -> tuple[list[str], list[str]]:
         return GOOD_ENTRY_IDS, BAD_ENTRY_IDS
     if isinstance(t, TaskQueueType):
         return GOOD_TASK_QUEUES, BAD_TASK_QUEUES
+    if isinstance(t, DurationType):
+        good = [f"{_number(t.low)}s", f"{_number(t.high)}s", f"{_number(t.high / 60)}m"]
+        too_short, too_long = f"{_number(t.low / 2)}s", f"{_number(t.high * 2)}s"
+        return good, ["", "10", "10x", "m", "-1m", "1e3s", "\u0661\u0660m", "10 m", "inf", too_short, too_long]
     raise AssertionError(f"{param.opts} has type {t!r}: no rule checks its values (xmc_resumption.cli.params)")
 
 
@@ -165,7 +170,8 @@ def test_the_tree_is_walked() -> None:
     would pass every case vacuously)."""
     names = {name for name, _, _ in every_param()}
     assert names == set(cli.commands) == {
-        "pause", "enqueue", "status", "dead", "held", "list", "resume", "set", "stop", "demo", "plan", "rate"
+        "pause", "enqueue", "status", "dead", "held", "list", "resume", "set", "stop", "demo", "plan", "rate",
+        "reconcile",
     }  # fmt: skip
     assert len(CASES) > 500 and len(GOOD) > 100 and len(FLAGS) >= 12
 
@@ -196,6 +202,8 @@ def test_a_good_value_parses_to_itself(name: str, command: click.Command, param:
         assert parsed == int(value)
     elif isinstance(t, NameListType):
         assert parsed == value.split(",")
+    elif isinstance(t, DurationType):
+        assert parsed == float(value[:-1]) * DurationType.UNITS[value[-1]]
     elif param.nargs != 1:  # an argument of several values (xmc resume E1 E2 ...)
         assert parsed == (value,)
     else:

@@ -48,6 +48,7 @@ COMMANDS: list[tuple[str, list[str], str]] = [
     ("held", ["held"], "admin"),  # SCAN lists every key name: not in the ACL rule
     ("set", ["set", "S1", "--threshold", "50", "--timeout", "3"], "acl"),
     ("stop", ["stop", "S1", "--timeout", "3"], "acl"),
+    ("reconcile", ["reconcile", "--dry-run"], "acl"),  # the run above completed: nothing undone
     ("demo", ["demo", "--tasks", "30", "--rate", "100", "--threshold", "10", "--throttle-seconds", "0.2"], "admin"),
 ]
 """Every ``xmc`` command, in an order that makes a normal run (pause, enqueue, ..., resume)."""

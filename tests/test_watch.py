@@ -139,8 +139,11 @@ async def test_polls_without_a_take_take_no_turn(redis: Redis) -> None:
 async def test_a_watch_that_stops_fails_the_polls_waiting_on_it(redis: Redis) -> None:
     await backlog_of(redis, 80)
     watches = BacklogWatches()
-    polls = [asyncio.create_task(poll(watches, redis, 10, max_seconds=5.0)) for _ in range(2)]
-    await asyncio.sleep(0.05)
+    polls = [asyncio.create_task(poll(watches, redis, 10, max_seconds=30.0)) for _ in range(2)]
+    for _ in range(1_000):  # both polls wait on the watch (a loaded machine may take a while to start them)
+        if watches.polling() == 2 and watches.readings > 0:
+            break
+        await asyncio.sleep(0.01)
     (watch_task,) = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_run"]  # type: ignore[union-attr]
     watch_task.cancel()
     outcomes = await asyncio.gather(*polls, return_exceptions=True)
