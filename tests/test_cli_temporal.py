@@ -319,11 +319,11 @@ async def test_wait_warns_when_no_worker_answers_and_ctrl_c_leaves_the_run(
     reader = threading.Thread(target=_read_lines, args=(waiting.stderr, err_lines), daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # the warning comes 10 s after the start: bounded for a loaded machine
         while not err_lines and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         waiting.send_signal(signal.SIGINT)
-        await asyncio.to_thread(waiting.wait, 20)  # stderr is the reader thread's alone
+        await asyncio.to_thread(waiting.wait, 60)  # stderr is the reader thread's alone
     finally:
         if waiting.poll() is None:
             waiting.kill()
