@@ -21,8 +21,8 @@ import pytest
 from xmc_resumption.cli import AppState, cli, main
 from xmc_resumption.cli.params import (
     MAX_ENTRY_ID_PART,
-    DurationType,
     MAX_TASK_QUEUE_LENGTH,
+    DurationType,
     EntryIdType,
     FiniteFloat,
     IntegerRange,
