@@ -20,16 +20,20 @@ import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from temporalio.activity import ActivityCancellationDetails
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
+from temporalio.exceptions import TimeoutError as AttemptTimeout
+from temporalio.exceptions import TimeoutType
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.support.failover import until
 from tests.support.helpers import GROUP, RUNNER, STREAM, consume, hold_tasks, start, stream_tasks, wait_for
 from tests.support.proxy import losing_proxy
 from tests.test_cli import Xmc, xmc_fixture  # noqa: F401  (the fixture)
+from xmc_resumption.activities.requests import AcquireRequest, ExperimentRef
 from xmc_resumption.activities.resumption import UNREACHED_SECONDS, Reachability, ResumptionActivities
 from xmc_resumption.client.views import cut_off
 from xmc_resumption.redisclient.keys import ExperimentKeys
@@ -134,6 +138,11 @@ def test_only_a_connection_fault_hands_the_calls_on() -> None:
     for kind in CONNECTION_FAULTS:
         assert connection_fault(ApplicationError("x", type=kind))
     assert not connection_fault(ApplicationError("x", type="ReplicaAckError"))
+    for timeout, faulted in ((TimeoutType.START_TO_CLOSE, True), (TimeoutType.SCHEDULE_TO_START, False)):
+        attempt = AttemptTimeout("Activity timed out", type=timeout, last_heartbeat_details=[])
+        failed = RuntimeError("Local Activity timed out")  # the call's failure, its cause the attempt's timeout
+        failed.__cause__ = attempt
+        assert connection_fault(failed) is faulted, timeout
     assert not connection_fault(ValueError("x"))
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     hand_off.succeeded(local=True)  # nothing handed on yet: nothing to tell
@@ -178,6 +187,32 @@ async def test_a_worker_that_saw_a_connection_fault_probes_redis_before_its_call
         await asyncio.sleep(UNREACHED_SECONDS)
         await reach.probe(client)
         assert (reach.faulted_at, reach.unreached_at) == (None, None)
+        await client.aclose()
+
+
+@pytest.mark.slow
+async def test_an_attempt_past_its_start_to_close_makes_the_worker_probe_redis(redis: Redis) -> None:
+    """A call cut off from Redis by a long socket timeout, cancelled as timed out: the next call probes Redis
+    and fails within the probe's bound, not after the socket timeout."""
+    with losing_proxy(redis.connection_pool.connection_kwargs["port"]) as proxy:
+        client = Settings(redis_url=f"redis://127.0.0.1:{proxy.port}/0", redis_timeout_seconds=300).redis(retries=0)
+        acts = ResumptionActivities(client)  # type: ignore[arg-type]
+        assert await client.ping()
+        proxy.cut()
+        req = AcquireRequest(
+            ref=ExperimentRef(experiment_id="T1", stream=STREAM, consumer_group=GROUP),
+            owner="w", lease_ms=8000, request_id="r1",
+        )  # fmt: skip
+        env = ActivityEnvironment()
+        attempt = asyncio.ensure_future(env.run(acts.acquire_claim, req))
+        await asyncio.sleep(0.5)  # the call sent its script and waits for the reply
+        env.cancel(ActivityCancellationDetails(timed_out=True))
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+        assert acts.reach.faulted_at is not None
+        with pytest.raises(RedisTimeoutError, match=r"did not answer a PING within 0\.5s"):
+            await asyncio.wait_for(ActivityEnvironment().run(acts.acquire_claim, req), 30)
+        proxy.heal()
         await client.aclose()
 
 

@@ -14,7 +14,8 @@ from typing import Any, TypeVar, cast
 from pydantic import TypeAdapter
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType, is_cancelled_exception
+from temporalio.exceptions import TimeoutError as AttemptTimeout
 
 with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.errors import NON_RETRYABLE_ERROR_TYPES
@@ -39,7 +40,7 @@ RELEASE_RETRY = dataclasses.replace(REDIS_RETRY, maximum_attempts=7)
 """One round of release tries: 7 attempts, about 10 s of backoff (docs/contract.md, "Faults")."""
 
 CONNECTION_FAULTS = ("ConnectionError", "TimeoutError")
-"""The error types of a Redis connection fault (redis-py's), which hand the calls on (``HandOff``)."""
+"""The error types of a Redis connection fault (redis-py's): they hand the calls on (``HandOff``), as timeouts do."""
 
 HAND_OFF_SECONDS = 60.0
 """How long the calls stay handed on after a connection fault (workflow time, seconds; docs/contract.md, "Faults")."""
@@ -126,9 +127,11 @@ class HandOff:
 
 
 def connection_fault(err: BaseException) -> bool:
-    """True when a failed call's cause is a Redis connection fault (``CONNECTION_FAULTS``)."""
+    """True when a failed call's cause is a Redis connection fault (``CONNECTION_FAULTS``) or start-to-close timeout."""
     cause: BaseException | None = err
     while cause is not None:
+        if isinstance(cause, AttemptTimeout):
+            return cause.type == TimeoutType.START_TO_CLOSE
         if isinstance(cause, ApplicationError):
             return cause.type in CONNECTION_FAULTS
         cause = getattr(cause, "cause", None) or cause.__cause__
