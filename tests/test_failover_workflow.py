@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
-from temporalio.client import WorkflowHandle
+from temporalio.client import ScheduleActionStartWorkflow, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -33,7 +33,13 @@ from tests.support.failover import CrashFailover, crash_failover, until
 from tests.support.helpers import GROUP, RUNNER, STREAM, start, wait_for
 from tests.test_cli import Xmc, xmc_fixture  # noqa: F401  (the fixture)
 from xmc_resumption.activities.resumption import ResumptionActivities
-from xmc_resumption.reconcile import UNDONE_COMPLETIONS, ReconcileActivities
+from xmc_resumption.reconcile import (
+    MIN_SCHEDULE_SECONDS,
+    UNDONE_COMPLETIONS,
+    ReconcileActivities,
+    schedule_id,
+    schedule_reconcile,
+)
 from xmc_resumption.redisclient import failover, held
 from xmc_resumption.redisclient.connection import ReplicaAcks, require_replica_acks
 from xmc_resumption.redisclient.errors import ReplicaAckError
@@ -332,6 +338,33 @@ async def test_an_undone_completion_is_flagged_and_reconciled(
     assert redone.token > first.token  # the lost run's token is not handed out again
     for client in (consumer.client, redis, setup):
         await client.aclose()
+
+
+async def test_the_reconcile_schedule_outlives_a_run_that_never_ran_and_stays_paused(
+    temporal_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """No worker polls the Schedule's task queue (a mistyped one): its first run times out after the interval,
+    so a later tick starts another. Paused by an operator, an update keeps it paused."""
+    inp = ReconcileInput(stream=f"s-{task_queue}", task_queue=f"{task_queue}-nobody-polls")
+    every = timedelta(seconds=MIN_SCHEDULE_SECONDS)
+    assert await schedule_reconcile(temporal_env.client, inp, every) == "created"
+    schedule = temporal_env.client.get_schedule_handle(schedule_id(inp.stream))
+    try:
+        action = (await schedule.describe()).schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow) and action.execution_timeout == every
+
+        async def started_twice() -> bool:
+            await asyncio.sleep(0.2)
+            return (await schedule.describe()).info.num_actions >= 2
+
+        await until(started_twice, timeout=60, what="a second run after the first timed out")
+        await schedule.pause(note="held by the operator")
+        assert await schedule_reconcile(temporal_env.client, inp, timedelta(minutes=1)) == "updated"
+        described = (await schedule.describe()).schedule
+        assert (described.state.paused, described.state.note) == (True, "held by the operator")
+        assert [i.every for i in described.spec.intervals] == [timedelta(minutes=1)]
+    finally:
+        await schedule.delete()
 
 
 async def test_reconcile_refuses_bad_intervals_and_a_bad_input(xmc: Xmc) -> None:

@@ -11,6 +11,7 @@ completion's last moved ID on (input ``moved_through``), so every task it moves 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -47,6 +48,9 @@ MIN_SCHEDULE_SECONDS = 10.0
 
 MAX_SCHEDULE_SECONDS = 7 * 86_400.0
 """The longest (seconds): a week."""
+
+MAX_RUN_SECONDS = 1_800.0
+"""A scheduled run's longest execution timeout (seconds): past its activity's tries (``RECONCILE_TIMEOUT``, 5 of)."""
 
 
 def schedule_id(stream: str) -> str:
@@ -142,7 +146,9 @@ async def reconcile(client: Client, redis: RedisClient, inp: ReconcileInput) -> 
 async def schedule_reconcile(client: Client, inp: ReconcileInput, every: timedelta) -> str:
     """Create, or update, the Temporal Schedule that runs ``ReconcileWorkflow`` with ``inp`` every ``every``.
 
-    ID ``schedule_id(inp.stream)``; a run still going when the next is due is not overlapped (skipped).
+    ID ``schedule_id(inp.stream)``; a run still going when the next is due is not overlapped (skipped), and times out
+    after ``every`` (at most ``MAX_RUN_SECONDS``), so one that never runs (no worker) skips no tick after. An update
+    keeps the Schedule's state (paused, note).
 
     Returns:
         "created" or "updated".
@@ -156,7 +162,13 @@ async def schedule_reconcile(client: Client, inp: ReconcileInput, every: timedel
         raise ValueError(f"the interval must be {MIN_SCHEDULE_SECONDS:g}s..{MAX_SCHEDULE_SECONDS:g}s, got {seconds:g}s")
     sid = schedule_id(inp.stream)
     schedule = Schedule(
-        action=ScheduleActionStartWorkflow(RECONCILE_WORKFLOW_TYPE, inp, id=sid, task_queue=inp.task_queue),
+        action=ScheduleActionStartWorkflow(
+            RECONCILE_WORKFLOW_TYPE,
+            inp,
+            id=sid,
+            task_queue=inp.task_queue,
+            execution_timeout=timedelta(seconds=min(seconds, MAX_RUN_SECONDS)),
+        ),
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
     )
@@ -165,8 +177,8 @@ async def schedule_reconcile(client: Client, inp: ReconcileInput, every: timedel
         return "created"
     except ScheduleAlreadyRunningError:
 
-        def replace(_: ScheduleUpdateInput) -> ScheduleUpdate:
-            return ScheduleUpdate(schedule=schedule)
+        def replace(current: ScheduleUpdateInput) -> ScheduleUpdate:
+            return ScheduleUpdate(schedule=dataclasses.replace(schedule, state=current.description.schedule.state))
 
         await client.get_schedule_handle(sid).update(replace)
         return "updated"
