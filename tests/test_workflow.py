@@ -14,8 +14,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
-from temporalio.common import RawValue
+from temporalio.client import WithStartWorkflowOperation, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.common import RawValue, WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -194,6 +194,30 @@ async def fails_at_once_naming(
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.non_retryable, cause
     assert cause.type == "InvalidInput" and "\n" not in str(cause) and field in str(cause), str(cause)
+    assert await redis.dbsize() == 0
+
+
+async def test_an_update_with_the_start_of_a_bad_input_names_the_bad_field(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
+    """Update-with-start, its input a raw dict with a bad field: the Update (even ``pause``) is refused with the
+    input's error, naming that field, and the run fails with it."""
+    async with resumption_worker(temporal_env.client, task_queue, redis_url):
+        for update in ("pause", "set_batch_size"):
+            start_op = WithStartWorkflowOperation(
+                "ResumptionWorkflow", {"experiment_id": "E", "batch_size": True}, id=f"bad-{uuid.uuid4().hex[:6]}",
+                task_queue=task_queue, id_conflict_policy=WorkflowIDConflictPolicy.FAIL, result_type=ResumptionResult,
+            )  # fmt: skip
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await temporal_env.client.execute_update_with_start_workflow(
+                    update, *([10] if update == "set_batch_size" else []), start_workflow_operation=start_op
+                )
+            cause = refused.value.cause
+            assert isinstance(cause, ApplicationError) and cause.type == "InvalidInput", cause
+            assert "batch_size" in str(cause) and "experiment_id" not in str(cause), str(cause)
+            with pytest.raises(WorkflowFailureError) as failed:
+                await asyncio.wait_for((await start_op.workflow_handle()).result(), 10)
+            assert str(failed.value.cause) == str(cause)
     assert await redis.dbsize() == 0
 
 

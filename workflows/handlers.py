@@ -34,6 +34,13 @@ def _change(update: Control, args: Sequence[Any]) -> ControlChange:
         raise ApplicationError(str(err), type=INVALID_CONTROL, non_retryable=True) from None
 
 
+def _refuse(handlers: Any, update: Control, args: Sequence[Any]) -> None:
+    """An Update's validator: the run's bad input if any (``ControlHandlers._bad_input``), else ``RunState.refuse``."""
+    if handlers._bad_input is not None:
+        raise handlers._bad_input
+    handlers._state.refuse(_change(update, args))
+
+
 def _apply(state: RunState, view: RunView, change: ControlChange) -> EffectiveSettings:
     """Apply a validated change (``RunState.apply``), which wakes a durable wait; the settings now."""
     inp = state.apply(change)
@@ -52,7 +59,7 @@ def _change_update(update: Control) -> workflow.UpdateMethodMultiParam[..., Effe
         return _apply(self._state, self._view, _change(update, args))
 
     def check(self: Any, *args: Any) -> None:
-        self._state.refuse(_change(update, args))
+        _refuse(self, update, args)
 
     handler = workflow.update(name=update)(change)
     handler.validator(check)
@@ -61,6 +68,9 @@ def _change_update(update: Control) -> workflow.UpdateMethodMultiParam[..., Effe
 
 class ControlHandlers:
     """The workflow's base class: its Updates, signal handler and query, over the run's ``RunState`` and ``RunView``."""
+
+    _bad_input: ApplicationError | None = None
+    """The run's invalid input (``InvalidInput``), raised by every Update's validator and by the run."""
 
     def __init__(self, inp: ResumptionInput) -> None:
         self._state = RunState.of(inp)
@@ -86,7 +96,7 @@ class ControlHandlers:
 
     @pause.validator
     def _check_pause(self, *args: Any) -> None:
-        self._state.refuse(_change(Control.PAUSE, args))
+        _refuse(self, Control.PAUSE, args)
 
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:

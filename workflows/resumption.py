@@ -82,7 +82,6 @@ class ResumptionWorkflow(ControlHandlers):
     def __init__(self, inp: ResumptionInput | Any) -> None:
         # the state and the view are built here, not in ``run``: an Update delivered with the start is handled first;
         # a bad input is raised by ``run`` (raised here, it would leave the SDK's run coroutine never awaited)
-        self._bad_input: ApplicationError | None = None
         try:
             inp = parse_input(inp)
         except ApplicationError as err:
