@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytest_asyncio
@@ -38,15 +39,16 @@ from tests.support.helpers import (
     wait_for,
 )
 from tests.support.proxy import SwitchableProxy
+from xmc_resumption import reconcile as reconcile_module
 from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, ExperimentRef, PublishRequest
 from xmc_resumption.activities.resumption import ResumptionActivities, _classified
-from xmc_resumption.redisclient import held
+from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.redisclient.publish import PublishParams
+from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.readings import MissingGroupPolicy
 from xmc_resumption.redisclient.results import ExperimentState
 from xmc_resumption.services import local_redis
-from xmc_resumption.workflows.models import Outcome
+from xmc_resumption.workflows.models import Outcome, Reconciled, ReconcileInput, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 NO_CLIENT_RETRY = Retry(NoBackoff(), 0)
@@ -223,3 +225,54 @@ async def test_a_failover_mid_replay_completes_without_restarting_the_worker(
     assert seen == names
     assert await servers.b.xlen(ExperimentKeys(STREAM, e).held) == 0
     assert await held.get_state(servers.b, ExperimentKeys(STREAM, e)) is ExperimentState.RUNNING
+
+
+async def test_reconcile_skips_a_finding_a_resume_or_pause_made_stale(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between finding the undone completions and starting one, R1 was resumed (claimed) and R2 resumed to the
+    end and paused again with a new task: each is skipped, saying why; R3, still undone, is started."""
+    found, started = [], []
+    await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    for e in ("R1", "R2", "R3"):
+        keys = ExperimentKeys(STREAM, e)
+        await held.pause(redis, keys)
+        ids = [
+            d.entry_id
+            for d in await held.enqueue_tasks(redis, keys, [{b"task": f"{e}-{i}".encode()} for i in range(3)])
+        ]
+        found.append(
+            Reconciled(experiment_id=e, workflow_id=f"resumption-{e}", moved_through=ids[-1], held_again=3, held=3,
+                       state="paused")
+        )  # fmt: skip
+    r1, r2 = ExperimentKeys(STREAM, "R1"), ExperimentKeys(STREAM, "R2")
+    await fencing.acquire_claim(redis, r1, "resumption-R1", 8_000)
+    grant = await fencing.acquire_claim(redis, r2, "resumption-R2", 8_000)
+    params = PublishParams(
+        token=grant.token, seq=1, batch_size=10, threshold=100, owner="resumption-R2", lease_ms=8_000
+    )
+    assert (await publish_batch(redis, r2, GROUP, params)).moved == 3
+    await fencing.release_claim(redis, r2, grant.token, owner="resumption-R2", back_to_paused=False)
+    await held.pause(redis, r2)
+    await held.enqueue_tasks(redis, r2, [{b"task": b"R2-new"}])
+
+    async def found_before(*_: object) -> list[Reconciled]:
+        return found
+
+    async def completed(_: object, undone: Reconciled) -> ResumptionInput:
+        return ResumptionInput(experiment_id=undone.experiment_id, moved_through=undone.moved_through)
+
+    async def start_it(_: object, inp: ResumptionInput, task_queue: str) -> SimpleNamespace:
+        started.append(inp.experiment_id)
+        return SimpleNamespace(id=f"resumption-{inp.experiment_id}")
+
+    monkeypatch.setattr(reconcile_module, "undone_completions", found_before)
+    monkeypatch.setattr(reconcile_module, "completed_input", completed)
+    monkeypatch.setattr(reconcile_module, "start_resumption", start_it)
+    done = await reconcile_module.reconcile(None, redis, ReconcileInput(stream=STREAM))  # type: ignore[arg-type]
+    assert started == ["R3"]
+    assert [(r.experiment_id, r.started, r.error) for r in done] == [
+        ("R1", None, "skipped: it is resuming now, not paused (resumed or paused since)"),
+        ("R2", None, f"skipped: it holds no task at or below {found[1].moved_through} any more (resumed since)"),
+        ("R3", "resumption-R3", None),
+    ]

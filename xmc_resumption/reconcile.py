@@ -35,6 +35,7 @@ from temporalio.service import RPCError
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.redisclient import failover
 from xmc_resumption.redisclient.connection import RedisClient
+from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.text import one_line
 from xmc_resumption.runs import fleet_query, list_resumptions, start_resumption
 from xmc_resumption.workflows.models import Reconciled, ReconcileInput, ResumptionInput
@@ -122,11 +123,27 @@ async def completed_input(client: Client, undone: Reconciled) -> ResumptionInput
     return ResumptionInput.model_validate(inp).model_copy(update={"carry": None, "moved_through": undone.moved_through})
 
 
+async def gone_since(redis: RedisClient, stream: str, undone: Reconciled) -> str | None:
+    """Why ``undone`` is no undone completion any more, read again from Redis (resumed or paused since); None if it is.
+
+    Raises:
+        redis.exceptions.RedisError: on any Redis fault.
+    """
+    keys = ExperimentKeys(stream, undone.experiment_id)
+    now = await failover.held_again(redis, keys, undone.moved_through)
+    if not now.held_again:
+        return f"skipped: it holds no task at or below {undone.moved_through} any more (resumed since)"
+    if now.state.value != undone.state:
+        return f"skipped: it is {now.state.value} now, not {undone.state} (resumed or paused since)"
+    return None
+
+
 async def reconcile(client: Client, redis: RedisClient, inp: ReconcileInput) -> list[Reconciled]:
     """Find the undone completions of ``inp.stream`` and, with ``inp.resume``, start a resumption of each.
 
-    Each on ``inp.task_queue``, with its completed run's input and ``moved_through``; one that cannot start (a
-    resumption of it runs already) says why in ``error``.
+    Each on ``inp.task_queue``, with its completed run's input and ``moved_through``, if Redis still shows it undone
+    right before (``gone_since``); one skipped, or that cannot start (a resumption of it runs already), says why in
+    ``error``.
 
     Raises:
         as ``undone_completions``.
@@ -135,6 +152,9 @@ async def reconcile(client: Client, redis: RedisClient, inp: ReconcileInput) -> 
     if not inp.resume:
         return found
     for undone in found:
+        undone.error = await gone_since(redis, inp.stream, undone)
+        if undone.error is not None:
+            continue
         try:
             handle = await start_resumption(client, await completed_input(client, undone), inp.task_queue)
             undone.started = handle.id
