@@ -113,6 +113,41 @@ async def test_a_call_asked_again_after_a_lost_reply_returns_its_last_scripts_re
     assert await stream_tasks(redis) == [f"t{i}".encode() for i in range(30)]
 
 
+async def test_a_call_asked_again_names_what_it_moved_though_its_last_script_moved_none(redis: Redis) -> None:
+    """A call's first script moved 5 tasks and its second none (another replay filled the backlog); its reply was
+    lost. Asked again, the recorded result of its last script moved nothing, yet names the last task the call moved:
+    every reply carries the publish record's ``last_moved_id``, so the caller's ``moved_through`` does not fall behind
+    (a crash failover that lost those moves would move them again unmarked)."""
+    token = await claimed(redis, 20)
+    held_ids = [entry_id.decode() for entry_id, _ in await redis.xrange(KEYS.held)]
+    real, answered = redis.evalsha, 0
+
+    async def evalsha(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal answered
+        reply = await real(*args, **kwargs)
+        answered += 1
+        if answered == 1:  # after the first script, another replay's tasks fill the backlog to the threshold
+            for i in range(5):
+                await redis.xadd(KEYS.stream, {"task": f"other{i}"})
+        return reply
+
+    redis.evalsha = evalsha  # type: ignore[method-assign]
+    try:
+        lost = await rounds(redis, token, 1, batch_size=5, threshold=10)
+    finally:
+        redis.evalsha = real  # type: ignore[method-assign]
+    assert (lost.scripts, lost.moved, lost.final.moved, lost.final.status) == (2, 5, 0, PublishStatus.THROTTLED)
+    assert lost.last_moved_id == lost.final.last_moved_id == held_ids[4]
+    again = await rounds(redis, token, 1, batch_size=5, threshold=10)
+    assert (again.scripts, again.moved, again.first.repeated, again.first.replayed) == (2, 0, True, 5)
+    assert again.last_moved_id == again.first.last_moved_id == held_ids[4]
+    # a reply that moved nothing now names it too: a stale one, and the next call's
+    stale = await rounds(redis, token, 1, batch_size=5, threshold=10, max_scripts=1)
+    assert (stale.first.status, stale.first.last_moved_id) == (PublishStatus.STALE, held_ids[4])
+    nxt = await rounds(redis, token, 3, batch_size=5, threshold=10)
+    assert (nxt.moved, nxt.first.status, nxt.last_moved_id) == (0, PublishStatus.THROTTLED, held_ids[4])
+
+
 async def test_with_the_fair_share_one_call_takes_one_share(redis: Redis) -> None:
     """Two fair-share replayers of one stream: a call whose scripts are cut short by the batch takes the first
     script's share, not a fresh share of what each script leaves."""

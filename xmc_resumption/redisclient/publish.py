@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, groups_arg, validate_byte_budget, validate_threshold
 from xmc_resumption.redisclient.connection import RedisClient, drop_stale_connections
 from xmc_resumption.redisclient.errors import MissingConsumerGroupError
-from xmc_resumption.redisclient.failover import validate_entry_id
+from xmc_resumption.redisclient.failover import later_id, validate_entry_id
 from xmc_resumption.redisclient.fencing import validate_lease
 from xmc_resumption.redisclient.keys import ExperimentKeys, backlog_key, json_reply, replayers_key, weights_key
 from xmc_resumption.redisclient.memory import fraction_arg, validate_fraction
@@ -260,7 +260,8 @@ async def publish_rounds(
     caller's next seq is that of the failed script, which returns its recorded result if it ran
     in Redis after all. A call asked again after its reply was lost (its first seq is older than
     the record's, within ``max_scripts``) returns the recorded result of the script it ran last,
-    and runs no more.
+    and runs no more; its ``last_moved_id`` is still the latest the lost call moved (every reply
+    carries the publish record's).
 
     Args:
         client: an asyncio Redis client.
@@ -296,12 +297,12 @@ async def publish_rounds(
             if not results and result.status is PublishStatus.STALE and seq < result.last_seq < seq + max_scripts:
                 # this call ran before and its reply was lost (a retry): the recorded result of its last script,
                 # and no more scripts (what that call moved is Redis's count: ``replayed``, ``total_moved``)
-                next_seq = result.last_seq
+                next_seq, stale_id = result.last_seq, result.last_moved_id
                 result = await script(next_seq, batch)
                 results.append(result)
                 moved += result.moved
                 moved_bytes += result.moved_bytes
-                last_moved_id = result.last_moved_id or last_moved_id
+                last_moved_id = later_id(stale_id, result.last_moved_id)
                 break
         except Exception as err:  # (a cancel is no Exception: it propagates)
             if not results:
@@ -319,7 +320,7 @@ async def publish_rounds(
         moved_bytes += result.moved_bytes
         fresh += 0 if result.repeated else result.moved
         fresh_redelivered += 0 if result.repeated else result.redelivered
-        last_moved_id = result.last_moved_id or last_moved_id
+        last_moved_id = later_id(last_moved_id, result.last_moved_id)
         if (
             result.status is not PublishStatus.PUBLISHED
             or result.headroom_left == 0

@@ -194,8 +194,11 @@ class PublishResult(BaseModel):
             recorded before it existed.
         behind: the caller's ``replayed`` minus the replay record's count before the move, when
             Redis counts fewer (it lost moves); else 0.
-        last_moved_id: the held entry ID of the last task moved ('' when none moved): what the
-            caller passes back as ``moved_through``.
+        last_moved_id: the latest held entry ID the token moved, by this script or an earlier one
+            (the publish record's ``last_moved_id``; '' when it moved none, or the record is another
+            token's), in every reply, a recorded or stale one too: what the caller passes back as
+            ``moved_through``, the later of it and what it knew (``failover.later_id``). In results
+            recorded before the record kept it: the last task this script moved ('' when none).
         redelivered_total: the tasks the resume moved again in all (the replay record's
             ``redelivered``); None when its count is unknown, and in results recorded before it existed.
 
@@ -276,7 +279,8 @@ class PublishRounds(BaseModel):
         fresh_moved: of ``moved``, the tasks moved now (a recorded result returned again moved
             nothing now).
         fresh_redelivered: of ``fresh_moved``, the tasks moved again, marked (``PublishResult.redelivered``).
-        last_moved_id: the held entry ID of the last task the scripts moved ('' when none moved).
+        last_moved_id: the latest of the scripts' ``last_moved_id`` (``PublishResult``): the latest held
+            entry ID the token moved ('' when none).
 
     Folding ``first`` and then ``last`` into the workflow's state at one workflow time is
     folding every script's result: the ones between them change nothing the next reading's

@@ -1,7 +1,8 @@
 -- The atomic publish (docs/contract.md, "The loop", step 2): move the oldest held tasks into the task stream.
 -- KEYS[1] task stream, KEYS[2] held stream, KEYS[3] state, KEYS[4] fence counter, KEYS[5] claim hash,
--- KEYS[6] publish record (the idempotency record: token, seq, result, and `moved`, the tasks this
---         token moved in all, the authority for the run's count; it does not lapse with the lease),
+-- KEYS[6] publish record (the idempotency record: token, seq, result, `moved`, the tasks this
+--         token moved in all, the authority for the run's count, and `last_moved_id`, the latest
+--         held entry ID this token moved; it does not lapse with the lease),
 -- KEYS[7] the stream's weights hash, KEYS[8] its active replayers (fair.lua),
 -- KEYS[9] the stream's rate cap `{S}:rate` (rate.lua): a token bucket shared by every replay of S,
 -- KEYS[10] replay record (hash: `moved`, the tasks the resume in progress moved, whatever claim moved
@@ -73,7 +74,9 @@
 -- (with rate_limited: ms until the bucket holds what the move wanted, at most its capacity);
 -- redelivered: tasks of this move moved again, marked (at or below ARGV[14]); behind: ARGV[15] minus
 -- the replay record's count before the move, when that is above 0 (else 0; with the token current);
--- last_moved_id: the held entry ID of the last task moved ('' when none moved); redelivered_total: the
+-- last_moved_id: the latest held entry ID this token moved, by this call or an earlier one (the publish
+-- record's; '' when it moved none, or the record is another token's), in every reply, so that a call
+-- asked again after a lost reply still names what the lost one moved; redelivered_total: the
 -- resume's tasks moved again in all (the replay record's `redelivered`; absent when its count is unknown).
 -- the arguments, checked before anything is read or written
 local token = ARGV[1]
@@ -97,7 +100,7 @@ local told = (ARGV[15] ~= nil and ARGV[15] ~= '') and xmc_arg_int('replayed (ARG
 -- 8,000 values (LUAI_MAXCSTACK), so a longer entry is never passed to it
 local XMC_MAX_VALUES = 7990
 local poison_id = nil
-local redelivered, behind, last_moved_id = 0, 0, ''
+local redelivered, behind = 0, 0
 local memory = {used_memory = 0, maxmemory = 0}
 local rate_cap = {limit = 0, cut = false, wait_ms = 0}
 
@@ -105,6 +108,12 @@ local rate_cap = {limit = 0, cut = false, wait_ms = 0}
 -- A record of this token written before the count existed has none: then no count is kept (the
 -- caller keeps its own) rather than one that starts at 0 in the middle of the resumption.
 local own = redis.call('HGET', KEYS[6], 'token') == token
+-- the latest held entry ID this token moved (an ID by the rule of redelivery.lua, checked before any write)
+local last_moved_id = own and redis.call('HGET', KEYS[6], 'last_moved_id') or ''
+if last_moved_id ~= '' and not xmc_entry_id_ok(last_moved_id) then
+  error({err = 'XMCCORRUPT ' .. KEYS[6] .. ' field last_moved_id holds '
+               .. string.format('%q', string.sub(last_moved_id, 1, 48)) .. ', not a stream entry ID'})
+end
 local recorded = own and redis.call('HGET', KEYS[6], 'moved')
 local counting = (not own) or (recorded ~= false)
 local total = tonumber(recorded or '0')
@@ -221,7 +230,9 @@ if room > 0 then
     redis.call('XDEL', KEYS[2], e[1])
     moved = moved + 1
     moved_bytes = moved_bytes + bytes
-    last_moved_id = e[1]
+    if last_moved_id == '' or xmc_id_cmp(e[1], last_moved_id) > 0 then
+      last_moved_id = e[1]  -- (a task moved again, below it, leaves it)
+    end
   end
 end
 -- rate cap (rate.lua): take what moved from the bucket
@@ -253,7 +264,7 @@ end
 -- fair share: end
 local result = reply(status, moved, b, remaining, 0, moved_bytes)
 xmc_backlog_save(KEYS[12], b)
-redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result)
+redis.call('HSET', KEYS[6], 'token', token, 'seq', seq, 'result', result, 'last_moved_id', last_moved_id)
 if counting then
   redis.call('HSET', KEYS[6], 'moved', total + moved)
 end

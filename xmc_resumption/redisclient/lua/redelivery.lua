@@ -35,12 +35,17 @@ local function xmc_id_part(p)
          and xmc_decimal_cmp(p, '18446744073709551615') <= 0
 end
 
+-- True when v is a canonical stream entry ID '<ms>-<seq>'.
+local function xmc_entry_id_ok(v)
+  local ms, seq = string.match(v, '^(%d+)%-(%d+)$')
+  return xmc_id_part(ms) and xmc_id_part(seq)
+end
+
 -- The `moved_through` argument: nil for '' or an absent argument, else a canonical entry ID
 -- '<ms>-<seq>'; anything else raises an XMCARG error reply naming `what` (before any write).
 local function xmc_arg_entry_id(what, v)
   if v == nil or v == '' then return nil end
-  local ms, seq = string.match(v, '^(%d+)%-(%d+)$')
-  if not (xmc_id_part(ms) and xmc_id_part(seq)) then
+  if not xmc_entry_id_ok(v) then
     error({err = 'XMCARG ' .. what .. ' must be a stream entry ID <ms>-<seq> or empty, got '
                  .. string.format('%q', string.sub(v, 1, 48))})
   end
