@@ -41,7 +41,7 @@ from tests.support.helpers import (
 )
 from xmc_resumption.activities.requests import PublishRequest
 from xmc_resumption.activities.resumption import ResumptionActivities
-from xmc_resumption.redisclient import fencing, held
+from xmc_resumption.redisclient import fencing, held, ratecap
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
 from xmc_resumption.redisclient.readings import GroupStatus
@@ -343,6 +343,53 @@ async def test_publishes_whose_replies_were_lost_are_counted_once(temporal_env, 
     publishes = [r for k, r in await redis_calls(handle) if k == "publish_batch"]
     assert [(r["status"], r["moved"], r.get("repeated", False)) for r in publishes] == [("completed", 2, True)]
     assert publishes[0]["rounds"] == {"scripts": 3, "moved": 2}
+
+
+class LostReplyUnderRateCap(LostReplies):
+    """``LostReplies`` losing the first publish reply; records each publish's ``moved_through``, and lifts the stream's
+    rate cap once the call asked again has answered."""
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis, 1)
+        self.moved_through: list[str] = []
+
+    @activity.defn(name="publish_rounds")
+    async def publish_lossy(self, req: PublishRequest) -> PublishRounds:
+        self.moved_through.append(req.params.moved_through)
+        result = await super().publish_lossy(req)
+        if len(self.moved_through) == 2:
+            await ratecap.clear_stream_rate(self.redis, STREAM)
+        return result
+
+
+async def test_a_lost_reply_whose_last_script_moved_none_leaves_moved_through_current(
+    temporal_env, redis, redis_url, task_queue
+) -> None:
+    """Under a stream rate cap of 5 tasks/s, the first publish call (batch 5) moves 5 tasks, then its second script is
+    rate limited; its reply is lost. Asked again, the recorded result of that script moved nothing, yet names the
+    last task the call moved, so the next publish passes it as ``moved_through`` (a crash failover losing those moves
+    would move them again marked)."""
+    e = experiment()
+    names = await hold_tasks(redis, e, 12)
+    held_ids = [entry_id.decode() for entry_id, _ in await redis.xrange(ExperimentKeys(STREAM, e).held)]
+    await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
+    await ratecap.set_stream_rate(redis, STREAM, 5)
+    client = Redis.from_url(redis_url)
+    activities = LostReplyUnderRateCap(client)
+    async with Worker(
+        temporal_env.client,
+        task_queue=task_queue,
+        workflows=[ResumptionWorkflow],
+        activities=activities.all(),
+        workflow_runner=RUNNER,
+    ):
+        handle = await start(temporal_env.client, task_queue, experiment_id=e, batch_size=5, throttle_seconds=1)
+        result = await asyncio.wait_for(handle.result(), 60)
+    await client.aclose()
+    assert (result.outcome, result.replayed, result.redelivered) == (Outcome.COMPLETED, 12, 0)
+    assert (result.last_moved_id, await stream_tasks(redis)) == (held_ids[-1], names)
+    # the lost call and its retry, then the next publish, told of the 5 tasks the lost call moved
+    assert activities.moved_through[:3] == ["", "", held_ids[4]]
 
 
 async def test_the_open_workflows_are_listed_on_the_time_skipping_server(
