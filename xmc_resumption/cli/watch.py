@@ -128,14 +128,21 @@ class Watcher:
             await redis.aclose()
 
     async def _ask(self, handle: WorkflowHandle[Any, Any]) -> Progress | None:
-        """The progress, or None when the run has not answered (no worker, or not ready yet)."""
+        """The progress, or None when the run has not answered (no worker, or not ready yet).
+
+        Raises:
+            asyncio.CancelledError: the command was cancelled (Ctrl-C) during the query, even when the query
+                ended meanwhile (Python 3.11's ``wait_for`` then returns its result) or failed with an RPC error.
+        """
+        progress: Progress | None
         try:
-            progress: Progress = await asyncio.wait_for(
-                handle.query(ResumptionWorkflow.progress), QUERY_TIMEOUT_SECONDS
-            )
-            return progress
+            progress = await asyncio.wait_for(handle.query(ResumptionWorkflow.progress), QUERY_TIMEOUT_SECONDS)
         except (TimeoutError, RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError):
-            return None  # no worker, not ready yet, or the run is ending: the loop sees its end
+            progress = None  # no worker, not ready yet, or the run is ending: the loop sees its end
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+        return progress
 
     def _show(self, workflow_id: str, p: Progress) -> None:
         total = p.replayed + p.remaining if p.remaining is not None else None
