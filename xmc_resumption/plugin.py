@@ -254,10 +254,7 @@ class ResumptionPlugin(SimplePlugin):
         except BaseException:
             _mark_never_started(worker)
             raise
-        # a single Redis client sends nothing again by itself (redis-py would retry a timed-out call 10 times):
-        # Temporal retries the call, and a local attempt's first connection fault hands the replay on at once to a
-        # worker that reaches Redis (workflows/calls.py, HandOff); a cluster client keeps re-reading its slot map
-        redis = self.settings.redis(retries=None if self.settings.redis_cluster else 0)
+        redis = self.settings.worker_redis()
         activities.redis = redis
         try:
             await next(worker)

@@ -23,6 +23,7 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry as SyncRetry
 from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
@@ -310,6 +311,21 @@ class Settings(BaseSettings):
             return self.redis_cluster_client(retries=retries)
         retry: dict[str, Any] = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
         client = Redis.from_url(self.redis_url, **retry, **self._client_kwargs())
+        require_replica_acks(client, self.replica_acks_required())
+        return client
+
+    def worker_redis(self) -> RedisClient:
+        """The Redis client of a worker's activities (``ResumptionPlugin``): one reconnect, no resend after a timeout.
+
+        A command that finds its pooled connection closed (an idle connection a proxy or Redis's ``timeout`` ended)
+        is sent once more on a new one, so a worker that reaches Redis does not hand its replays on
+        (workflows/calls.py, ``HandOff``); a command that timed out is not sent again: Temporal retries the call.
+        A cluster client keeps redis-py's retries (it re-reads its slot map on them).
+        """
+        if self.redis_cluster:
+            return self.redis()
+        reconnect = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+        client = Redis.from_url(self.redis_url, retry=reconnect, **self._client_kwargs())
         require_replica_acks(client, self.replica_acks_required())
         return client
 
