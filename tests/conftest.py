@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -21,6 +22,11 @@ from tests.support.helpers import open_workflows
 from xmc_resumption import search_attributes
 from xmc_resumption.services import installed_binary, local_redis
 from xmc_resumption.workflows import fleet
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # pytest started in the background by a non-interactive shell (`.ci/run &`: bash ignores SIGINT for it): every
+    # process the tests start would inherit the ignore, and the Ctrl-C tests' commands would never see theirs
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
