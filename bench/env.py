@@ -19,7 +19,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 from temporalio.client import Client
 
-from xmc_resumption.services import free_port, local_redis, local_temporal, stop_process
+from xmc_resumption.services import local_redis, local_temporal, stop_process
 from xmc_resumption.settings import Settings, connect_temporal
 
 LOG_DIR = Path(".xmc") / "bench"
@@ -72,7 +72,7 @@ async def bench_services(log_dir: Path = LOG_DIR) -> AsyncIterator[BenchEnv]:
     log_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(local_redis(log_file=log_dir / "redis.log"))
-        address = stack.enter_context(local_temporal(port=free_port(), ui_port=None, log_file=log_dir / "temporal.log"))
+        address = stack.enter_context(local_temporal(port=None, ui_port=None, log_file=log_dir / "temporal.log"))
         stack.enter_context(_env_var("TEMPORAL_ADDRESS", address))
         client = await connect_temporal()
         redis = Redis.from_url(url, decode_responses=False, socket_timeout=None)

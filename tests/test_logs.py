@@ -30,7 +30,7 @@ from tests.support.helpers import (
     wait_for,
     worker_polling,
 )
-from xmc_resumption.services import free_port, local_temporal
+from xmc_resumption.services import local_temporal
 from xmc_resumption.workflows.models import Outcome
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
@@ -131,7 +131,7 @@ async def test_the_sdk_cores_warnings_are_json_lines_too(redis_url, tmp_path) ->
     warnings through Python logging (``settings.sdk_runtime``), so every line it prints is still one
     JSON object, none ANSI-coloured (they were printed by the core itself, coloured)."""
     log, task_queue = tmp_path / "worker.log", f"xmc-test-{uuid.uuid4().hex[:8]}"
-    with local_temporal(port=free_port(), ui_port=None) as address, open(log, "wb") as out:
+    with local_temporal(port=None, ui_port=None) as address, open(log, "wb") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "worker"],
             env=_worker_env(address, redis_url, task_queue, "json"),

@@ -48,7 +48,7 @@ def temporal_with_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     """A dev server with its web UI: (frontend address, UI base URL)."""
     ui = free_port()
     log = tmp_path_factory.mktemp("temporal-ui") / "temporal.log"
-    with local_temporal(port=free_port(), ui_port=ui, log_file=log) as address:
+    with local_temporal(port=None, ui_port=ui, log_file=log) as address:
         yield address, f"http://127.0.0.1:{ui}"
 
 

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from xmc_resumption import search_attributes
@@ -102,41 +102,66 @@ def _service(args: list[str], port: int, timeout: float, log_file: Path | None) 
             out.close()  # type: ignore[union-attr]
 
 
+FREE_PORT_TRIES = 3
+"""How often a server on a free port of our choosing is started again on another one when it exits before listening:
+between ``free_port`` and the server's bind another process (a parallel test's server) may take the port."""
+
+
+def _on_a_port(
+    stack: ExitStack, port: int | None, args_for: Callable[[int], list[str]], timeout: float, log_file: Path | None
+) -> int:
+    """Start the service ``args_for(port)`` in ``stack`` once it listens; returns its port.
+
+    ``port`` None: a free one, another (``FREE_PORT_TRIES`` in all) when the service exits before listening.
+
+    Raises:
+        RuntimeError: the service exited before listening (on a given port, or on every free one tried).
+    """
+    for attempt in range(1, FREE_PORT_TRIES + 1):
+        chosen = port or free_port()
+        try:
+            stack.enter_context(_service(args_for(chosen), chosen, timeout, log_file))
+            return chosen
+        except RuntimeError:
+            if port is not None or attempt == FREE_PORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def local_redis(port: int | None = None, log_file: Path | None = None) -> Iterator[str]:
     """Run a throwaway ``redis-server`` on 127.0.0.1 (no persistence); yields its ``redis://`` URL.
 
     Its working directory is a temporary one of its own: a server made a replica writes a
     ``dump.rdb`` there, which would otherwise land in the caller's directory and be loaded,
-    silently, by the next server started from it.
+    silently, by the next server started from it. ``port`` None: a free one (``_on_a_port``).
     """
-    port = port or free_port()
-    with tempfile.TemporaryDirectory(prefix="xmc-redis-") as workdir:
-        args = [installed_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+    with tempfile.TemporaryDirectory(prefix="xmc-redis-") as workdir, ExitStack() as stack:
+        args = [installed_binary("redis-server"), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--protected-mode", "yes", "--dir", workdir]  # fmt: skip
-        with _service(args, port, 10, log_file):
-            yield f"redis://127.0.0.1:{port}/0"
+        chosen = _on_a_port(stack, port, lambda p: [*args, "--port", str(p)], 10, log_file)
+        yield f"redis://127.0.0.1:{chosen}/0"
 
 
 @contextmanager
 def local_temporal(
-    port: int = 7233, ui_port: int | None = 8233, db_file: Path | None = None, log_file: Path | None = None
+    port: int | None = 7233, ui_port: int | None = 8233, db_file: Path | None = None, log_file: Path | None = None
 ) -> Iterator[str]:
     """Run ``temporal server start-dev`` on 127.0.0.1; yields its address ``127.0.0.1:<port>``.
 
     Args:
-        port: the frontend's gRPC port.
+        port: the frontend's gRPC port; None: a free one (``_on_a_port``: the server binds more ports than this one).
         ui_port: the web UI's port, or None for a headless server.
         db_file: SQLite file that keeps the server's state across restarts (in memory when None).
         log_file: where the server's output goes (discarded when None).
     """
-    args = [installed_binary("temporal"), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
+    args = [installed_binary("temporal"), "server", "start-dev", "--ip", "127.0.0.1",
             "--log-level", "warn", *search_attributes.dev_server_args()]  # fmt: skip
     args += ["--ui-port", str(ui_port)] if ui_port else ["--headless"]
     if db_file:
         args += ["--db-filename", str(db_file)]
-    with _service(args, port, 60, log_file):
-        address = f"127.0.0.1:{port}"
+    with ExitStack() as stack:
+        address = f"127.0.0.1:{_on_a_port(stack, port, lambda p: [*args, '--port', str(p)], 60, log_file)}"
         wait_until_serving(address, timeout=60)
         yield address
 
