@@ -27,7 +27,7 @@ from redis.exceptions import ResponseError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.support.failover import CrashFailover, crash_failover
+from tests.support.failover import ACKS, HELD_ACKS, CrashFailover, crash_failover
 from tests.support.helpers import GROUP, RUNNER, STREAM, start, wait_for
 from xmc_resumption.activities.resumption import ResumptionActivities
 from xmc_resumption.client import XmcClient, XmcSyncClient
@@ -48,12 +48,6 @@ from xmc_resumption.redisclient.scripts import source
 from xmc_resumption.settings import Settings
 from xmc_resumption.workflows.models import Outcome
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
-
-ACKS = ReplicaAcks(replicas=1, timeout_ms=4_000)
-"""The acknowledged mode of these tests: one replica, within 4 s (a bound for a loaded machine)."""
-
-HELD_ACKS = ReplicaAcks(replicas=1, timeout_ms=200)
-"""The same while the link is held: no replica ever answers then, so a short WAIT says as much."""
 
 
 @pytest_asyncio.fixture

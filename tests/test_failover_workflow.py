@@ -29,7 +29,7 @@ from temporalio.client import ScheduleActionStartWorkflow, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.support.failover import CrashFailover, crash_failover, until
+from tests.support.failover import ACKS, HELD_ACKS, CrashFailover, crash_failover, until
 from tests.support.helpers import GROUP, RUNNER, STREAM, start, wait_for
 from tests.test_cli import Xmc, xmc_fixture  # noqa: F401  (the fixture)
 from xmc_resumption.activities.resumption import ResumptionActivities
@@ -41,7 +41,7 @@ from xmc_resumption.reconcile import (
     schedule_reconcile,
 )
 from xmc_resumption.redisclient import failover, held
-from xmc_resumption.redisclient.connection import ReplicaAcks, require_replica_acks
+from xmc_resumption.redisclient.connection import require_replica_acks
 from xmc_resumption.redisclient.errors import ReplicaAckError
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.workflows import fleet
@@ -53,8 +53,6 @@ pytestmark = [pytest.mark.real_server, pytest.mark.slow]  # visibility holds the
 
 THRESHOLD = 10
 TASKS = 40
-ACKS = ReplicaAcks(replicas=1, timeout_ms=4_000)
-HELD_ACKS = ReplicaAcks(replicas=1, timeout_ms=200)
 
 
 @pytest_asyncio.fixture
@@ -134,6 +132,30 @@ async def listed(xmc: Xmc, env: WorkflowEnvironment, servers: CrashFailover, *ar
     return rows
 
 
+async def hold_all(client: Redis, keys: ExperimentKeys) -> tuple[list[str], list[str]]:
+    """Pause the experiment and hold ``TASKS`` tasks behind a consumer group at 0; their names and held entry IDs."""
+    await held.pause(client, keys)
+    names = [f"t{i:02d}" for i in range(TASKS)]
+    held_ids = [d.entry_id for d in await held.enqueue_tasks(client, keys, [{b"task": n.encode()} for n in names])]
+    await client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    return names, held_ids
+
+
+async def start_and_hold_the_link(
+    env: WorkflowEnvironment, servers: CrashFailover, task_queue: str, experiment_id: str, consumer: Consumer
+) -> WorkflowHandle:
+    """Start the replay; once its first 10 moves were read and reached the replica, hold the replication link."""
+    handle = await start(
+        env.client, task_queue, experiment_id=experiment_id, max_backlog_threshold=THRESHOLD, batch_size=10,
+        throttle_seconds=2.0,
+    )  # fmt: skip
+    await replay_until(handle, 10)
+    assert await consumer.read() == 10
+    await servers.in_sync()
+    servers.hold()
+    return handle
+
+
 async def test_without_replica_acks_every_task_moved_twice_is_marked_and_counted(
     temporal_env: WorkflowEnvironment, servers: CrashFailover, task_queue: str, xmc: Xmc
 ) -> None:
@@ -144,20 +166,10 @@ async def test_without_replica_acks_every_task_moved_twice_is_marked_and_counted
     marked, and counts exactly the 20 duplicates the consumer saw."""
     keys = ExperimentKeys(STREAM, "WF1")
     setup = servers.client()
-    await held.pause(setup, keys)
-    names = [f"t{i:02d}" for i in range(TASKS)]
-    held_ids = [d.entry_id for d in await held.enqueue_tasks(setup, keys, [{b"task": n.encode()} for n in names])]
-    await setup.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    names, held_ids = await hold_all(setup, keys)
     consumer, redis = Consumer(servers), servers.client()
     async with worker(temporal_env, task_queue, redis):
-        handle = await start(
-            temporal_env.client, task_queue, experiment_id="WF1", max_backlog_threshold=THRESHOLD, batch_size=10,
-            throttle_seconds=2.0,
-        )  # fmt: skip
-        await replay_until(handle, 10)
-        assert await consumer.read() == 10
-        await servers.in_sync()
-        servers.hold()
+        handle = await start_and_hold_the_link(temporal_env, servers, task_queue, "WF1", consumer)
         await replay_until(handle, 20)
         assert await consumer.read() == 10
         told = await replay_until(handle, 30)
@@ -201,21 +213,11 @@ async def test_with_replica_acks_nothing_acknowledged_is_lost_and_nothing_moved_
     keys = ExperimentKeys(STREAM, "WA2")
     producer = servers.client()
     require_replica_acks(producer, ACKS)
-    await held.pause(producer, keys)
-    names = [f"t{i:02d}" for i in range(TASKS)]
-    held_ids = [d.entry_id for d in await held.enqueue_tasks(producer, keys, [{b"task": n.encode()} for n in names])]
-    await producer.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    names, held_ids = await hold_all(producer, keys)
     consumer, redis = Consumer(servers), servers.client()
     require_replica_acks(redis, ACKS)
     async with worker(temporal_env, task_queue, redis):
-        handle = await start(
-            temporal_env.client, task_queue, experiment_id="WA2", max_backlog_threshold=THRESHOLD, batch_size=10,
-            throttle_seconds=2.0,
-        )  # fmt: skip
-        await replay_until(handle, 10)
-        assert await consumer.read() == 10
-        await servers.in_sync()
-        servers.hold()
+        handle = await start_and_hold_the_link(temporal_env, servers, task_queue, "WA2", consumer)
         late = servers.client()
         require_replica_acks(late, HELD_ACKS)
         with pytest.raises(ReplicaAckError):

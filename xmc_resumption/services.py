@@ -117,7 +117,8 @@ def _on_a_port(
     Raises:
         RuntimeError: the service exited before listening (on a given port, or on every free one tried).
     """
-    for attempt in range(1, FREE_PORT_TRIES + 1):
+    attempt = 1
+    while True:
         chosen = port or free_port()
         try:
             stack.enter_context(_service(args_for(chosen), chosen, timeout, log_file))
@@ -125,7 +126,7 @@ def _on_a_port(
         except RuntimeError:
             if port is not None or attempt == FREE_PORT_TRIES:
                 raise
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 @contextmanager

@@ -309,10 +309,7 @@ class Settings(BaseSettings):
         """
         if self.redis_cluster:
             return self.redis_cluster_client(retries=retries)
-        retry: dict[str, Any] = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
-        client = Redis.from_url(self.redis_url, **retry, **self._client_kwargs())
-        require_replica_acks(client, self.replica_acks_required())
-        return client
+        return self._single_redis(None if retries is None else Retry(NoBackoff(), retries))
 
     def worker_redis(self) -> RedisClient:
         """The Redis client of a worker's activities (``ResumptionPlugin``): one reconnect, no resend after a timeout.
@@ -324,8 +321,12 @@ class Settings(BaseSettings):
         """
         if self.redis_cluster:
             return self.redis()
-        reconnect = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-        client = Redis.from_url(self.redis_url, retry=reconnect, **self._client_kwargs())
+        return self._single_redis(Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
+
+    def _single_redis(self, retry: Retry | None) -> Redis:
+        """A single-node asyncio client with ``retry`` (None: redis-py's default) and the replica-ack check."""
+        kwargs: dict[str, Any] = self._client_kwargs() | ({} if retry is None else {"retry": retry})
+        client = Redis.from_url(self.redis_url, **kwargs)
         require_replica_acks(client, self.replica_acks_required())
         return client
 

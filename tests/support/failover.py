@@ -23,10 +23,17 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from tests.support.proxy import LosingProxy, SwitchableProxy
+from xmc_resumption.redisclient.connection import ReplicaAcks
 from xmc_resumption.services import free_port, installed_binary, stop_process, wait_for_port
 
 DOCS_SETTINGS = ["--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction"]
 """The Redis settings docs/memory.md asks for: AOF, fsync on every write, no eviction."""
+
+ACKS = ReplicaAcks(replicas=1, timeout_ms=4_000)
+"""The acknowledged mode of the crash-failover tests: one replica, within 4 s (a bound for a loaded machine)."""
+
+HELD_ACKS = ReplicaAcks(replicas=1, timeout_ms=200)
+"""The same while the link is held: no replica ever answers then, so a short WAIT says as much."""
 
 
 async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 20, what: str = "the condition") -> None:
