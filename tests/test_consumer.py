@@ -19,13 +19,18 @@ async def test_a_read_ended_by_its_stream_going_away_is_read_again(redis) -> Non
         await asyncio.sleep(0.02)
         await redis.delete(STREAM)  # ends the blocked read
         await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)  # a read in between gets NOGROUP: read again
+    assert await _added_then_read(redis, consumer, stop, seen) == [b"after"]
+
+
+async def _added_then_read(redis, consumer: asyncio.Task[None], stop: asyncio.Event, seen: list[bytes]) -> list[bytes]:  # type: ignore[no-untyped-def]
+    """Add a task ``after``, wait (bounded by the test's timeout) until the consumer read it, stop it: what it read."""
     await redis.xadd(STREAM, {b"task": b"after"})
     while not seen:
         assert not consumer.done(), consumer.exception()
         await asyncio.sleep(0.01)
     stop.set()
     await consumer
-    assert seen == [b"after"]
+    return seen
 
 
 async def _refused_reads(redis) -> int:  # type: ignore[no-untyped-def]
@@ -43,13 +48,7 @@ async def test_a_read_between_the_streams_deletion_and_its_making_again_is_read_
         assert not consumer.done(), consumer.exception()
         await asyncio.sleep(0.01)
     await redis.xgroup_create(STREAM, GROUP, id="$", mkstream=True)
-    await redis.xadd(STREAM, {b"task": b"after"})
-    while not seen:
-        assert not consumer.done(), consumer.exception()
-        await asyncio.sleep(0.01)
-    stop.set()
-    await consumer
-    assert seen == [b"after"]
+    assert await _added_then_read(redis, consumer, stop, seen) == [b"after"]
 
 
 async def test_a_consumer_told_to_stop_while_its_group_is_gone_returns(redis) -> None:
