@@ -136,7 +136,7 @@ class Reachability:
 
 
 @asynccontextmanager
-async def _classified(redis: RedisClient, reach: Reachability | None = None) -> AsyncIterator[None]:
+async def _classified(redis: RedisClient, reach: Reachability) -> AsyncIterator[None]:
     """Make errors that retrying cannot mend non-retryable ``ApplicationError``s.
 
     Connection faults, timeouts and transient error replies (``TRANSIENT_ERRORS``, ``TRANSIENT_REPLIES``) propagate and
@@ -146,21 +146,19 @@ async def _classified(redis: RedisClient, reach: Reachability | None = None) -> 
     (``redisclient.connection.STALE_CONNECTION_ERRORS``) the pooled connections of ``redis`` are
     dropped before the error propagates, so Temporal's retry (200 ms later, ``REDIS_RETRY``)
     connects afresh to whatever server the address names now: a failover behind a stable address
-    costs one failed attempt per call in flight, never a worker restart. With ``reach``, a connection fault,
-    timeout or attempt past its start-to-close is noted there, and the call probes Redis first while it says so
-    (``Reachability``).
+    costs one failed attempt per call in flight, never a worker restart. A connection fault, timeout or attempt past
+    its start-to-close is noted in ``reach``, and the call probes Redis first while it says so (``Reachability``).
     """
-    if reach is not None:
-        await reach.probe(redis)
+    await reach.probe(redis)
     try:
         yield
     except STALE_CONNECTION_ERRORS as err:
-        if reach is not None and isinstance(err, (ConnectionError, RedisTimeoutError)):
+        if isinstance(err, (ConnectionError, RedisTimeoutError)):
             reach.fault()
         await drop_stale_connections(redis, err)
         raise
     except asyncio.CancelledError:  # an attempt past its start-to-close: Redis did not answer in time
-        if reach is not None and (why := activity.cancellation_details()) is not None and why.timed_out:
+        if (why := activity.cancellation_details()) is not None and why.timed_out:
             reach.fault()
         raise
     except ValueError as err:

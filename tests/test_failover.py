@@ -41,7 +41,7 @@ from tests.support.helpers import (
 from tests.support.proxy import SwitchableProxy
 from xmc_resumption import reconcile as reconcile_module
 from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, ExperimentRef, PublishRequest
-from xmc_resumption.activities.resumption import ResumptionActivities, _classified
+from xmc_resumption.activities.resumption import Reachability, ResumptionActivities, _classified
 from xmc_resumption.redisclient import fencing, held
 from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.redisclient.publish import PublishParams, publish_batch
@@ -188,7 +188,7 @@ async def test_a_moved_reply_drops_the_pooled_connections_and_is_retried(servers
     try:
         before = await client.client_id()
         with pytest.raises(MovedError):
-            async with _classified(client):
+            async with _classified(client, Reachability()):
                 raise MovedError("3999 127.0.0.1:6381")
         assert await client.client_id() != before
     finally:

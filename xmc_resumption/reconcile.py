@@ -117,8 +117,9 @@ async def completed_input(client: Client, undone: Reconciled) -> ResumptionInput
     Raises:
         temporalio.service.RPCError: Temporal failed to give the run's history.
     """
-    history = await client.get_workflow_handle(undone.workflow_id, run_id=undone.run_id).fetch_history()
-    started = history.events[0].workflow_execution_started_event_attributes
+    handle = client.get_workflow_handle(undone.workflow_id, run_id=undone.run_id)
+    first = await anext(aiter(handle.fetch_history_events(page_size=1)))  # the started event: no more is read
+    started = first.workflow_execution_started_event_attributes
     [inp] = await client.data_converter.decode(started.input.payloads, [ResumptionInput])
     return ResumptionInput.model_validate(inp).model_copy(update={"carry": None, "moved_through": undone.moved_through})
 

@@ -203,7 +203,7 @@ if rate then
   end
 end
 -- rate cap: end
-local moved, moved_bytes = 0, 0
+local moved, moved_bytes, last_here = 0, 0, nil
 if room > 0 then
   -- read first, write after: an entry with more fields than a script can pass to XADD stops the
   -- move before it (it is reported, and set aside by the caller), so no call fails half done
@@ -230,10 +230,11 @@ if room > 0 then
     redis.call('XDEL', KEYS[2], e[1])
     moved = moved + 1
     moved_bytes = moved_bytes + bytes
-    if last_moved_id == '' or xmc_id_cmp(e[1], last_moved_id) > 0 then
-      last_moved_id = e[1]  -- (a task moved again, below it, leaves it)
-    end
+    last_here = e[1]  -- the held stream is read in ID order: the last task moved is this script's latest
   end
+end
+if last_here and (last_moved_id == '' or xmc_id_cmp(last_here, last_moved_id) > 0) then
+  last_moved_id = last_here  -- (tasks moved again, below it, leave it)
 end
 -- rate cap (rate.lua): take what moved from the bucket
 if rate and moved > 0 then xmc_rate_take(KEYS[9], rate, moved) end
