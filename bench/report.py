@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import blocking, eta, group_cost, replicas, scenarios
+from bench import blocking, eta, group_cost, many, replicas, scenarios
 
 HISTORY_BUDGET = 10_240
 """The largest single run of any continue-as-new chain must stay under this many events."""
@@ -158,6 +158,7 @@ def table(results: dict[str, Any]) -> str:
         "g": _lines_g,
         "h": eta.lines,
         "k": group_cost.lines,
+        "m": many.lines,
         "p": scenarios.lines,
         "r": replicas.lines,
     }

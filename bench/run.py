@@ -13,8 +13,10 @@ Figures (every one a ratio measured side by side in the same run; absolute times
   h  the ETA against a steady consumer: its error at 10, 25, 50 and 75 % moved (``bench.eta``)
   k  one backlog measurement's Redis CPU at threshold 100,000 with 1, 16 and 64 groups, and the rule of 72bd4ad
      beside it (``bench.group_cost``)
+  m  many replays of one stream: 10, 100 and 1,000 at once, 60,000 tasks in all, two workers: x ideal, worker
+     CPU, Redis calls and history events per 1,000 tasks, the workers' free slots (``bench.many``)
   p  the pacing cases of issue 17: bursty, stopped and faster consumers, the defaults, batch sizes,
-     10 vs 100 replays, history events per 1,000 tasks (``bench.scenarios``)
+     history events per 1,000 tasks (``bench.scenarios``)
   r  replica acknowledgements' cost: replay, bare publish and enqueue tasks/s with and without
      ``XMC_REPLICA_ACKS=1`` against a replica (``bench.replicas``)
 Prints a table and writes ``bench/results/bench-<timestamp>.json`` and ``bench/results/latest.json``.
@@ -36,11 +38,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench import backlog_cost, blocking, eta, group_cost, memory, pacing, replicas, scale, scenarios, throughput
+from bench import backlog_cost, blocking, eta, group_cost, many, memory, pacing, replicas, scale, scenarios, throughput
 from bench.env import BenchEnv, bench_services, worker_process
 from bench.report import HISTORY_BUDGET, table, write_results
 
-FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h", "k", "p", "r")
+FIGURES = ("a", "b", "c", "d", "e", "f", "g", "h", "k", "m", "p", "r")
 RESULTS_DIR = Path(__file__).parent / "results"
 A_BATCHES = (100, 1_000, 5_000)
 A_LAGGING_BATCHES: tuple[int | None, ...] = (None, 5_000)
@@ -154,9 +156,11 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
     once += [r["exactly_once"] for r in results.get("h", [])]
     once += [r["exactly_once"] for r in results.get("r", {}).get("rows", [])]
     p = results.get("p", {})
-    once += [r["exactly_once"] for r in p.get("rows", []) + p.get("batches", []) + p.get("replays", [])]
+    once += [r["exactly_once"] for r in p.get("rows", []) + p.get("batches", [])]
+    m = results.get("m", {}).get("rows", [])
+    once += [r["exactly_once"] for r in m]
     checks = {"exactly_once": all(once)}
-    bounded = [r for r in results.get("b", []) if "skipped" not in r] + results.get("g", []) + p.get("replays", [])
+    bounded = [r for r in results.get("b", []) if "skipped" not in r] + results.get("g", []) + m
     if bounded:
         checks["max_backlog_within_threshold"] = all(r["max_backlog"] <= r["threshold"] for r in bounded)
     if "e" in results:
@@ -195,8 +199,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             size = scale.SMOKE_SIZE if args.smoke else scale.FULL_SIZE
             print(f"g: {size.experiments} experiments x {size.tasks} tasks, two workers, R {size.rate:g}/s", flush=True)
             results["g"] = await scale.scale(env, size, args.policies)
-        if "p" in args.only:
-            results["p"]["replays"] = await scenarios.replays(env)
+        if "m" in args.only:
+            results["m"] = await many.many(env, many.SMOKE_SIZE if args.smoke else many.FULL_SIZE)
         if "r" in args.only:
             r_tasks = R_TASKS_SMOKE if args.smoke else R_TASKS_FULL
             print(f"r: replica acknowledgements, {r_tasks} tasks per run, {args.repeats} repeat(s)", flush=True)

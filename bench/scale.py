@@ -39,7 +39,7 @@ from typing import Any
 
 from bench.consumers import PacedConsumer, calibrate, run_paced_consumer
 from bench.env import BenchEnv, WorkerProcess, worker_process
-from bench.replay import build_input
+from bench.replay import build_input, chain_lengths
 from bench.sampler import sampler_process
 from bench.tasks import READ_CHUNK, hold_tasks
 from xmc_resumption.redisclient import held, weights
@@ -204,11 +204,13 @@ async def _timed_result(handle: Any, started: float) -> tuple[float, Any]:
 
 
 async def scale_run(
-    env: BenchEnv, case: ScaleCase, size: ScaleSize, workers: tuple[WorkerProcess, ...] = ()
+    env: BenchEnv, case: ScaleCase, size: ScaleSize, workers: tuple[WorkerProcess, ...] = (), history: bool = False
 ) -> dict[str, Any]:
     """One row of figure g, under the workers already polling ``env.task_queue``.
 
-    ``workers``: those whose CPU time the row reports.
+    ``workers``: those whose CPU time the row reports. ``history``: count every run's history events too
+    (``events``, ``runs``, ``largest_run_events``; one call a run, after the wall time).
+    ``starts_s`` is how long the ``asyncio.gather`` of every start took (counted in the wall time).
     """
     run_id = uuid.uuid4().hex[:8]
     stream = f"bench-scale-{run_id}"
@@ -233,6 +235,7 @@ async def scale_run(
             cpu_before = [cpu_seconds(w.pid) for w in workers], await redis_cpu_seconds(env)
             started = time.monotonic()
             handles = await asyncio.gather(*(start_resumption(env.client, inp, env.task_queue) for inp in inputs))
+            starts = time.monotonic() - started
             timed = await asyncio.gather(*(_timed_result(h, started) for h in handles))
             wall = time.monotonic() - started
             worker_cpu = sum(cpu_seconds(w.pid) for w in workers) - sum(cpu_before[0])
@@ -244,6 +247,7 @@ async def scale_run(
     finally:
         stop.set()
         await asyncio.gather(*consumers)
+    per_run = [n for chain in await chain_lengths(env.client, handles) for n in chain] if history else []
     check = await check_stream(env, stream, {k.experiment_id: g.tasks for k, g in members})
     consumed = Counter(n for r in records for n in r.consumed)
     expected = Counter(n for _, g in members for n in range(g.tasks))
@@ -268,12 +272,14 @@ async def scale_run(
         "rate_target": size.rate,
         "rate_measured": rate,
         "wall_s": wall,
+        "starts_s": starts,
         "ideal_s": case.tasks / rate,
         "wall_over_ideal": wall * rate / case.tasks,
         "drained_s": drained,
         "worker_cpu_s": worker_cpu,
         "redis_cpu_s": redis_cpu,
         "redis_cpu_ms_per_1000_tasks": redis_cpu / case.tasks * 1e6,
+        **({"events": sum(per_run), "runs": len(per_run), "largest_run_events": max(per_run)} if history else {}),
         "max_backlog": samples.max_backlog,
         "samples": samples.samples,
         "max_sample_gap_ms": samples.max_gap_s * 1000,

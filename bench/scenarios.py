@@ -12,10 +12,9 @@ how close the replay came to the ideal, and its history events per 1,000 tasks:
   replay over its ideal, as for ``stop``;
 - ``defaults``: the default input (only the experiment ID: batch, threshold, policy and wait as
   shipped) against paced consumers at 2,000/s;
-- ``batch`` rows: figure a's unthrottled workflow over the bare atomic move, per batch size;
-- ``replays`` rows: 10 and 100 replays at once on one stream (figure g's harness, adaptive), with
-  Redis calls (Redis's command counts; the set-up, consumers, sampler and check left out, a few
-  calls a replay for its set-up and check left in) and worker CPU per 1,000 tasks.
+- ``batch`` rows: figure a's unthrottled workflow over the bare atomic move, per batch size.
+
+The replays rows of issue 17 (10 and 100 replays at once on one stream) are figure m's (``bench.many``).
 
 R is the rate the paced consumers sustain on a full stream (``calibrate``), nominal for the bursty
 one. ``x ideal`` is (workflow start -> the consumers' last read) over the ideal, which counts the
@@ -33,16 +32,16 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from bench import scale, throughput
+from bench import throughput
 from bench.consumers import BURST_SECONDS, calibrate, read_count
-from bench.env import BenchEnv, WorkerProcess
+from bench.env import BenchEnv
 from bench.replay import build_input, run_resumption
 from bench.tasks import check_replay, hold_tasks
 from xmc_resumption.consumer import entries_of
 from xmc_resumption.redisclient.keys import DEFAULT_GROUP, DEFAULT_STREAM, ExperimentKeys
 
 RATE = 2_000.0
-"""The consumers' rate of the smooth, bursty, stop, defaults and replays rows (entries/s)."""
+"""The consumers' rate of the smooth, bursty, stop and defaults rows (entries/s)."""
 
 THRESHOLD = 500
 BURST, BURST_PERIOD_S = 200, 0.1
@@ -57,8 +56,6 @@ DRAIN_TIMEOUT_S = 120.0
 
 BATCHES = (100, 1_000, 5_000)
 BATCH_TASKS = 10_000
-REPLAYS = ((10, 6_000), (100, 600))
-"""(replays, tasks each) of the replays rows: 60,000 tasks at 2,000/s each."""
 
 
 @dataclass(frozen=True)
@@ -196,47 +193,8 @@ async def case_run(env: BenchEnv, case: Case, rate: float) -> dict[str, Any]:
     return row | {"ideal_s": ideal, "rest_s": last - change, "over_ideal": (last - change) / ideal, "idle": idle}
 
 
-NOT_THE_REPLAYS = ("xreadgroup", "xack", "xadd", "xlen", "xrange")
-"""Commands of the row's set-up (XADD of the held tasks), consumers, sampler (besides its one
-script call a sample) and check, left out of the replays' Redis calls."""
-
-
-async def _redis_calls(redis: Redis) -> int:
-    """Commands Redis has run so far, those of ``NOT_THE_REPLAYS`` left out."""
-    stats = await redis.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k.removeprefix("cmdstat_") not in NOT_THE_REPLAYS)
-
-
-async def replays_run(
-    env: BenchEnv, experiments: int, tasks: int, workers: tuple[WorkerProcess, ...]
-) -> dict[str, Any]:
-    """One replays row: ``experiments`` adaptive replays of ``tasks`` each at once (``bench.scale``)."""
-    size = scale.ScaleSize(experiments=experiments, tasks=tasks, rate=RATE, threshold=THRESHOLD)
-    case = scale.ScaleCase("equal", (scale.Group(experiments, tasks, 100),), "adaptive")
-    before = await _redis_calls(env.redis)
-    row = await scale.scale_run(env, case, size, workers)
-    calls = await _redis_calls(env.redis) - before - row["samples"]  # the sampler's script call each
-    total = experiments * tasks
-    return {
-        "row": f"replays {experiments}",
-        "experiments": experiments,
-        "tasks": total,
-        "wall_over_ideal": row["wall_over_ideal"],
-        "over_ideal": row["drained_s"] * row["rate_measured"] / total,
-        "redis_calls_per_1000_tasks": calls / total * 1000,
-        "worker_cpu_s_per_1000_tasks": row["worker_cpu_s"] / total * 1000,
-        "max_backlog": row["max_backlog"],
-        "threshold": THRESHOLD,
-        "throttles": row["throttles"],
-        "exactly_once": row["exactly_once"],
-    }
-
-
 async def scenarios(env: BenchEnv) -> dict[str, Any]:
-    """Figure p: the consumer rows, the batch rows and the replays rows, in that order.
-
-    The worker of ``bench.run`` runs the first two, two fresh ones the replays.
-    """
+    """Figure p: the consumer rows, then the batch rows, under the worker of ``bench.run``."""
     rate = await calibrate(env.redis, RATE, False)
     rows = []
     for case in CASES:
@@ -252,16 +210,6 @@ async def scenarios(env: BenchEnv) -> dict[str, Any]:
             for r in batches
         ],
     }
-
-
-async def replays(env: BenchEnv) -> list[dict[str, Any]]:
-    """Figure p's replays rows, under two fresh workers."""
-    async with scale.two_workers(env) as workers:
-        out = []
-        for experiments, tasks in REPLAYS:
-            print(f"p: {experiments} replays x {tasks} tasks", flush=True)
-            out.append(await replays_run(env, experiments, tasks, workers))
-        return out
 
 
 def lines(p: dict[str, Any]) -> list[str]:
@@ -283,11 +231,4 @@ def lines(p: dict[str, Any]) -> list[str]:
         events = f", {r['events_per_1000_tasks']:.1f} events / 1k tasks" if "events_per_1000_tasks" in r else ""
         out.append(f"{'batch ' + str(r['batch']):>12} unthrottled workflow / bare atomic move: {r['ratio']:.2f} "
                    f"({r['workflow_ms_per_turn']:.2f} ms a turn, {r['tasks']} tasks{events})")  # fmt: skip
-    for r in p.get("replays", []):
-        out.append(
-            f"{r['row']:>12} x ideal {r['over_ideal']:.2f}, wall/ideal {r['wall_over_ideal']:.2f}, "
-            f"Redis calls / 1k tasks {r['redis_calls_per_1000_tasks']:.0f}, worker CPU s / 1k tasks "
-            f"{r['worker_cpu_s_per_1000_tasks']:.3f}, max backlog {r['max_backlog']}, "
-            f"once {'yes' if r['exactly_once'] else 'NO'}"
-        )
     return out

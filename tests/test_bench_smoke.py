@@ -97,3 +97,33 @@ def test_bench_smoke_measures_replica_acknowledgements(tmp_path: Path) -> None:
         assert set(row) == R_ROW_KEYS and row["exactly_once"] is True
         assert all(_positive(row[key]) for key in ("plain_tasks_per_s", "acked_tasks_per_s", "ratio")), row
         assert len(row["plain_runs"]) == len(row["acked_runs"]) == 1
+
+
+M_ROW_KEYS = {
+    "row", "replays", "tasks_each", "tasks", "rate_measured", "threshold", "batch", "starts_s", "wall_s",
+    "drained_s", "over_ideal", "wall_over_ideal", "worker_cpu_s_per_1000_tasks", "redis_calls_per_1000_tasks",
+    "events", "runs", "largest_run_events", "events_per_1000_tasks", "max_backlog", "throttles", "finish", "slots",
+    "exactly_once", "cpu_over_first",
+}  # fmt: skip
+
+
+def test_bench_smoke_measures_many_replays(tmp_path: Path) -> None:
+    """Figure m alone: each row's replays wait (threshold 20), every run's history is counted, exactly once."""
+    assert main(["--smoke", "--only", "m", "--out-dir", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "latest.json").read_text())
+    assert set(results) == {"meta", "m", "checks"}
+    assert results["checks"] == {"exactly_once": True, "max_backlog_within_threshold": True}
+    rows = results["m"]["rows"]
+    assert [(r["replays"], r["tasks_each"], r["tasks"]) for r in rows] == [(2, 30, 60), (3, 20, 60)]
+    for row in rows:
+        assert set(row) == M_ROW_KEYS and row["exactly_once"] is True
+        assert 0 < row["max_backlog"] <= row["threshold"] == 20
+        # every chain has at least its first run; a run's history is at least its start and its completion
+        assert row["runs"] >= row["replays"] and row["events"] >= 2 * row["runs"]
+        assert 2 <= row["largest_run_events"] <= row["events"]
+        assert row["events_per_1000_tasks"] == row["events"] / row["tasks"] * 1000
+        keys = ("over_ideal", "wall_over_ideal", "worker_cpu_s_per_1000_tasks", "redis_calls_per_1000_tasks")
+        assert all(_positive(row[key]) for key in keys), {key: row[key] for key in keys}
+        assert set(row["slots"]) == {"workflow tasks", "activities", "local"}
+        assert all(0 <= s["fewest_free"] <= 100 for s in row["slots"].values())
+    assert rows[0]["cpu_over_first"] == 1.0
