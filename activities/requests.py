@@ -13,7 +13,10 @@ from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, MAX_BYTE_BUD
 from xmc_resumption.redisclient.consumers import MAX_IDLE_LISTED, MAX_IDLE_MS
 from xmc_resumption.redisclient.publish import PublishParams
 from xmc_resumption.redisclient.readings import MissingGroupPolicy
-from xmc_resumption.redisclient.watch import MAX_POLL_SECONDS
+from xmc_resumption.redisclient.watch import MAX_POLL_SECONDS, MAX_QUEUE_SECONDS
+
+TURN_SIGNAL = "xmc-turn"
+"""The signal by which a worker gives a queued replay its turn; its one argument is the wait's ``wait_id``."""
 
 
 class ExperimentRef(BaseModel):
@@ -60,7 +63,8 @@ class DrainWaitRequest(BaseModel):
 
     The poll lasts at least ``min_seconds`` and at most ``max_seconds``, measuring every
     ``poll_seconds`` (all seconds, finite); ``take``: the entries the caller means to publish once woken (None: as
-    many as the headroom; see ``redisclient.watch.BacklogWatches.wait_for_drain``).
+    many as the headroom; see ``redisclient.watch.BacklogWatches.wait_for_drain``). ``queue_seconds``: how long the
+    poll may stay queued past its bound; its turn comes as signal ``TURN_SIGNAL`` with ``wait_id`` (docs/pacing.md).
     """
 
     ref: ExperimentRef
@@ -72,6 +76,8 @@ class DrainWaitRequest(BaseModel):
     missing_group: MissingGroupPolicy = MissingGroupPolicy.WAIT
     max_bytes: int = Field(default=DEFAULT_BYTE_BUDGET, ge=1, le=MAX_BYTE_BUDGET)
     take: int | None = Field(default=None, ge=0)
+    queue_seconds: float = Field(default=0.0, ge=0, le=MAX_QUEUE_SECONDS, allow_inf_nan=False)
+    wait_id: int = Field(default=0, ge=0)
 
 
 class PublishRequest(BaseModel):

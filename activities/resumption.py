@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,6 +36,7 @@ from temporalio.exceptions import ApplicationError
 from xmc_resumption.activities.errors import ErrorType
 from xmc_resumption.activities.metrics import HELD_REMAINING, OUTCOMES, REDELIVERED, REPLAYED
 from xmc_resumption.activities.requests import (
+    TURN_SIGNAL,
     AcquireRequest,
     CheckRequest,
     DrainWaitRequest,
@@ -183,6 +184,30 @@ async def _classified(redis: RedisClient, reach: Reachability) -> AsyncIterator[
         raise ApplicationError(
             f"Redis refused the command: {reply}", type=ErrorType.REDIS_COMMAND_ERROR, non_retryable=True
         ) from err
+
+
+def _replay_key() -> str:
+    """The calling replay's workflow and run ID, ``""`` outside an activity: ``BacklogWatches``' key of it."""
+    if not activity.in_activity():
+        return ""
+    info = activity.info()
+    return f"{info.workflow_id}/{info.workflow_run_id}"
+
+
+def _turn_giver(wait_id: int) -> Callable[[], Awaitable[None]] | None:
+    """What signals the calling replay's run that its queued wait ``wait_id`` has its turn; None without a client."""
+    if not activity.in_activity():
+        return None
+    info = activity.info()
+    try:
+        handle = activity.client().get_workflow_handle(info.workflow_id or "", run_id=info.workflow_run_id)
+    except RuntimeError:  # no client: an ActivityEnvironment given none
+        return None
+
+    async def wake() -> None:
+        await handle.signal(TURN_SIGNAL, wait_id)
+
+    return wake
 
 
 def _keys(ref: ExperimentRef) -> ExperimentKeys:
@@ -364,9 +389,12 @@ class ResumptionActivities:
     async def wait_for_drain(self, req: DrainWaitRequest) -> DrainWait:
         """Poll the backlog until it falls to the low watermark, within the request's bounds (a short wait).
 
-        On the readings every poll of this worker of the same measurement shares (``redisclient.watch``).
+        On the readings every poll of this worker of the same measurement shares (``redisclient.watch``); a poll may
+        stay queued past its bound (``req.queue_seconds``), given its turn by signal ``TURN_SIGNAL``. Without a
+        Temporal client (an ``ActivityEnvironment`` given none) it never queues.
         """
         _keys(req.ref)
+        wake = _turn_giver(req.wait_id) if req.queue_seconds > 0 else None
         async with _classified(self.redis, self.reach):
             return await self.watches.wait_for_drain(
                 self.redis,
@@ -381,6 +409,9 @@ class ResumptionActivities:
                 max_bytes=req.max_bytes,
                 groups=req.ref.consumer_groups,
                 take=req.take,
+                replay=_replay_key(),
+                queue_seconds=req.queue_seconds if wake is not None else 0.0,
+                wake=wake,
             )
 
     @activity.defn
@@ -390,6 +421,7 @@ class ResumptionActivities:
             rounds = await publish.publish_rounds(
                 self.redis, _keys(req.ref), req.ref.consumer_group, req.params, req.ref.consumer_groups
             )
+        self.watches.called(_replay_key())  # its turn is taken: the next reading shows what it moved
         self._published(req, rounds.final, rounds.fresh_moved, rounds.fresh_redelivered)
         return rounds
 

@@ -160,11 +160,97 @@ async def test_a_watch_that_stops_fails_the_polls_waiting_on_it(redis: Redis) ->
         (10, {"max_seconds": 61.0}, "need 0 <= min_seconds <= max_seconds <= 60"),
         (10, {"poll_seconds": 0.0}, r"poll_seconds must be in \(0, 1\]"),
         (10, {"take": -1}, "take must be >= 0"),
+        (10, {"queue_seconds": float("nan")}, r"queue_seconds must be in \[0, 86400\]"),
+        (10, {"queue_seconds": -1.0}, r"queue_seconds must be in \[0, 86400\]"),
     ],
 )
 async def test_bad_arguments_are_refused(redis: Redis, low: int, kw: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         await poll(BacklogWatches(), redis, low, **kw)
+
+
+class Line:
+    """The turns a test's queued waiters were given, in order (what the worker's signals would be)."""
+
+    def __init__(self) -> None:
+        self.woken: list[str] = []
+
+    def wake(self, name: str):  # type: ignore[no-untyped-def]
+        async def given() -> None:
+            self.woken.append(name)
+
+        return given
+
+    async def until(self, count: int) -> None:
+        for _ in range(500):
+            if len(self.woken) >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{count} turns expected, {self.woken} given")
+
+
+def queued_poll(watches: BacklogWatches, redis: Redis, line: Line, name: str, take: int, queue: float = 30.0):  # type: ignore[no-untyped-def]
+    return poll(watches, redis, 50, max_seconds=0.1, take=take, replay=name, queue_seconds=queue, wake=line.wake(name))
+
+
+async def drain_to(redis: Redis, backlog: int) -> None:
+    """Read and acknowledge the group's entries until ``backlog`` are left."""
+    length = await redis.xlen(STREAM)
+    pending = await redis.xreadgroup(GROUP, "c", {STREAM: ">"}, count=length - backlog)
+    await redis.xack(STREAM, GROUP, *[entry_id for entry_id, _ in pending[0][1]])
+
+
+async def test_polls_whose_turn_does_not_come_queue_and_are_woken_in_turn(redis: Redis) -> None:
+    """At their bound, polls sharing a watch stay in line; the headroom wakes them first come, first served, and a
+    woken one's take stays promised until its replay calls again."""
+    await backlog_of(redis, 100)  # threshold 100: no headroom
+    watches, line = BacklogWatches(), Line()
+    waits = await asyncio.gather(*(queued_poll(watches, redis, line, name, 40) for name in "abc"))
+    assert [(w.queued, w.reached, w.reading.backlog) for w in waits] == [(True, False, 100)] * 3
+    assert (watches.polling(), watches.queued(), line.woken) == (0, 3, [])
+    await drain_to(redis, 30)  # headroom 70: a (40) and b (40 more, 40 < 70) have their turn, c must wait
+    await line.until(2)
+    readings = watches.readings
+    while watches.readings < readings + 3:
+        await asyncio.sleep(0.01)
+    assert (line.woken, watches.queued()) == (["a", "b"], 1)  # nobody published: a and b keep their promise
+    watches.called("a")  # a published (or polls again): its take is no longer promised
+    await line.until(3)
+    assert line.woken == ["a", "b", "c"] and watches.queued() == 0
+
+
+async def test_a_lone_poll_ends_at_its_bound_and_a_queued_one_leaves_after_its_queue_seconds(redis: Redis) -> None:
+    await backlog_of(redis, 100)
+    watches, line = BacklogWatches(), Line()
+    alone = await queued_poll(watches, redis, line, "a", 40)
+    assert not alone.queued and watches.queued() == 0  # nobody to take turns with: the replay turns as before
+    waits = await asyncio.gather(*(queued_poll(watches, redis, line, name, 40, queue=0.2) for name in "ab"))
+    assert [w.queued for w in waits] == [True, True]
+    for _ in range(500):
+        if not watches._watches:
+            break
+        await asyncio.sleep(0.01)
+    assert (watches.queued(), line.woken, watches._watches) == (0, [], {})  # left the line; the watch stopped
+
+
+async def test_a_replay_polling_again_leaves_its_queued_place_and_a_failed_wake_is_only_logged(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    await backlog_of(redis, 100)
+    watches, line = BacklogWatches(), Line()
+    await asyncio.gather(*(queued_poll(watches, redis, line, name, 40) for name in "ab"))
+    again = await asyncio.gather(queued_poll(watches, redis, line, "a", 40), queued_poll(watches, redis, line, "c", 40))
+    # b, a (anew), c: behind a line, a poll queues at its first reading
+    assert [(w.queued, w.polls) for w in again] == [(True, 1), (True, 1)] and watches.queued() == 3
+
+    async def fails() -> None:
+        raise RuntimeError("workflow not found")
+
+    next(x for w in watches._watches.values() for x in w.waiters if x.key == "b").wake = fails
+    await drain_to(redis, 0)  # headroom 100: b (failing), a, then c (80 < 100)
+    await line.until(2)
+    assert line.woken == ["a", "c"]
+    assert "a queued replay's turn could not be given: workflow not found" in caplog.text
 
 
 async def test_polls_of_replays_naming_other_groups_each_wait_on_their_own_groups(redis: Redis) -> None:

@@ -10,6 +10,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from xmc_resumption.activities.requests import TURN_SIGNAL
     from xmc_resumption.workflows.control import (
         INVALID_CONTROL,
         Control,
@@ -98,9 +99,15 @@ class ControlHandlers:
     def _check_pause(self, *args: Any) -> None:
         _refuse(self, Control.PAUSE, args)
 
+    @workflow.signal(name=TURN_SIGNAL)
+    def turn(self, wait_id: Any) -> None:
+        """A worker gives the queued wait ``wait_id`` its turn (docs/pacing.md); another wait's is ignored."""
+        if wait_id == self._state.wait_id and type(wait_id) is int:
+            self._state.turn = True
+
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        """Any signal: this workflow takes none. Logged, so a misdirected one is not silently lost."""
+        """Any other signal: this workflow takes only its workers' ``TURN_SIGNAL``. Logged, so none is silently lost."""
         workflow.logger.warning(
             "signal %r ignored: this workflow is controlled by Updates (%s)",
             name,

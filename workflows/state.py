@@ -58,6 +58,8 @@ class RunState:
         lease_until: when the claim's lease lapses at the latest (workflow time, UTC); None before a call extended it.
         task_bytes: the mean bytes of a task the last publish moved, for the automatic batch; None before one moved.
         stream_capped: the stream's cap cut the last publish short (docs/operating.md, "ETA").
+        wait_id, turn: the last poll's number in this run, and whether the worker gave that poll's queued wait its
+            turn (signal ``TURN_SIGNAL``; docs/pacing.md, "Many replays on one worker").
     """
 
     input: ResumptionInput
@@ -82,6 +84,8 @@ class RunState:
     lease_until: datetime | None = None
     task_bytes: float | None = None
     stream_capped: bool = False
+    wait_id: int = 0
+    turn: bool = False
 
     @classmethod
     def of(cls, inp: ResumptionInput) -> RunState:

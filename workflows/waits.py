@@ -130,22 +130,43 @@ class Waits:
             await workflow.wait_condition(lambda: self._state.wake, timeout=seconds, timeout_summary=summary)
 
     async def _poll(self, plan: WaitPlan, reason: str) -> None:
-        """Poll the backlog inside one call until it reaches ``plan``'s low watermark (or the plan's bound)."""
+        """Poll the backlog inside one call until it reaches ``plan``'s low watermark (or the plan's bound).
+
+        A poll that reaches its bound while other replays of its worker wait on the same stream stays queued: the run
+        waits, up to the rest of its longest wait, for the worker's signal that its turn came (docs/pacing.md).
+        """
+        state = self._state
         summary = f"throttled, up to {plan.seconds:g}s until backlog <= {plan.low_watermark}: {reason}"
-        take = self._state.progress.remaining
-        drain = await self._drain(plan.low_watermark, plan.min_seconds, plan.seconds, plan.poll_seconds, take, summary)
-        self._state.pacer.burst_seen(drain.largest_drop, self._state.input.max_backlog_threshold)
+        queue = max(0.0, state.input.pacing.max_wait - plan.seconds)
+        state.wait_id, state.turn = state.wait_id + 1, False
+        take = state.progress.remaining
+        drain = await self._drain(
+            plan.low_watermark, plan.min_seconds, plan.seconds, plan.poll_seconds, take, summary, queue
+        )
+        state.pacer.burst_seen(drain.largest_drop, state.input.max_backlog_threshold)
         self._view.observe(drain.reading)
+        if drain.queued and not state.wake:
+            p = state.progress
+            p.wait_plan = f"{p.wait_plan}; then queued up to {queue:g}s for its turn of the headroom"
+            p.throttled_until = workflow.now() + timedelta(seconds=queue)
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: state.turn or state.wake,
+                    timeout=queue,
+                    timeout_summary=f"queued up to {queue:g}s for a turn of the headroom: {reason}",
+                )
+            p.throttled_until = None
 
     async def _drain(
-        self, low: int, least: float, most: float, every: float, take: int | None, summary: str
+        self, low: int, least: float, most: float, every: float, take: int | None, summary: str, queue: float = 0.0
     ) -> DrainWait:
-        """Poll the backlog down to ``low``; ``take``: docs/pacing.md, "Many replays on one worker"."""
-        inp = self._state.input
+        """Poll the backlog down to ``low``; ``take`` and ``queue``: docs/pacing.md, "Many replays on one worker"."""
+        state = self._state
+        inp = state.input
         return await call(
             ResumptionActivities.wait_for_drain,
             DrainWaitRequest(
-                ref=self._state.ref,
+                ref=state.ref,
                 threshold=inp.max_backlog_threshold,
                 low_watermark=low,
                 min_seconds=least,
@@ -154,6 +175,8 @@ class Waits:
                 missing_group=inp.missing_group,
                 max_bytes=inp.max_bytes_per_call,
                 take=take,
+                queue_seconds=queue,
+                wait_id=state.wait_id,
             ),
             summary=summary,
             start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=most),

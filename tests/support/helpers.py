@@ -278,9 +278,11 @@ async def chain_histories(client: Client, handle: WorkflowHandle) -> list[Workfl
 
 def assert_checked_after_every_wait(calls: list[Call]) -> None:
     """After every wait (a timer or a poll) the next Redis call is the pause and fencing check (or
-    the release, when the wait ended the run)."""
-    for (kind, _), (after, _) in itertools.pairwise(calls):
-        if kind in ("timer", "wait_for_drain"):
+    the release, when the wait ended the run); a queued poll goes on as the durable wait for its turn."""
+    for (kind, result), (after, _) in itertools.pairwise(calls):
+        if kind == "wait_for_drain" and result["queued"]:
+            assert after == "timer", f"{after} right after a queued poll"  # queued: the durable wait for its turn
+        elif kind in ("timer", "wait_for_drain"):
             assert after in ("check_claim", "release_claim"), f"{after} right after a wait"
 
 

@@ -188,6 +188,8 @@ class DrainWait(BaseModel):
         largest_drop: the largest fall of the backlog between two successive readings (entries;
             0 with one reading, or none that fell): what the consumers take at once. Absent from
             results recorded before it (0).
+        queued: the poll reached its bound and its waiter stays in line: the worker signals the
+            replay when its turn comes (``watch``'s module docstring). Absent from results recorded before it.
     """
 
     reading: BacklogReading
@@ -195,6 +197,7 @@ class DrainWait(BaseModel):
     seconds: float
     polls: int
     largest_drop: int = 0
+    queued: bool = False
 
 
 class MissingGroupPolicy(StrEnum):

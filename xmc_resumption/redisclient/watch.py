@@ -13,17 +13,24 @@ The waiters also take turns. A reading at or below several waiters' low watermar
 first come, first served, only while the headroom it shows is not yet promised to the ones woken
 before (each waiter says how much it means to publish, ``take``); the others wait for the next
 reading, which sees what the woken ones published. So the replays of a worker do not all wake at
-once to race for one headroom, most of them to find none. A waiter whose poll reaches its bound
-ends whatever the others do.
+once to race for one headroom, most of them to find none.
+
+A waiter whose poll reaches its bound ends, unless it may queue (``queue_seconds``, with a ``wake``)
+and other waiters share its watch, or others are queued already (then at its first reading): its
+poll returns ``queued`` and the waiter stays in line, costing its replay nothing, until its turn
+comes (``wake`` is called: the worker signals the replay's workflow) or ``queue_seconds`` pass. A queued waiter woken keeps its ``take`` promised
+until its replay's next call reaches this process (``BacklogWatches.called``) or
+``PROMISE_SECONDS`` pass, since its replay publishes a signal's round trip later than a poll's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from xmc_resumption.redisclient.backlog import DEFAULT_BYTE_BUDGET, measure_backlog, validate_threshold
@@ -32,6 +39,14 @@ from xmc_resumption.redisclient.readings import BacklogReading, DrainWait, Missi
 
 MAX_POLL_SECONDS = 60.0
 """The longest bounded poll ``BacklogWatches.wait_for_drain`` takes (seconds): a poll runs inside one activity."""
+
+MAX_QUEUE_SECONDS = 86_400.0
+"""The longest a waiter stays queued after its poll (seconds): the workflow's longest wait."""
+
+PROMISE_SECONDS = 2.0
+"""How long a queued waiter woken keeps its ``take`` promised, at most (seconds): its replay's reaction, bounded."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,11 @@ class _Waiter:
     max_until: float
     poll_seconds: float
     done: asyncio.Future[DrainWait]
+    key: str = ""
+    """The replay (workflow and run ID): its next call ends a promise of its turn (``BacklogWatches.called``)."""
+    queue_seconds: float = 0.0
+    wake: Callable[[], Awaitable[None]] | None = None
+    queued: bool = False
     polls: int = 0
     largest_drop: int = 0
     previous: BacklogReading | None = None
@@ -71,6 +91,10 @@ class _Waiter:
         self.previous, self.last_at = reading, at
         return reading.headroom > 0 and reading.backlog <= self.low_watermark
 
+    def may_queue(self) -> bool:
+        """Whether this waiter may stay in line past its poll: not queued yet, with a wake, a queue time, a take."""
+        return not self.queued and self.wake is not None and self.queue_seconds > 0 and self.take is not None
+
     def due(self) -> float:
         """When this waiter wants its next reading: a poll interval after its last, or its next bound if sooner."""
         reached = (
@@ -79,7 +103,7 @@ class _Waiter:
         until = self.min_until if reached and self.last_at < self.min_until else self.max_until
         return min(self.last_at + self.poll_seconds, until)
 
-    def finish(self, reading: BacklogReading, reached: bool, at: float) -> None:
+    def finish(self, reading: BacklogReading, reached: bool, at: float, *, queued: bool = False) -> None:
         if not self.done.done():
             self.done.set_result(
                 DrainWait(
@@ -88,6 +112,7 @@ class _Waiter:
                     seconds=at - self.started,
                     polls=self.polls,
                     largest_drop=self.largest_drop,
+                    queued=queued,
                 )
             )
 
@@ -101,6 +126,9 @@ class _Watch:
     waiters: list[_Waiter] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    promises: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Turns given to queued waiters: their replay's key -> (take, until when, monotonic seconds)."""
+    wakes: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def read(self) -> BacklogReading:
         m = self.measurement
@@ -136,22 +164,59 @@ class _Watch:
 
         A waiter ends at its bound, or once the reading reaches its low watermark past its least
         time, first come first served, while the reading's headroom is not yet promised to the
-        waiters that ended before it at their watermark (``take`` each: their replays publish
-        next). A waiter without a ``take`` (None) takes no turn: it ends at its watermark whatever
-        the others do, as a poll of its own would.
+        waiters that ended before it at their watermark, nor to queued ones woken lately (``take``
+        each: their replays publish next). A waiter without a ``take`` (None) takes no turn: it
+        ends at its watermark whatever the others do, as a poll of its own would. A waiter that may
+        queue does so at its bound if it shares the watch, or at once if others are queued (the module docstring).
         """
-        promised = 0
-        for waiter in list(self.waiters):
-            if waiter.done.done():  # cancelled
-                self.waiters.remove(waiter)
+        self.promises = {k: p for k, p in self.promises.items() if p[1] > at}
+        promised = sum(take for take, _ in self.promises.values())
+        queued = sum(w.queued for w in self.waiters)
+        kept: list[_Waiter] = []
+        for waiter in self.waiters:
+            if waiter.done.done() and not waiter.queued:  # cancelled
                 continue
             reached = waiter.see(reading, at)
             turn = waiter.take is None or promised < reading.headroom
-            if at >= waiter.max_until or (reached and at >= waiter.min_until and turn):
-                if reached and waiter.take is not None:
+            bound = at >= waiter.max_until
+            if reached and at >= waiter.min_until and turn:
+                if waiter.take is not None:
+                    promised += waiter.take  # its replay publishes next
+                if waiter.queued:
+                    queued -= 1
+                    self.promises[waiter.key] = (waiter.take or 0, at + PROMISE_SECONDS)
+                    self._wake(waiter)
+                else:
+                    waiter.finish(reading, reached, at)
+            elif waiter.may_queue() and (queued > 0 or (bound and len(self.waiters) > 1)):
+                queued += 1
+                waiter.queued, waiter.max_until = True, at + waiter.queue_seconds
+                waiter.finish(reading, reached, at, queued=True)
+                kept.append(waiter)
+            elif bound:
+                if waiter.queued:
+                    queued -= 1  # its poll has ended already: it leaves the line
+                elif reached and waiter.take is not None:
                     promised += waiter.take  # its replay publishes next
                 waiter.finish(reading, reached, at)
-                self.waiters.remove(waiter)
+            else:
+                kept.append(waiter)
+        self.waiters[:] = kept
+
+    def _wake(self, waiter: _Waiter) -> None:
+        """Call a queued ``waiter``'s ``wake`` in a task of its own; a failure is logged (its run's timer ends it)."""
+        wake = waiter.wake
+        assert wake is not None, "only a waiter with a wake queues"
+
+        async def run() -> None:
+            try:
+                await wake()
+            except Exception as err:  # the replay ended, or its workflow is unreachable: its own timer ends the wait
+                logger.warning("a queued replay's turn could not be given: %s", err, extra={"replay": waiter.key})
+
+        task = asyncio.create_task(run())
+        self.wakes.add(task)
+        task.add_done_callback(self.wakes.discard)
 
 
 class BacklogWatches:
@@ -163,8 +228,17 @@ class BacklogWatches:
         """Backlog readings taken so far, by every watch."""
 
     def polling(self) -> int:
-        """How many polls are waiting now."""
-        return sum(len(w.waiters) for w in self._watches.values())
+        """How many polls are waiting now (queued waiters not counted)."""
+        return sum(not x.queued for w in self._watches.values() for x in w.waiters)
+
+    def queued(self) -> int:
+        """How many waiters are queued now, their polls ended (the module docstring)."""
+        return sum(x.queued for w in self._watches.values() for x in w.waiters)
+
+    def called(self, key: str) -> None:
+        """Replay ``key`` called again (it published, or polls again): its turn is no longer promised."""
+        for watch in self._watches.values():
+            watch.promises.pop(key, None)
 
     async def wait_for_drain(
         self,
@@ -181,6 +255,9 @@ class BacklogWatches:
         max_bytes: int = DEFAULT_BYTE_BUDGET,
         groups: Sequence[str] | None = None,
         take: int | None = None,
+        replay: str = "",
+        queue_seconds: float = 0.0,
+        wake: Callable[[], Awaitable[None]] | None = None,
     ) -> DrainWait:
         """Poll the backlog until it is at or below ``low_watermark``, sharing the readings.
 
@@ -199,6 +276,10 @@ class BacklogWatches:
             take: how many entries the caller means to publish once woken (>= 0), so that one
                 reading wakes no more waiters than its headroom feeds; None: no turn (woken at the
                 watermark whatever the others do).
+            replay: who polls (its workflow and run ID; "" none): a queued waiter of it leaves the line.
+            queue_seconds: how long to stay queued once the poll reaches its bound (seconds, 0 <= q <=
+                ``MAX_QUEUE_SECONDS``; 0: never), if ``wake`` is given and other waiters share the watch.
+            wake: what gives a queued waiter its turn (the worker signals the replay's workflow).
 
         Raises:
             ValueError: an argument out of its bounds (or not finite).
@@ -218,6 +299,8 @@ class BacklogWatches:
             raise ValueError(f"poll_seconds must be in (0, 1], got {poll_seconds}")
         if take is not None and take < 0:
             raise ValueError(f"take must be >= 0 entries or None, got {take}")
+        if not (math.isfinite(queue_seconds) and 0 <= queue_seconds <= MAX_QUEUE_SECONDS):
+            raise ValueError(f"queue_seconds must be in [0, {MAX_QUEUE_SECONDS:g}], got {queue_seconds}")
         key = _Measurement(
             id(client), stream, group, None if groups is None else tuple(groups), threshold, missing_group, max_bytes
         )
@@ -233,7 +316,13 @@ class BacklogWatches:
             max_until=now + max_seconds,
             poll_seconds=poll_seconds,
             done=asyncio.get_running_loop().create_future(),
+            key=replay,
+            queue_seconds=queue_seconds,
+            wake=wake,
         )
+        if replay:
+            watch.promises.pop(replay, None)
+            watch.waiters[:] = [w for w in watch.waiters if not (w.queued and w.key == replay)]  # in line anew
         watch.waiters.append(waiter)
         watch.arrived.set()
         if watch.task is None or watch.task.done():
@@ -241,8 +330,9 @@ class BacklogWatches:
         try:
             return await waiter.done
         finally:
-            with contextlib.suppress(ValueError):  # cancelled: leave the watch (an ended poll has left it)
-                watch.waiters.remove(waiter)
+            if not waiter.queued:
+                with contextlib.suppress(ValueError):  # cancelled: leave the watch (an ended poll has left it)
+                    watch.waiters.remove(waiter)
 
     async def _run(self, watch: _Watch) -> None:
         try:
