@@ -224,8 +224,10 @@ async def test_a_lone_poll_ends_at_its_bound_and_a_queued_one_leaves_after_its_q
     watches, line = BacklogWatches(), Line()
     alone = await queued_poll(watches, redis, line, "a", 40)
     assert not alone.queued and watches.queued() == 0  # nobody to take turns with: the replay turns as before
-    waits = await asyncio.gather(*(queued_poll(watches, redis, line, name, 40, queue=0.2) for name in "ab"))
-    assert [w.queued for w in waits] == [True, True]
+    waits = await asyncio.gather(*(queued_poll(watches, redis, line, name, 40, queue=0.2) for name in "abc"))
+    assert [w.queued for w in waits] == [True, True, True]
+    watches.called("c")  # c checked, published or released: its wait ended another way, it leaves the line
+    assert watches.queued() == 2
     for _ in range(500):
         if not watches._watches:
             break

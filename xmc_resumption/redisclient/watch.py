@@ -18,9 +18,11 @@ once to race for one headroom, most of them to find none.
 A waiter whose poll reaches its bound ends, unless it may queue (``queue_seconds``, with a ``wake``)
 and other waiters share its watch, or others are queued already (then at its first reading): its
 poll returns ``queued`` and the waiter stays in line, costing its replay nothing, until its turn
-comes (``wake`` is called: the worker signals the replay's workflow) or ``queue_seconds`` pass. A queued waiter woken keeps its ``take`` promised
-until its replay's next call reaches this process (``BacklogWatches.called``) or
-``PROMISE_SECONDS`` pass, since its replay publishes a signal's round trip later than a poll's.
+comes (``wake`` is called: the worker signals the replay's workflow) or ``queue_seconds`` pass. A
+queued waiter woken keeps its ``take`` promised until its replay's next call reaches this process
+(``BacklogWatches.called``) or ``PROMISE_SECONDS`` pass, since its replay publishes a signal's
+round trip later than a poll's. A replay's check, publish or release leaves its place in line
+(its wait ended another way).
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ MAX_POLL_SECONDS = 60.0
 MAX_QUEUE_SECONDS = 86_400.0
 """The longest a waiter stays queued after its poll (seconds): the workflow's longest wait."""
 
-PROMISE_SECONDS = 2.0
-"""How long a queued waiter woken keeps its ``take`` promised, at most (seconds): its replay's reaction, bounded."""
+PROMISE_SECONDS = 0.5
+"""How long a queued waiter woken keeps its ``take`` promised, at most (seconds): about a signal's round trip and a
+turn, under load. Its replay's calls may run on another worker, whose watch cannot end the promise sooner."""
 
 logger = logging.getLogger(__name__)
 
@@ -236,9 +239,10 @@ class BacklogWatches:
         return sum(x.queued for w in self._watches.values() for x in w.waiters)
 
     def called(self, key: str) -> None:
-        """Replay ``key`` called again (it published, or polls again): its turn is no longer promised."""
+        """Replay ``key`` called again (a check, a publish, a release): it leaves the line, and its turn is taken."""
         for watch in self._watches.values():
             watch.promises.pop(key, None)
+            watch.waiters[:] = [w for w in watch.waiters if not (w.queued and w.key == key)]
 
     async def wait_for_drain(
         self,
@@ -321,8 +325,7 @@ class BacklogWatches:
             wake=wake,
         )
         if replay:
-            watch.promises.pop(replay, None)
-            watch.waiters[:] = [w for w in watch.waiters if not (w.queued and w.key == replay)]  # in line anew
+            self.called(replay)  # in line anew
         watch.waiters.append(waiter)
         watch.arrived.set()
         if watch.task is None or watch.task.done():
