@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from bench import scale
 from bench.env import BenchEnv, WorkerProcess, worker_process
 from xmc_resumption.services import free_port
+from xmc_resumption.workflows.models import ResumptionInput
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ManySize:
     rate: float
     threshold: int
     batch: int
+    throttle_seconds: float = ResumptionInput.model_fields["throttle_seconds"].default
+    """The longest adaptive wait (seconds): the shipped default, 10 (figure g's rows take 1)."""
 
 
 FULL_SIZE = ManySize(rows=((10, 6_000), (100, 600), (1_000, 60)), rate=2_000, threshold=500, batch=100)
@@ -132,7 +135,13 @@ async def many_run(
     env: BenchEnv, size: ManySize, replays: int, tasks: int, workers: tuple[WorkerProcess, ...], urls: list[str]
 ) -> dict[str, Any]:
     """One row: ``replays`` adaptive replays of ``tasks`` each at once on one stream (``bench.scale.scale_run``)."""
-    scale_size = scale.ScaleSize(experiments=replays, tasks=tasks, rate=size.rate, threshold=size.threshold)
+    scale_size = scale.ScaleSize(
+        experiments=replays,
+        tasks=tasks,
+        rate=size.rate,
+        threshold=size.threshold,
+        throttle_seconds=size.throttle_seconds,
+    )
     case = scale.ScaleCase("many", (scale.Group(replays, tasks, size.batch),), "adaptive")
     stop = asyncio.Event()
     slots = asyncio.create_task(_read_slots(urls, stop))
