@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from redis.asyncio import Redis
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
@@ -49,7 +50,8 @@ from xmc_resumption.plugin import (
 from xmc_resumption.reconcile import ReconcileActivities
 from xmc_resumption.search_attributes import SearchAttributesMissingError
 from xmc_resumption.services import free_port
-from xmc_resumption.settings import Settings
+from xmc_resumption.settings import DEFAULT_WORKFLOW_TASKS, MAX_WORKFLOW_TASKS, Settings
+from xmc_resumption.worker import build_worker
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.models import Outcome, ResumptionInput
 from xmc_resumption.workflows.reconcile import ReconcileWorkflow
@@ -419,3 +421,25 @@ async def test_a_worker_left_at_the_sdks_zero_graceful_shutdown_gets_the_plugins
         **({"graceful_shutdown_timeout": given} if given else {}),
     )
     assert worker.config(active_config=True).get("graceful_shutdown_timeout") == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [({}, DEFAULT_WORKFLOW_TASKS), ({"max_concurrent_workflow_tasks": 3}, 3)]
+)
+async def test_the_standalone_worker_runs_the_workflow_tasks_at_once_the_settings_say(
+    temporal_env: WorkflowEnvironment,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    given: dict[str, int],
+    expected: int,
+) -> None:
+    """``python -m worker`` runs 10 workflow tasks at once, not the SDK's 100 (docs/scale.md); the setting is kept."""
+    monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_env.client.service_client.config.target_host)
+    worker = await build_worker(Settings(redis_url=redis_url, **given))
+    assert worker.config(active_config=True).get("max_concurrent_workflow_tasks") == expected
+
+
+def test_the_workflow_tasks_at_once_are_bounded() -> None:
+    for bad in (0, MAX_WORKFLOW_TASKS + 1):
+        with pytest.raises(ValidationError, match="max_concurrent_workflow_tasks"):
+            Settings(max_concurrent_workflow_tasks=bad)

@@ -104,6 +104,13 @@ def redis_db_of(url: str) -> int:
     return int(parse_url(url).get("db", 0))
 
 
+DEFAULT_WORKFLOW_TASKS = 10
+"""The standalone worker's workflow tasks at once (the SDK's default is 100): docs/scale.md, "How many workers"."""
+
+MAX_WORKFLOW_TASKS = 1_000
+"""The most workflow tasks at once ``XMC_MAX_CONCURRENT_WORKFLOW_TASKS`` takes."""
+
+
 class Settings(BaseSettings):
     """The process's settings, read from ``XMC_*`` environment variables.
 
@@ -119,7 +126,9 @@ class Settings(BaseSettings):
     ``XMC_REPLICA_ACKS`` (0, the default: off; N in 1..16: the claim, every publish, the release and the enqueue
     count as done only once N replicas have their writes, each followed by ``WAIT N
     XMC_REPLICA_ACK_TIMEOUT_MS``; a shorter count is a retryable ``ReplicaAckError``; single Redis only) and
-    ``XMC_REPLICA_ACK_TIMEOUT_MS`` (1..5,000, default 1,000, below the socket timeout).
+    ``XMC_REPLICA_ACK_TIMEOUT_MS`` (1..5,000, default 1,000, below the socket timeout);
+    ``XMC_MAX_CONCURRENT_WORKFLOW_TASKS`` (1..1,000, default ``DEFAULT_WORKFLOW_TASKS``): the standalone worker's
+    workflow tasks at once (docs/scale.md, "How many workers").
 
     Every field is checked when the settings are read, so a bad value fails before any
     connection, with a message naming the variable and never its secret (see ``xmc_resumption.errors``).
@@ -141,6 +150,7 @@ class Settings(BaseSettings):
     build_id: str | None = Field(default=None, max_length=MAX_VERSION_PART_LENGTH)
     replica_acks: int = Field(default=0, ge=0, le=MAX_REPLICA_ACKS)
     replica_ack_timeout_ms: int = Field(default=1_000, ge=1, le=MAX_REPLICA_ACK_TIMEOUT_MS)
+    max_concurrent_workflow_tasks: int = Field(default=DEFAULT_WORKFLOW_TASKS, ge=1, le=MAX_WORKFLOW_TASKS)
 
     @field_validator("deployment_name", "build_id")
     @classmethod

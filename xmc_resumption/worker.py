@@ -96,7 +96,8 @@ async def _warn_about_eviction(redis: RedisClient) -> None:
 async def build_worker(settings: Settings) -> Worker:
     """Check Redis once, connect to Temporal and build the worker with ``ResumptionPlugin``.
 
-    With ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` the plugin runs it as that Worker Deployment Version.
+    With ``XMC_DEPLOYMENT_NAME`` and ``XMC_BUILD_ID`` the plugin runs it as that Worker Deployment Version. It runs
+    at most ``XMC_MAX_CONCURRENT_WORKFLOW_TASKS`` workflow tasks at once (docs/scale.md, "How many workers").
 
     Raises:
         TemporalUnreachableError: Temporal cannot be reached (``connect_temporal``).
@@ -109,6 +110,7 @@ async def build_worker(settings: Settings) -> Worker:
         task_queue=settings.task_queue,
         plugins=[ResumptionPlugin(settings)],
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
     )
 
 
