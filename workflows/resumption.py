@@ -13,6 +13,8 @@ from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
+# each module by its full name: a submodule named from its package (``from xmc_resumption.workflows import x``)
+# would be loaded again in every run's sandbox, the package being the sandbox's own
 with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.requests import AcquireRequest, CheckRequest, PublishRequest, SetAsideRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
@@ -20,7 +22,6 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.redisclient.memory import memory_reason
     from xmc_resumption.redisclient.readings import GroupStatus, MissingGroupPolicy
     from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus, ReleaseRecord
-    from xmc_resumption.workflows import fleet
     from xmc_resumption.workflows.calls import (
         FAILED_CALL,
         ROUNDS_LOCAL_SECONDS,
@@ -32,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         permanent,
     )
     from xmc_resumption.workflows.control import first_error
+    from xmc_resumption.workflows.fleet import FAILED as FLEET_FAILED
     from xmc_resumption.workflows.handlers import ControlHandlers
     from xmc_resumption.workflows.models import WORKFLOW_TYPE, Outcome, Phase, ResumptionInput, ResumptionResult
     from xmc_resumption.workflows.release import release_claim
@@ -138,8 +140,8 @@ class ResumptionWorkflow(ControlHandlers):
     async def _fail(self) -> None:
         """Hand the experiment back as paused; show ``failed`` in the fleet view and the outcomes metric."""
         self._state.failed = True
-        await self._release(back_to_paused=True, outcome=fleet.FAILED)
-        self._view.count_outcome(fleet.FAILED)
+        await self._release(back_to_paused=True, outcome=FLEET_FAILED)
+        self._view.count_outcome(FLEET_FAILED)
         self._view.phase(Phase.DONE)
 
     async def _loop(self) -> ResumptionResult:
