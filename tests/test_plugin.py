@@ -281,6 +281,8 @@ def test_sandbox_passthrough_adds_the_modules_and_keeps_the_runners_own() -> Non
     assert isinstance(runner, SandboxedWorkflowRunner)
     assert runner.restrictions.passthrough_modules == mine.restrictions.passthrough_modules | set(SANDBOX_PASSTHROUGH)
     assert runner.restrictions.invalid_module_members is mine.restrictions.invalid_module_members
+    # the replay's own modules: no run loads them again (docs/benchmarks.md, figure m)
+    assert {ResumptionWorkflow.__module__, PinnedResumptionWorkflow.__module__} <= set(SANDBOX_PASSTHROUGH)
     unsandboxed = UnsandboxedWorkflowRunner()
     assert sandbox_passthrough(unsandboxed) is unsandboxed
     with pytest.raises(ValueError, match="no workflow runner"):

@@ -85,6 +85,7 @@ SANDBOX_PASSTHROUGH = (
     "xmc_resumption.redisclient",
     "xmc_resumption.workflows.models",
     "xmc_resumption.workflows.resumption",
+    "xmc_resumption.workflows.versioned",
 )
 """Modules that ``ResumptionWorkflow``'s sandbox takes from the worker process instead of
 importing them again for each run: pydantic and the contract's models (one class each, so the
@@ -94,10 +95,11 @@ module passes them through where it imports them; on the runner they are passed 
 workflow module of the worker, e.g. a platform's parent workflow that imports the models without
 ``workflow.unsafe.imports_passed_through()``.
 
-The workflow's own module too: it holds no state of its own (each run's is its ``RunState``) and its
-helpers are passed through already, so loading it again for each run (compiling it where no bytecode
-is cached, and ``workflow.defn`` reading the class) isolated nothing and cost most of a short
-replay's worker CPU (docs/benchmarks.md, figure m)."""
+The workflow's own modules too (``PinnedResumptionWorkflow``'s on a worker with Worker Versioning):
+they hold no state of their own (each run's is its ``RunState``) and their helpers are passed through
+already, so loading them again for each run (compiling them where no bytecode is cached, and
+``workflow.defn`` reading the class) isolated nothing and cost most of a short replay's worker CPU
+(docs/benchmarks.md, figure m)."""
 
 
 DEFAULT_VERSIONING_BEHAVIOR = VersioningBehavior.AUTO_UPGRADE
