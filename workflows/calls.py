@@ -69,7 +69,14 @@ TASK_BUDGET_SECONDS = 0.5
 """How long one workflow task may run local activities (seconds); a call that could pass it is a regular activity."""
 
 ROUNDS_LOCAL_SECONDS = 0.1
-"""How long one ``publish_rounds`` call run as a local activity may start scripts for (seconds)."""
+"""The least time left of the workflow task's budget for a ``publish_rounds`` call to run as a local activity (seconds).
+
+Such a call starts scripts for what is left of the budget, less ``ROUNDS_LOCAL_MARGIN_SECONDS``: one call a workflow
+task, not one every 0.1 s (each call costs the worker about 5-10 ms between two: docs/benchmarks.md, "Large batches").
+"""
+
+ROUNDS_LOCAL_MARGIN_SECONDS = 0.05
+"""What a local ``publish_rounds`` call leaves of the task's budget: the last script it starts (at most 50 ms)."""
 
 ROUNDS_SECONDS = 0.5
 """How long one ``publish_rounds`` call run as a regular activity may start scripts for (seconds)."""
@@ -87,10 +94,14 @@ class TaskBudget:
 
     def passed_by(self, longest: float) -> bool:
         """Whether a call of ``longest`` seconds would keep the workflow task open past ``TASK_BUDGET_SECONDS``."""
+        return self.elapsed() + longest > TASK_BUDGET_SECONDS
+
+    def elapsed(self) -> float:
+        """How long the current workflow task has been open, in workflow time (seconds)."""
         history_length, now = workflow.info().get_current_history_length(), workflow.now()
         if history_length != self.history_length or self.opened_at is None:
             self.history_length, self.opened_at = history_length, now
-        return (now - self.opened_at).total_seconds() + longest > TASK_BUDGET_SECONDS
+        return (now - self.opened_at).total_seconds()
 
 
 @dataclass

@@ -24,8 +24,10 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.redisclient.results import ExperimentState, PublishResult, PublishStatus, ReleaseRecord
     from xmc_resumption.workflows.calls import (
         FAILED_CALL,
+        ROUNDS_LOCAL_MARGIN_SECONDS,
         ROUNDS_LOCAL_SECONDS,
         ROUNDS_SECONDS,
+        TASK_BUDGET_SECONDS,
         HandOff,
         TaskBudget,
         call,
@@ -265,7 +267,11 @@ class ResumptionWorkflow(ControlHandlers):
                 return None
             batch = min(batch, allowed)
         self._view.phase(Phase.PUBLISHING)
-        seconds = ROUNDS_SECONDS if self.task_budget.passed_by(ROUNDS_LOCAL_SECONDS) else ROUNDS_LOCAL_SECONDS
+        # local while ROUNDS_LOCAL_SECONDS fit the task's budget (as ever), for what is left of it; else regular
+        seconds, budget = ROUNDS_SECONDS, self.task_budget
+        if not budget.passed_by(ROUNDS_LOCAL_SECONDS):
+            left = TASK_BUDGET_SECONDS - budget.elapsed() - ROUNDS_LOCAL_MARGIN_SECONDS
+            seconds = max(ROUNDS_LOCAL_SECONDS, left)
         params = state.publish_params(batch, allowed, seconds)
         most = min(x for x in (allowed, p.remaining, params.threshold) if x is not None)
         rounds = await call(
