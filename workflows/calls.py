@@ -72,7 +72,8 @@ ROUNDS_LOCAL_SECONDS = 0.1
 """The least time left of the workflow task's budget for a ``publish_rounds`` call to run as a local activity (seconds).
 
 Such a call starts scripts for what is left of the budget, less ``ROUNDS_LOCAL_MARGIN_SECONDS``: one call a workflow
-task, not one every 0.1 s (each call costs the worker about 5-10 ms between two: docs/benchmarks.md, "Large batches").
+task, not one every 0.1 s (each call costs the worker about 5-10 ms between two:
+docs/benchmarks.md, "Large batches (issue 25 item 3)").
 """
 
 ROUNDS_LOCAL_MARGIN_SECONDS = 0.05
