@@ -37,10 +37,11 @@ MAX_ROUNDS = 10_000
 MAX_ROUNDS_SECONDS = 60.0
 """The longest time bound one ``publish_rounds`` call takes (seconds)."""
 
-SCRIPT_TASKS = 1_000
-"""The most tasks one script of ``publish_rounds`` moves, whatever the batch (entries): a script of 1,000 small
-tasks costs Redis about 20 ms, one of 5,000 about 70 ms, past the 50 ms a script may block Redis (docs/memory.md,
-"Blocking"); a larger batch runs more scripts in the same call."""
+SCRIPT_TASKS = 2_000
+"""The most tasks one script of ``publish_rounds`` moves, whatever the batch (entries): a script of 2,000 small
+tasks costs Redis 22-28 ms of CPU, one of 5,000 up to 50-70 ms, past the 50 ms a script may block Redis
+(docs/memory.md, "Blocking"); a larger batch runs more scripts in the same call. Each script has a fixed cost
+besides its tasks, so 2,000 rather than 1,000 (docs/benchmarks.md, "Large batches (issue 25 item 3)")."""
 
 
 class PublishParams(BaseModel):
