@@ -373,7 +373,7 @@ class ResumptionActivities:
     @activity.defn
     async def check_claim(self, req: CheckRequest) -> ClaimCheck:
         """Check pause state and fencing token; extend the claim's lease."""
-        self.watches.called(_replay_key())  # it turns: not in line any more
+        self.watches.left(_replay_key())  # it turns: not in line any more (its promised turn lasts until its publish)
         async with _classified(self.redis, self.reach):
             check = await fencing.check_claim(self.redis, _keys(req.ref), req.token, req.owner, req.lease_ms)
         # a fenced run ends without a release: it stops counting here at once

@@ -214,6 +214,11 @@ async def test_polls_whose_turn_does_not_come_queue_and_are_woken_in_turn(redis:
     while watches.readings < readings + 3:
         await asyncio.sleep(0.01)
     assert (line.woken, watches.queued()) == (["a", "b"], 1)  # nobody published: a and b keep their promise
+    watches.left("a")  # a checks: it has left the line, but its turn stays promised until its publish
+    readings = watches.readings
+    while watches.readings < readings + 3:
+        await asyncio.sleep(0.01)
+    assert line.woken == ["a", "b"]
     watches.called("a")  # a published (or polls again): its take is no longer promised
     await line.until(3)
     assert line.woken == ["a", "b", "c"] and watches.queued() == 0

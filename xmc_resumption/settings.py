@@ -127,7 +127,8 @@ class Settings(BaseSettings):
     count as done only once N replicas have their writes, each followed by ``WAIT N
     XMC_REPLICA_ACK_TIMEOUT_MS``; a shorter count is a retryable ``ReplicaAckError``; single Redis only) and
     ``XMC_REPLICA_ACK_TIMEOUT_MS`` (1..5,000, default 1,000, below the socket timeout);
-    ``XMC_MAX_CONCURRENT_WORKFLOW_TASKS`` (1..1,000, default ``DEFAULT_WORKFLOW_TASKS``): the standalone worker's
+    ``XMC_MAX_CONCURRENT_WORKFLOW_TASKS`` (2..1,000: the SDK's core refuses 1 with a workflow cache; default
+    ``DEFAULT_WORKFLOW_TASKS``): the standalone worker's
     workflow tasks at once (docs/scale.md, "How many workers").
 
     Every field is checked when the settings are read, so a bad value fails before any
@@ -150,7 +151,7 @@ class Settings(BaseSettings):
     build_id: str | None = Field(default=None, max_length=MAX_VERSION_PART_LENGTH)
     replica_acks: int = Field(default=0, ge=0, le=MAX_REPLICA_ACKS)
     replica_ack_timeout_ms: int = Field(default=1_000, ge=1, le=MAX_REPLICA_ACK_TIMEOUT_MS)
-    max_concurrent_workflow_tasks: int = Field(default=DEFAULT_WORKFLOW_TASKS, ge=1, le=MAX_WORKFLOW_TASKS)
+    max_concurrent_workflow_tasks: int = Field(default=DEFAULT_WORKFLOW_TASKS, ge=2, le=MAX_WORKFLOW_TASKS)
 
     @field_validator("deployment_name", "build_id")
     @classmethod

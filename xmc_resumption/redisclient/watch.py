@@ -215,6 +215,7 @@ class _Watch:
             try:
                 await wake()
             except Exception as err:  # the replay ended, or its workflow is unreachable: its own timer ends the wait
+                self.promises.pop(waiter.key, None)
                 logger.warning("a queued replay's turn could not be given: %s", err, extra={"replay": waiter.key})
 
         task = asyncio.create_task(run())
@@ -239,9 +240,14 @@ class BacklogWatches:
         return sum(x.queued for w in self._watches.values() for x in w.waiters)
 
     def called(self, key: str) -> None:
-        """Replay ``key`` called again (a check, a publish, a release): it leaves the line, and its turn is taken."""
+        """Replay ``key`` called again (a publish, a release, a new poll): it leaves the line, and its turn is taken."""
         for watch in self._watches.values():
             watch.promises.pop(key, None)
+        self.left(key)
+
+    def left(self, key: str) -> None:
+        """Replay ``key`` turns (its check): it leaves the line; a turn promised to it stays until its publish."""
+        for watch in self._watches.values():
             watch.waiters[:] = [w for w in watch.waiters if not (w.queued and w.key == key)]
 
     async def wait_for_drain(
