@@ -102,7 +102,7 @@ class ControlHandlers:
     @workflow.signal(name=TURN_SIGNAL)
     def turn(self, wait_id: Any) -> None:
         """A worker gives the queued wait ``wait_id`` its turn (docs/pacing.md); another wait's is ignored."""
-        if wait_id == self._state.wait_id and type(wait_id) is int:
+        if type(wait_id) is int and wait_id == self._state.wait_id:
             self._state.turn = True
 
     @workflow.signal(dynamic=True)

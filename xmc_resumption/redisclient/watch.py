@@ -248,7 +248,8 @@ class BacklogWatches:
     def left(self, key: str) -> None:
         """Replay ``key`` turns (its check): it leaves the line; a turn promised to it stays until its publish."""
         for watch in self._watches.values():
-            watch.waiters[:] = [w for w in watch.waiters if not (w.queued and w.key == key)]
+            if any(w.queued and w.key == key for w in watch.waiters):  # on every check and publish: rebuild rarely
+                watch.waiters[:] = [w for w in watch.waiters if not (w.queued and w.key == key)]
 
     async def wait_for_drain(
         self,
