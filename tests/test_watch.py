@@ -69,13 +69,17 @@ async def test_a_poll_whose_turn_does_not_come_ends_at_its_bound(redis: Redis) -
     async def publisher() -> None:  # what the woken poll's replay does: publish its take
         first = await asyncio.wait_for(asyncio.shield(woken), 1.0)
         assert first.reached
-        for i in range(60):
-            await redis.xadd(STREAM, {"n": f"p{i}"})
+        async with redis.pipeline(transaction=True) as pipe:  # at once, as the publish script moves them
+            for i in range(60):
+                pipe.xadd(STREAM, {"n": f"p{i}"})
+            await pipe.execute()
 
     woken = asyncio.ensure_future(poll(watches, redis, 50, take=60))
-    late, _ = await asyncio.gather(poll(watches, redis, 50, max_seconds=0.2, take=60), publisher())
+    # the late poll reads every 0.1 s: its next reading comes after the publish (the woken one read every 0.01 s, and
+    # a reading between its wake and the publish would see the headroom again, unpromised)
+    late, _ = await asyncio.gather(poll(watches, redis, 50, max_seconds=0.3, poll_seconds=0.1, take=60), publisher())
     assert (await woken).polls == 1
-    assert not late.reached and late.reading.backlog == 100 and late.seconds >= 0.2
+    assert not late.reached and late.reading.backlog == 100 and late.seconds >= 0.3
 
 
 async def test_a_poll_that_takes_none_wakes_the_next_too(redis: Redis) -> None:
