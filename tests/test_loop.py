@@ -9,6 +9,8 @@ import itertools
 import uuid
 from datetime import UTC, datetime
 
+import pytest
+
 from tests.support.helpers import (
     GROUP,
     STREAM,
@@ -27,6 +29,7 @@ from tests.support.helpers import (
 from tests.test_dead_letters import POISON
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
+from xmc_resumption.workflows.calls import LOCAL_CALL_SECONDS, ROUNDS_LOCAL_SECONDS, TASK_BUDGET_SECONDS, TaskBudget
 from xmc_resumption.workflows.models import (
     AUTO_BATCH_SIZE,
     AUTO_SCRIPT_BYTES,
@@ -175,3 +178,15 @@ async def test_a_publish_that_left_headroom_is_followed_by_the_next_without_a_wa
     calls = await redis_calls(handle)
     assert [r["moved"] for k, r in calls if k == "publish_batch" and r["poison_id"]] == [0, 0, 0]
     assert_never_over(calls, 100)
+
+
+def test_the_task_budget_counts_what_local_calls_report_and_starts_again_after_a_wait() -> None:
+    """Never workflow time or the history length (tests/test_replay.py, the late marker)."""
+    budget = TaskBudget()
+    assert (budget.left(), budget.passed_by(0.5), budget.passed_by(0.51)) == (0.5, False, True)
+    budget.charge(0.0)  # a short call: LOCAL_CALL_SECONDS
+    budget.charge(0.3)  # publish rounds that ran 0.3 s
+    assert budget.spent == pytest.approx(LOCAL_CALL_SECONDS + 0.3)
+    assert not budget.passed_by(ROUNDS_LOCAL_SECONDS) and budget.passed_by(0.2)
+    budget.restart()
+    assert (budget.spent, budget.left()) == (0.0, TASK_BUDGET_SECONDS)

@@ -141,3 +141,23 @@ async def test_recorded_history_replays(path: Path) -> None:
     replayer = Replayer(workflows=[ResumptionWorkflow], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
+
+
+LATE_MARKER = Path(__file__).parent / "support" / "history_la_completed_with_its_task.json"
+"""The first 24 events of a dev-server run (tests/test_workflow_devserver.py's Redis outage, under CPU load) whose
+claim, a local activity, completed as its first workflow task was being completed."""
+
+
+async def test_a_local_activity_that_completed_with_its_workflow_task_replays() -> None:
+    """Its marker went into the first workflow task, the code after it ran in the second; a replay runs that code in
+    the first, at the marker's time and the first task's history length. A choice of a local or a regular activity
+    taken from ``workflow.now()`` and the history length chose a local poll at event 12 on replay (the query of the
+    finished run failed with NondeterminismError); the budget counts what the calls report instead."""
+    history = WorkflowHistory.from_json("resumption-late-marker", LATE_MARKER.read_text())
+    kinds = [(e.event_id, EventType.Name(e.event_type)) for e in history.events[3:12]]
+    assert kinds[2] == (6, "EVENT_TYPE_MARKER_RECORDED") and kinds[3] == (7, "EVENT_TYPE_WORKFLOW_TASK_SCHEDULED")
+    poll = history.events[11].activity_task_scheduled_event_attributes
+    assert (history.events[11].event_id, poll.activity_type.name) == (12, "wait_for_drain")
+    replayer = Replayer(workflows=[ResumptionWorkflow], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
+    assert result.replay_failure is None

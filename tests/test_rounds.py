@@ -3,6 +3,8 @@ bounded by its batch, stopping where the headroom, the bound, a fault or a statu
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from redis.asyncio import Redis
 
@@ -61,6 +63,15 @@ async def test_the_time_bound_ends_the_rounds_after_the_first_script(redis: Redi
     token = await claimed(redis, 50)
     once = await rounds(redis, token, 1, max_seconds=0.0)
     assert (once.scripts, once.moved) == (1, 10)
+
+
+async def test_the_rounds_report_how_long_they_ran(redis: Redis) -> None:
+    """What a local call counts against its workflow task's budget (``workflows.calls.TaskBudget``)."""
+    token = await claimed(redis, 30)
+    began = time.monotonic()
+    done = await rounds(redis, token, 1)
+    outside = time.monotonic() - began
+    assert done.scripts == 3 and 0 < done.seconds <= outside
 
 
 async def test_a_status_other_than_published_ends_them(redis: Redis) -> None:

@@ -69,7 +69,7 @@ TASK_BUDGET_SECONDS = 0.5
 """How long one workflow task may run local activities (seconds); a call that could pass it is a regular activity."""
 
 ROUNDS_LOCAL_SECONDS = 0.1
-"""The least time left of the workflow task's budget for a ``publish_rounds`` call to run as a local activity (seconds).
+"""The least budget left for a ``publish_rounds`` call to run as a local activity (seconds).
 
 Such a call starts scripts for what is left of the budget, less ``ROUNDS_LOCAL_MARGIN_SECONDS``: one call a workflow
 task, not one every 0.1 s (each call costs the worker about 5-10 ms between two:
@@ -85,24 +85,43 @@ ROUNDS_SECONDS = 0.5
 MAX_SCRIPTS_PER_CALL = 1_000
 """The most publish scripts one ``publish_rounds`` call runs (its time bound usually ends it first)."""
 
+LOCAL_CALL_SECONDS = 0.005
+"""What a local call that does not report its own time counts against the budget (seconds): a short Redis call's
+usual 2.6-3 ms, rounded up (docs/development.md, "Temporal facts")."""
+
 
 @dataclass
 class TaskBudget:
-    """How long the current workflow task has been open, from workflow time and history length (both replay alike)."""
+    """The local-activity time spent since the workflow last waited on the server (seconds).
 
-    history_length: int = -1
-    opened_at: datetime | None = None
+    Counted from what the calls report, never from ``workflow.now()`` or the history length: both can differ
+    between a run and its replay after a local activity that completed as its workflow task was being completed
+    (docs/development.md, "Temporal facts"), and a choice between a local and a regular activity taken from them
+    broke a replay. The count starts again wherever the workflow waits on the server (``waited``).
+    """
+
+    spent: float = 0.0
 
     def passed_by(self, longest: float) -> bool:
-        """Whether a call of ``longest`` seconds would keep the workflow task open past ``TASK_BUDGET_SECONDS``."""
-        return self.elapsed() + longest > TASK_BUDGET_SECONDS
+        """Whether a call of ``longest`` seconds would take the local time past ``TASK_BUDGET_SECONDS``."""
+        return self.spent + longest > TASK_BUDGET_SECONDS
 
-    def elapsed(self) -> float:
-        """How long the current workflow task has been open, in workflow time (seconds)."""
-        history_length, now = workflow.info().get_current_history_length(), workflow.now()
-        if history_length != self.history_length or self.opened_at is None:
-            self.history_length, self.opened_at = history_length, now
-        return (now - self.opened_at).total_seconds()
+    def left(self) -> float:
+        """What is left of ``TASK_BUDGET_SECONDS`` (seconds; negative once passed)."""
+        return TASK_BUDGET_SECONDS - self.spent
+
+    def charge(self, seconds: float) -> None:
+        """Count a local call of ``seconds`` (at least ``LOCAL_CALL_SECONDS``)."""
+        self.spent += max(LOCAL_CALL_SECONDS, seconds)
+
+    def restart(self) -> None:
+        """The workflow waited on the server (a regular activity, a timer, a signal): the count starts again."""
+        self.spent = 0.0
+
+
+def waited() -> None:
+    """The running ``ResumptionWorkflow`` waited on the server: its ``TaskBudget`` starts again."""
+    workflow.instance().task_budget.restart()
 
 
 @dataclass
@@ -181,10 +200,13 @@ async def call(
     retry_policy: RetryPolicy = REDIS_RETRY,
     start_to_close: timedelta = REDIS_CALL_TIMEOUT,
     longest: float = 0.0,
+    took: Callable[[_Res], float] | None = None,
 ) -> _Res:
     """Run ``activity`` (a method of ``ResumptionActivities``) on ``arg`` and return its validated result.
 
     A regular activity when the call (up to ``longest`` seconds) would pass ``TaskBudget``, or ``HandOff`` says so.
+    A local call counts ``took(result)`` seconds (its own measure) against the budget, else ``LOCAL_CALL_SECONDS``;
+    a regular one starts the budget again.
 
     Raises:
         asyncio.CancelledError: the workflow was cancelled while the call ran or retried (never a Redis fault).
@@ -220,9 +242,15 @@ async def call(
                 activity.__name__, arg, retry_policy=handed_on_retry(retry_policy), **options
             )
     except FAILED_CALL as err:
+        budget.charge(0.0) if local else budget.restart()
         if is_cancelled_exception(err):
             raise asyncio.CancelledError() from err
         raise
     hand_off.succeeded(local=local)
     # read here, not by the SDK: a result the workflow cannot read fails the run through ``run``, which hands back
-    return cast(_Res, _result_adapter(activity).validate_python(raw))
+    result = cast(_Res, _result_adapter(activity).validate_python(raw))
+    if local:
+        budget.charge(took(result) if took is not None else 0.0)
+    else:
+        budget.restart()
+    return result

@@ -10,7 +10,7 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.requests import ReleaseRequest
     from xmc_resumption.activities.resumption import ResumptionActivities
     from xmc_resumption.redisclient.text import one_line
-    from xmc_resumption.workflows.calls import FAILED_CALL, RELEASE_RETRY, call, failure_text, permanent
+    from xmc_resumption.workflows.calls import FAILED_CALL, RELEASE_RETRY, call, failure_text, permanent, waited
     from xmc_resumption.workflows.models import Outcome
     from xmc_resumption.workflows.state import RunState
 
@@ -52,6 +52,7 @@ async def release_claim(state: RunState, *, back_to_paused: bool, outcome: str) 
                 timedelta(seconds=min(inp.redis_retry_seconds, left)),
                 summary=f"release failed ({rounds} of at most {MAX_RELEASE_ROUNDS} rounds): trying again",
             )
+            waited()
     told = f"claim not released after {rounds} round(s) of tries: {error}; {next_step(state, back_to_paused, now)}"
     workflow.logger.error(
         "claim not released",

@@ -27,7 +27,6 @@ with workflow.unsafe.imports_passed_through():
         ROUNDS_LOCAL_MARGIN_SECONDS,
         ROUNDS_LOCAL_SECONDS,
         ROUNDS_SECONDS,
-        TASK_BUDGET_SECONDS,
         HandOff,
         TaskBudget,
         call,
@@ -267,11 +266,10 @@ class ResumptionWorkflow(ControlHandlers):
                 return None
             batch = min(batch, allowed)
         self._view.phase(Phase.PUBLISHING)
-        # local while ROUNDS_LOCAL_SECONDS fit the task's budget (as ever), for what is left of it; else regular
+        # local while ROUNDS_LOCAL_SECONDS fit the task's budget, for what is left of it; else regular
         seconds, budget = ROUNDS_SECONDS, self.task_budget
         if not budget.passed_by(ROUNDS_LOCAL_SECONDS):
-            left = TASK_BUDGET_SECONDS - budget.elapsed() - ROUNDS_LOCAL_MARGIN_SECONDS
-            seconds = max(ROUNDS_LOCAL_SECONDS, left)
+            seconds = max(ROUNDS_LOCAL_SECONDS, budget.left() - ROUNDS_LOCAL_MARGIN_SECONDS)
         params = state.publish_params(batch, allowed, seconds)
         most = min(x for x in (allowed, p.remaining, params.threshold) if x is not None)
         rounds = await call(
@@ -279,6 +277,7 @@ class ResumptionWorkflow(ControlHandlers):
             PublishRequest(ref=state.ref, params=params),
             summary=f"publish up to {most} tasks, {batch} a script",
             longest=seconds,
+            took=lambda rounds: rounds.seconds,
         )
         state.seq = params.seq + rounds.scripts - 1
         state.leased(workflow.now())

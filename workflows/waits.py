@@ -12,7 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.resumption import ResumptionActivities
     from xmc_resumption.redisclient.readings import BacklogReading, DrainWait
     from xmc_resumption.redisclient.text import show_name
-    from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call, failure_text
+    from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call, failure_text, waited
     from xmc_resumption.workflows.models import Phase
     from xmc_resumption.workflows.state import RunState
     from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan
@@ -120,6 +120,7 @@ class Waits:
                 timeout=inp.redis_retry_seconds,
                 timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
             )
+        waited()
         state.stall.restart(workflow.now())
 
     async def _timer(self, seconds: float, summary: str) -> None:
@@ -128,6 +129,7 @@ class Waits:
             return
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(lambda: self._state.wake, timeout=seconds, timeout_summary=summary)
+        waited()
 
     async def _poll(self, plan: WaitPlan, reason: str) -> None:
         """Poll the backlog inside one call until it reaches ``plan``'s low watermark (or the plan's bound).
@@ -155,6 +157,7 @@ class Waits:
                     timeout=queue,
                     timeout_summary=f"queued up to {queue:g}s for a turn of the headroom: {reason}",
                 )
+            waited()
             p.throttled_until = None
 
     async def _drain(

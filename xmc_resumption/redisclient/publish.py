@@ -344,4 +344,5 @@ async def publish_rounds(
         fresh_moved=fresh,
         fresh_redelivered=fresh_redelivered,
         last_moved_id=last_moved_id,
+        seconds=time.monotonic() - started,
     )

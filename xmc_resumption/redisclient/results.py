@@ -281,6 +281,8 @@ class PublishRounds(BaseModel):
         fresh_redelivered: of ``fresh_moved``, the tasks moved again, marked (``PublishResult.redelivered``).
         last_moved_id: the latest of the scripts' ``last_moved_id`` (``PublishResult``): the latest held
             entry ID the token moved ('' when none).
+        seconds: how long the call ran its scripts (seconds, the worker's monotonic clock): what a local call counts
+            against its workflow task's budget (``workflows.calls.TaskBudget``); 0 in a result recorded before it.
 
     Folding ``first`` and then ``last`` into the workflow's state at one workflow time is
     folding every script's result: the ones between them change nothing the next reading's
@@ -295,6 +297,7 @@ class PublishRounds(BaseModel):
     fresh_moved: int = Field(default=0, ge=0)
     fresh_redelivered: int = Field(default=0, ge=0)
     last_moved_id: str = ""
+    seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
     @property
     def final(self) -> PublishResult:
