@@ -29,7 +29,7 @@ from tests.support.helpers import (
 from tests.test_dead_letters import POISON
 from xmc_resumption.redisclient import held
 from xmc_resumption.redisclient.keys import ExperimentKeys
-from xmc_resumption.workflows.calls import LOCAL_CALL_SECONDS, ROUNDS_LOCAL_SECONDS, TASK_BUDGET_SECONDS, TaskBudget
+from xmc_resumption.workflows.calls import LOCAL_CALL_SECONDS, ROUNDS_LOCAL_SECONDS, TASK_BUDGET_SECONDS, TaskClock
 from xmc_resumption.workflows.models import (
     AUTO_BATCH_SIZE,
     AUTO_SCRIPT_BYTES,
@@ -180,13 +180,15 @@ async def test_a_publish_that_left_headroom_is_followed_by_the_next_without_a_wa
     assert_never_over(calls, 100)
 
 
-def test_the_task_budget_counts_what_local_calls_report_and_starts_again_after_a_wait() -> None:
-    """Never workflow time or the history length (tests/test_replay.py, the late marker)."""
-    budget = TaskBudget()
-    assert (budget.left(), budget.passed_by(0.5), budget.passed_by(0.51)) == (0.5, False, True)
-    budget.charge(0.0)  # a short call: LOCAL_CALL_SECONDS
-    budget.charge(0.3)  # publish rounds that ran 0.3 s
-    assert budget.spent == pytest.approx(LOCAL_CALL_SECONDS + 0.3)
-    assert not budget.passed_by(ROUNDS_LOCAL_SECONDS) and budget.passed_by(0.2)
-    budget.restart()
-    assert (budget.spent, budget.left()) == (0.0, TASK_BUDGET_SECONDS)
+def test_the_task_clock_moves_on_by_what_local_calls_report_and_is_the_task_budget() -> None:
+    """Never workflow time or the history length after a local call (tests/test_replay.py, the late marker)."""
+    clock = TaskClock(synced_at=datetime(2026, 1, 1, tzinfo=UTC))
+    assert (clock.left(), clock.passed_by(0.5), clock.passed_by(0.51)) == (0.5, False, True)
+    clock.charge(0.0)  # a short call: LOCAL_CALL_SECONDS
+    clock.charge(0.3)  # publish rounds that ran 0.3 s
+    assert clock.spent == pytest.approx(LOCAL_CALL_SECONDS + 0.3)
+    assert not clock.passed_by(ROUNDS_LOCAL_SECONDS) and clock.passed_by(0.2)
+    assert clock.left() == pytest.approx(TASK_BUDGET_SECONDS - 0.305)
+    assert clock.now() == datetime(2026, 1, 1, 0, 0, 0, 305_000, tzinfo=UTC)
+    clock.handler_now = datetime(2026, 1, 1, 0, 0, 7, tzinfo=UTC)  # an Update handler's own time while it runs
+    assert clock.now() == clock.handler_now

@@ -66,7 +66,7 @@ async def test_the_time_bound_ends_the_rounds_after_the_first_script(redis: Redi
 
 
 async def test_the_rounds_report_how_long_they_ran(redis: Redis) -> None:
-    """What a local call counts against its workflow task's budget (``workflows.calls.TaskBudget``)."""
+    """What a local call counts against its workflow task's budget (``workflows.calls.TaskClock``)."""
     token = await claimed(redis, 30)
     began = time.monotonic()
     done = await rounds(redis, token, 1)

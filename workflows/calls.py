@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
@@ -91,16 +92,50 @@ usual 2.6-3 ms, rounded up (docs/development.md, "Temporal facts")."""
 
 
 @dataclass
-class TaskBudget:
-    """The local-activity time spent since the workflow last waited on the server (seconds).
+class TaskClock:
+    """Workflow time and the server's continue-as-new hints as a run and its replay both see them; the local budget.
 
-    Counted from what the calls report, never from ``workflow.now()`` or the history length: both can differ
-    between a run and its replay after a local activity that completed as its workflow task was being completed
-    (docs/development.md, "Temporal facts"), and a choice between a local and a regular activity taken from them
-    broke a replay. The count starts again wherever the workflow waits on the server (``waited``).
+    ``workflow.now()`` and the hints are read only where the workflow waited on the server (``sync``: the run's start,
+    a regular activity, a timer, a signal), where a run and its replay stand at the same workflow task; from there the
+    clock moves on by what the local calls report (``charge``). Read just after a local activity, ``workflow.now()``
+    and the history length need not replay alike (docs/development.md, "Temporal facts"): a choice of a command taken
+    from them broke a replay. An Update handler, which runs at its workflow task's start, reads ``workflow.now()``
+    (``handling``).
     """
 
+    synced_at: datetime | None = None
     spent: float = 0.0
+    """Seconds the local calls reported since ``synced_at``: what the workflow task's budget has spent."""
+    suggested: bool = False
+    """``is_continue_as_new_suggested()`` at ``synced_at``."""
+    moved_on: bool = False
+    """``is_target_worker_deployment_version_changed()`` at ``synced_at``."""
+    handler_now: datetime | None = None
+
+    def now(self) -> datetime:
+        """Workflow time: ``synced_at`` plus the local calls' ``spent`` (an Update handler's own time while it runs)."""
+        if self.handler_now is not None:
+            return self.handler_now
+        if self.synced_at is None:
+            self.sync()
+        assert self.synced_at is not None
+        return self.synced_at + timedelta(seconds=self.spent)
+
+    def sync(self) -> None:
+        """The workflow waited on the server: read the time and the hints again; the budget starts again."""
+        info = workflow.info()
+        self.synced_at, self.spent = workflow.now(), 0.0
+        self.suggested = info.is_continue_as_new_suggested()
+        self.moved_on = info.is_target_worker_deployment_version_changed()
+
+    @contextlib.contextmanager
+    def handling(self) -> Iterator[None]:
+        """Within an Update handler: ``now`` is ``workflow.now()``, the handler's workflow task's start."""
+        self.handler_now = workflow.now()
+        try:
+            yield
+        finally:
+            self.handler_now = None
 
     def passed_by(self, longest: float) -> bool:
         """Whether a call of ``longest`` seconds would take the local time past ``TASK_BUDGET_SECONDS``."""
@@ -114,14 +149,20 @@ class TaskBudget:
         """Count a local call of ``seconds`` (at least ``LOCAL_CALL_SECONDS``)."""
         self.spent += max(LOCAL_CALL_SECONDS, seconds)
 
-    def restart(self) -> None:
-        """The workflow waited on the server (a regular activity, a timer, a signal): the count starts again."""
-        self.spent = 0.0
+
+def clock() -> TaskClock:
+    """The running ``ResumptionWorkflow``'s ``TaskClock``."""
+    return cast(TaskClock, workflow.instance().clock)
+
+
+def now() -> datetime:
+    """Workflow time as a replay sees it too: ``TaskClock.now`` of the running ``ResumptionWorkflow``."""
+    return clock().now()
 
 
 def waited() -> None:
-    """The running ``ResumptionWorkflow`` waited on the server: its ``TaskBudget`` starts again."""
-    workflow.instance().task_budget.restart()
+    """The running ``ResumptionWorkflow`` waited on the server: ``TaskClock.sync``."""
+    clock().sync()
 
 
 @dataclass
@@ -204,9 +245,9 @@ async def call(
 ) -> _Res:
     """Run ``activity`` (a method of ``ResumptionActivities``) on ``arg`` and return its validated result.
 
-    A regular activity when the call (up to ``longest`` seconds) would pass ``TaskBudget``, or ``HandOff`` says so.
-    A local call counts ``took(result)`` seconds (its own measure) against the budget, else ``LOCAL_CALL_SECONDS``;
-    a regular one starts the budget again.
+    A regular activity when the call (up to ``longest`` seconds) would pass the task's budget (``TaskClock``), or
+    ``HandOff`` says so. A local call moves the clock on by ``took(result)`` (its own measure of its seconds), else
+    ``LOCAL_CALL_SECONDS``; a regular one syncs it.
 
     Raises:
         asyncio.CancelledError: the workflow was cancelled while the call ran or retried (never a Redis fault).
@@ -214,10 +255,10 @@ async def call(
         pydantic.ValidationError: the result does not match the method's return type.
     """
     instance = workflow.instance()  # a ResumptionWorkflow: the only workflow that calls Redis
-    budget: TaskBudget = instance.task_budget
+    budget: TaskClock = instance.clock
     hand_off: HandOff = instance.hand_off
     options: dict[str, Any] = {"result_type": None, "start_to_close_timeout": start_to_close, "summary": summary}
-    handed = hand_off.handed_on(workflow.now())
+    handed = hand_off.handed_on(budget.now())
     local = not handed and not budget.passed_by(longest)
     if handed:
         first = handed_on_retry(retry_policy)
@@ -236,13 +277,14 @@ async def call(
         except FAILED_CALL as err:
             if handed or is_cancelled_exception(err) or not connection_fault(err):
                 raise
-            hand_off.fault(err, workflow.now())
+            budget.charge(0.0)
+            hand_off.fault(err, budget.now())
             local = False
             raw = await workflow.execute_activity(
                 activity.__name__, arg, retry_policy=handed_on_retry(retry_policy), **options
             )
     except FAILED_CALL as err:
-        budget.charge(0.0) if local else budget.restart()
+        budget.charge(0.0) if local else budget.sync()
         if is_cancelled_exception(err):
             raise asyncio.CancelledError() from err
         raise
@@ -252,5 +294,5 @@ async def call(
     if local:
         budget.charge(took(result) if took is not None else 0.0)
     else:
-        budget.restart()
+        budget.sync()
     return result

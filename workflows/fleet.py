@@ -77,9 +77,9 @@ class FleetView:
         """The (replayed, remaining) last upserted."""
         self._redelivered = 0
 
-    def show(self, progress: Progress, *, failed: bool, stopping: bool) -> None:
-        """Upsert the search attributes when due: docs/contract.md, "Search attributes"."""
-        p, now = progress, workflow.now()
+    def show(self, progress: Progress, now: datetime, *, failed: bool, stopping: bool) -> None:
+        """Upsert the search attributes when due at workflow time ``now``: docs/contract.md, "Search attributes"."""
+        p = progress
         phase, counts = fleet_phase(p, failed=failed, stopping=stopping), (p.replayed, p.remaining)
         shown = self._shown
         if (

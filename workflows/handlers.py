@@ -11,6 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.requests import TURN_SIGNAL
+    from xmc_resumption.workflows.calls import TaskClock, clock
     from xmc_resumption.workflows.control import (
         INVALID_CONTROL,
         Control,
@@ -49,7 +50,8 @@ def _apply(state: RunState, view: RunView, change: ControlChange) -> EffectiveSe
         "settings changed",
         extra={"experiment_id": inp.experiment_id, **change.model_dump(mode="json", exclude_none=True)},
     )
-    view.refresh()
+    with clock().handling():
+        view.refresh()
     return EffectiveSettings.of(inp, batch_size=state.batch_size, stopping=state.stopping)
 
 
@@ -76,6 +78,7 @@ class ControlHandlers:
     def __init__(self, inp: ResumptionInput) -> None:
         self._state = RunState.of(inp)
         self._view = RunView(self._state)
+        self.clock = TaskClock()
 
     # Each Update takes its arguments as JSON decoded them (any type) and reads them strictly in its validator: a typed
     # parameter would have the data converter coerce ``true`` to 1 before the validator could name the field.
@@ -92,7 +95,8 @@ class ControlHandlers:
         """Stop gracefully: the run ends ``paused`` at its next turn (a durable wait ends at once)."""
         self._state.stopping = self._state.wake = self._state.progress.stopping = True
         workflow.logger.info("pause requested", extra={"experiment_id": self._state.input.experiment_id})
-        self._view.refresh()
+        with self.clock.handling():
+            self._view.refresh()
         return EffectiveSettings.of(self._state.input, batch_size=self._state.batch_size, stopping=True)
 
     @pause.validator

@@ -11,6 +11,7 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.activities.resumption import ResumptionActivities
     from xmc_resumption.redisclient.text import one_line
     from xmc_resumption.workflows.calls import FAILED_CALL, RELEASE_RETRY, call, failure_text, permanent, waited
+    from xmc_resumption.workflows.calls import now as clock_now
     from xmc_resumption.workflows.models import Outcome
     from xmc_resumption.workflows.state import RunState
 
@@ -39,7 +40,7 @@ async def release_claim(state: RunState, *, back_to_paused: bool, outcome: str) 
             state.released(release)
             return None
         except FAILED_CALL as err:
-            error, now = one_line(failure_text(err), 300), workflow.now()
+            error, now = one_line(failure_text(err), 300), clock_now()
             left = (state.lease_until - now).total_seconds() if state.lease_until else 0.0
             last = permanent(err) or rounds >= MAX_RELEASE_ROUNDS or left <= 0
             if last or state.progress.outcome is Outcome.CANCELLED:

@@ -28,7 +28,6 @@ with workflow.unsafe.imports_passed_through():
         ROUNDS_LOCAL_SECONDS,
         ROUNDS_SECONDS,
         HandOff,
-        TaskBudget,
         call,
         failure_text,
         permanent,
@@ -91,7 +90,6 @@ class ResumptionWorkflow(ControlHandlers):
             self._bad_input, inp = err, ResumptionInput.model_construct(experiment_id="")
         super().__init__(inp)
         self._waits = Waits(self._state, self._view)
-        self.task_budget = TaskBudget()
         self.hand_off = HandOff(on_fault=self._handed_off, on_back=self._reached_again)
         self._phase_before_fault = Phase.CLAIMING
 
@@ -101,7 +99,7 @@ class ResumptionWorkflow(ControlHandlers):
         if self._bad_input is not None:
             raise self._bad_input
         info = workflow.info()
-        self._state.begin(info.workflow_id, info.continued_run_id, workflow.now(), lambda: str(workflow.uuid4()))
+        self._state.begin(info.workflow_id, info.continued_run_id, self.clock.now(), lambda: str(workflow.uuid4()))
         try:
             return await self._loop()
         except asyncio.CancelledError:
@@ -149,17 +147,17 @@ class ResumptionWorkflow(ControlHandlers):
         """Take the claim, then turn until the resumption ends, or continue as new (docs/contract.md, "The loop")."""
         state = self._state
         claim_tries = turns_this_run = 0
-        run_started = workflow.now()
+        run_started = self.clock.now()
         while True:
             if state.stopping:
                 await self._release(back_to_paused=True, outcome=Outcome.PAUSED)
                 return self._finish(Outcome.PAUSED, detail="stopped by the pause Update")
-            info, inp = workflow.info(), state.input
+            inp = state.input
             if (
                 max(claim_tries, turns_this_run) >= inp.turns_per_run
-                or (workflow.now() - run_started).total_seconds() >= inp.max_run_seconds
-                or info.is_continue_as_new_suggested()
-                or info.is_target_worker_deployment_version_changed()
+                or (self.clock.now() - run_started).total_seconds() >= inp.max_run_seconds
+                or self.clock.suggested
+                or self.clock.moved_on
             ):
                 await self._continue_as_new()
                 continue  # it returns only when a pause was accepted meanwhile: stop instead
@@ -200,7 +198,7 @@ class ResumptionWorkflow(ControlHandlers):
             summary=f"take the claim on experiment {inp.experiment_id}",
         )
         state.claimed(grant)
-        state.leased(workflow.now())
+        state.leased(self.clock.now())
         workflow.logger.info(
             "resumption started",
             extra={
@@ -240,7 +238,7 @@ class ResumptionWorkflow(ControlHandlers):
             summary=f"check pause state and fencing token {state.token}",
         )
         state.checked(check)
-        state.leased(workflow.now())
+        state.leased(self.clock.now())
         if check.fence_lost:
             return self._fence_lost(check.current_token)
         if check.released is not None:
@@ -259,7 +257,7 @@ class ResumptionWorkflow(ControlHandlers):
         batch, cap = state.batch_size, inp.max_tasks_per_second
         allowed: int | None = None
         if cap is not None:
-            allowed = state.bucket.allowance(cap, workflow.now())
+            allowed = state.bucket.allowance(cap, self.clock.now())
             if allowed < 1:
                 seconds = state.bucket.wait_seconds(cap, p.remaining or 1)
                 await self._waits.rate(seconds, f"replay cap {cap:g} tasks/s (max_tasks_per_second)")
@@ -267,7 +265,7 @@ class ResumptionWorkflow(ControlHandlers):
             batch = min(batch, allowed)
         self._view.phase(Phase.PUBLISHING)
         # local while ROUNDS_LOCAL_SECONDS fit the task's budget, for what is left of it; else regular
-        seconds, budget = ROUNDS_SECONDS, self.task_budget
+        seconds, budget = ROUNDS_SECONDS, self.clock
         if not budget.passed_by(ROUNDS_LOCAL_SECONDS):
             seconds = max(ROUNDS_LOCAL_SECONDS, budget.left() - ROUNDS_LOCAL_MARGIN_SECONDS)
         params = state.publish_params(batch, allowed, seconds)
@@ -280,7 +278,7 @@ class ResumptionWorkflow(ControlHandlers):
             took=lambda rounds: rounds.seconds,
         )
         state.seq = params.seq + rounds.scripts - 1
-        state.leased(workflow.now())
+        state.leased(self.clock.now())
         replayed_before = p.replayed
         for result in rounds.results():
             p.stream_rate_limit = result.rate_limit or None
@@ -295,10 +293,10 @@ class ResumptionWorkflow(ControlHandlers):
         # a call asked again after a lost reply moved what Redis counted then
         moved = max(rounds.moved, p.replayed - replayed_before)
         if cap is not None:
-            state.bucket.take(moved, workflow.now())
+            state.bucket.take(moved, self.clock.now())
         if moved:
             p.throttles_in_a_row = 0
-            state.pacer.published(workflow.now())
+            state.pacer.published(self.clock.now())
         last = rounds.final
         if last.poison_id:
             await self._set_aside(last.poison_id)

@@ -6,6 +6,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from xmc_resumption.redisclient.readings import BacklogReading
+    from xmc_resumption.workflows.calls import now as clock_now
     from xmc_resumption.workflows.fleet import FleetView
     from xmc_resumption.workflows.metrics import Instruments
     from xmc_resumption.workflows.models import Phase
@@ -26,10 +27,11 @@ class RunView:
         """Enter ``phase``: the progress, its ETA, the UI's current details and the fleet view's search attributes."""
         state = self._state
         state.progress.phase = phase
-        state.estimate(workflow.now())
+        now = clock_now()
+        state.estimate(now)
         shown = state.shown()
         workflow.set_current_details(details_markdown(shown))
-        self._fleet.show(shown, failed=state.failed, stopping=state.stopping)
+        self._fleet.show(shown, now, failed=state.failed, stopping=state.stopping)
 
     def refresh(self) -> None:
         """Show the state again in the phase it is in (after a change of settings or a pause was accepted)."""
@@ -38,7 +40,7 @@ class RunView:
     def observe(self, reading: BacklogReading, moved: int = 0) -> None:
         """Record a backlog ``reading`` taken before a move of ``moved`` entries: state, gauge, a stall's warning."""
         p = self._state.progress
-        if self._state.observe(reading, workflow.now(), moved):
+        if self._state.observe(reading, clock_now(), moved):
             workflow.logger.warning(
                 "replay stalled: the backlog has not gone down for %gs; are the consumers draining the group?",
                 p.stalled_seconds,

@@ -13,6 +13,7 @@ with workflow.unsafe.imports_passed_through():
     from xmc_resumption.redisclient.readings import BacklogReading, DrainWait
     from xmc_resumption.redisclient.text import show_name
     from xmc_resumption.workflows.calls import FAILED_CALL, REDIS_CALL_TIMEOUT, call, failure_text, waited
+    from xmc_resumption.workflows.calls import now as clock_now
     from xmc_resumption.workflows.models import Phase
     from xmc_resumption.workflows.state import RunState
     from xmc_resumption.workflows.throttle import POLL_LIMIT_SECONDS, WaitKind, WaitPlan
@@ -43,7 +44,7 @@ class Waits:
             await self._name_idle_consumers()
         if state.stall_over_limit():
             return True
-        plan = state.pacer.plan(inp.pacing, backlog, workflow.now()) if seconds is None else WaitPlan.timer(seconds)
+        plan = state.pacer.plan(inp.pacing, backlog, clock_now()) if seconds is None else WaitPlan.timer(seconds)
         p.throttles += 1
         p.throttles_in_a_row += 1
         described = state.pacer.describe(inp.pacing, plan) if seconds is None else f"fixed {seconds:g}s wait"
@@ -63,14 +64,14 @@ class Waits:
             },
         )
         timer = plan.kind is WaitKind.TIMER
-        p.throttled_until = workflow.now() + timedelta(seconds=plan.seconds) if timer else None
+        p.throttled_until = clock_now() + timedelta(seconds=plan.seconds) if timer else None
         self._view.phase(phase or (Phase.STALLED if p.stalled else Phase.THROTTLED))
         if not timer:
             await self._poll(plan, reason)
         else:
             await self._timer(plan.seconds, f"throttled {plan.seconds:.3g}s: {reason}")
         p.throttled_until = None
-        state.pacer.woke(workflow.now())
+        state.pacer.woke(clock_now())
         return False
 
     async def for_group(self, reading: BacklogReading) -> bool:
@@ -86,7 +87,7 @@ class Waits:
         p.rate_waits += 1
         p.rate_reason = f"{reason}: {seconds:.3g}s for the bucket"
         poll = seconds <= POLL_LIMIT_SECONDS
-        p.throttled_until = None if poll else workflow.now() + timedelta(seconds=seconds)
+        p.throttled_until = None if poll else clock_now() + timedelta(seconds=seconds)
         self._view.phase(Phase.RATE_LIMITED)
         workflow.logger.info(
             "rate limited", extra={"experiment_id": inp.experiment_id, "reason": reason, "seconds": seconds}
@@ -100,7 +101,7 @@ class Waits:
         else:
             await self._timer(seconds, f"rate limited {seconds:.3g}s: {reason}")
         p.throttled_until = None
-        state.stall.restart(workflow.now())
+        state.stall.restart(clock_now())
 
     async def redis(self, err: BaseException) -> None:
         """Wait ``redis_retry_seconds`` after a Redis fault ``err`` outlasted a call's retries; ``pause`` ends it."""
@@ -121,7 +122,7 @@ class Waits:
                 timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
             )
         waited()
-        state.stall.restart(workflow.now())
+        state.stall.restart(clock_now())
 
     async def _timer(self, seconds: float, summary: str) -> None:
         """A durable timer of ``seconds`` that an accepted Update ends early (none at all after one this turn)."""
@@ -150,7 +151,7 @@ class Waits:
         if drain.queued and not state.wake:
             p = state.progress
             p.wait_plan = f"{p.wait_plan}; then queued up to {queue:g}s for its turn of the headroom"
-            p.throttled_until = workflow.now() + timedelta(seconds=queue)
+            p.throttled_until = clock_now() + timedelta(seconds=queue)
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
                     lambda: state.turn or state.wake,
@@ -184,11 +185,12 @@ class Waits:
             summary=summary,
             start_to_close=REDIS_CALL_TIMEOUT + timedelta(seconds=most),
             longest=most,
+            took=lambda drain: drain.seconds,
         )
 
     async def _name_idle_consumers(self) -> None:
         """Name the idle consumers holding pending entries: docs/memory.md, "A stall names who holds the entries"."""
-        state, now = self._state, workflow.now()
+        state, now = self._state, clock_now()
         inp, p = state.input, state.progress
         window = timedelta(seconds=inp.stall_window_seconds)
         if state.idle_read_at is not None and now - state.idle_read_at < window:

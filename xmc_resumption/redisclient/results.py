@@ -282,7 +282,7 @@ class PublishRounds(BaseModel):
         last_moved_id: the latest of the scripts' ``last_moved_id`` (``PublishResult``): the latest held
             entry ID the token moved ('' when none).
         seconds: how long the call ran its scripts (seconds, the worker's monotonic clock): what a local call counts
-            against its workflow task's budget (``workflows.calls.TaskBudget``); 0 in a result recorded before it.
+            against its workflow task's budget (``workflows.calls.TaskClock``); 0 in a result recorded before it.
 
     Folding ``first`` and then ``last`` into the workflow's state at one workflow time is
     folding every script's result: the ones between them change nothing the next reading's
