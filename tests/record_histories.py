@@ -30,6 +30,7 @@ from tests.support.helpers import (
     hold_tasks,
     redis_outage,
     resumption_worker,
+    start,
     throttled,
     wait_for,
 )
@@ -39,7 +40,7 @@ from xmc_resumption.redisclient.keys import ExperimentKeys
 from xmc_resumption.services import installed_binary, local_redis
 from xmc_resumption.workflows import fleet
 from xmc_resumption.workflows.control import ControlChange
-from xmc_resumption.workflows.models import Phase, ResumptionInput
+from xmc_resumption.workflows.models import Outcome, Phase, ResumptionInput
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -173,6 +174,36 @@ async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
         await handle.result()
 
 
+COMPANIONS, COMPANION_TASKS = 2, 3
+"""Replays of other experiments that ``queued_for_turn`` runs beside the recorded one, and the tasks each holds."""
+
+
+async def queued_for_turn(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+    """Two replays of other experiments on the same worker and stream, with the same threshold, nobody consuming:
+    the polls share one reading and reach their bound, and the run's poll returns ``queued``; it waits durably for
+    its turn, which the worker gives by signal ``xmc-turn`` once consumers drain (docs/pacing.md, "Many replays on
+    one worker"). The companions finish too; their histories are not kept."""
+    client = handle._client  # the SDK's handle keeps its client; WorkflowHandle has no public accessor
+    queue = (await handle.describe()).task_queue
+    others = []
+    for i in range(COMPANIONS):
+        other = f"{e}x{i}"
+        await hold_tasks(redis, other, COMPANION_TASKS)
+        others.append(
+            await start(client, queue, experiment_id=other, **SCENARIOS["queued_for_turn"][1])  # one measurement
+        )
+    await wait_for(handle, lambda p: "queued" in (p.wait_plan or ""), timeout=60)
+    stop, seen = asyncio.Event(), []
+    consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in (handle, *others))), 120)
+    finally:
+        stop.set()
+        await consumer
+    if [r.outcome for r in results] != [Outcome.COMPLETED] * (1 + COMPANIONS):
+        raise RuntimeError(f"a replay did not complete: {[r.outcome for r in results]}")
+
+
 SCENARIOS: dict[str, tuple[Scenario, dict]] = {
     "completed_after_throttles": (
         completed,
@@ -252,6 +283,11 @@ SCENARIOS: dict[str, tuple[Scenario, dict]] = {
             "stall_window_seconds": 2,
             "max_stall_seconds": 5,
         },
+    ),
+    # polls of several replays on one worker that queue, and a turn given by signal
+    "queued_for_turn": (
+        queued_for_turn,
+        {"max_backlog_threshold": 5, "batch_size": 2, "throttle_policy": "adaptive", "max_wait_seconds": 10},
     ),
 }
 

@@ -15,6 +15,7 @@ from temporalio.worker import Replayer
 from tests.record_histories import HISTORIES as FOLDER
 from tests.record_histories import SCENARIOS, releases
 from tests.support.helpers import history_calls
+from xmc_resumption.activities.requests import TURN_SIGNAL
 from xmc_resumption.workflows.resumption import ResumptionWorkflow
 
 RELEASES = releases()
@@ -46,6 +47,7 @@ ENDINGS: dict[str, tuple[EventType.ValueType, str | None, list[str]]] = {
     "adaptive_polled_by_activity": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
     "release_failed_in_outage": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "paused", ["release_claim"]),
     "stalled_on_memory": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "stalled", []),
+    "queued_for_turn": (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED, "completed", []),
 }
 
 
@@ -80,8 +82,8 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and e.user_metadata.HasField("summary")
     ]
-    # (the adaptive waits are polled while the consumers drain: no timer at all)
-    polled = ("adaptive_polled_by_activity", "probe_completed", "adaptive_completed")
+    # (the adaptive waits are polled while the consumers drain: no timer at all, but a queued poll's wait for its turn)
+    polled = ("adaptive_polled_by_activity", "probe_completed", "adaptive_completed", "queued_for_turn")
     if name in polled:  # its first wait was a poll, not a timer (before anything moved)
         calls = history_calls(history)
         kinds = [k for k, _ in calls]
@@ -110,8 +112,26 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
         assert kinds[last_timer + 1 :] == after_last_timer
         # nothing moved before the wait ended the run (the publish right after the claim found no headroom)
         assert all(r["moved"] == 0 for k, r in calls if k == "publish_batch")
-    if name in ("cancelled_during_wait", "controlled_by_update", "stopped_by_update"):
-        # the cancel, or the accepted Update, ended the timer
+    # a poll that reached its bound beside other replays' polls of its worker returned queued; the run waited durably
+    # for its turn, which the worker gave by signal, with the queued poll's number
+    queued = [i for i, (k, r) in enumerate(calls) if k == "wait_for_drain" and r.get("queued", False)]
+    assert bool(queued) == (name == "queued_for_turn")
+    assert [kinds[i + 1] for i in queued] == ["timer"] * len(queued)
+    assert sum(t.startswith("queued up to") for t in timers) == len(queued)
+    signals = [
+        e.workflow_execution_signaled_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+    assert [s.signal_name for s in signals] == [TURN_SIGNAL] * len(signals) and bool(signals) == bool(queued)
+    if queued:
+        first_wait_id = kinds[: queued[0]].count("wait_for_drain") + 1
+        assert json.loads(signals[0].input.payloads[0].data) == first_wait_id
+        ids = [e.event_id for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
+        cancels = [e.event_id for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED]
+        assert cancels and ids[0] < cancels[0]  # the signal ended the queued wait
+    if name in ("cancelled_during_wait", "controlled_by_update", "stopped_by_update", "queued_for_turn"):
+        # the cancel, the accepted Update, or the turn's signal ended the timer
         assert any(e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED for e in history.events)
     # the stall named the consumer holding the backlog (one XINFO CONSUMERS, not every turn)
     assert ("idle_consumers" in kinds) == (name in ("stalled_naming_consumers", "stalled_on_memory"))
