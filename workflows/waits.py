@@ -115,13 +115,14 @@ class Waits:
             inp.redis_retry_seconds,
             extra={"experiment_id": inp.experiment_id, "error": p.last_error},
         )
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(
-                lambda: state.stopping,
-                timeout=inp.redis_retry_seconds,
-                timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
-            )
-        waited()
+        if not state.stopping:  # (a pause accepted while the call retried: no wait, so no sync right after a call)
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: state.stopping,
+                    timeout=inp.redis_retry_seconds,
+                    timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
+                )
+            waited()
         state.stall.restart(clock_now())
 
     async def _timer(self, seconds: float, summary: str) -> None:
@@ -148,7 +149,7 @@ class Waits:
         )
         state.pacer.burst_seen(drain.largest_drop, state.input.max_backlog_threshold)
         self._view.observe(drain.reading)
-        if drain.queued and not state.wake:
+        if drain.queued and not state.wake and not state.turn:
             p = state.progress
             p.wait_plan = f"{p.wait_plan}; then queued up to {queue:g}s for its turn of the headroom"
             p.throttled_until = clock_now() + timedelta(seconds=queue)
