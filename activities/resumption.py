@@ -32,6 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from temporalio import activity
 from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from xmc_resumption.activities.errors import ErrorType
 from xmc_resumption.activities.metrics import HELD_REMAINING, OUTCOMES, REDELIVERED, REPLAYED
@@ -62,7 +63,7 @@ from xmc_resumption.redisclient.results import (
     Release,
     SetAside,
 )
-from xmc_resumption.redisclient.watch import BacklogWatches
+from xmc_resumption.redisclient.watch import BacklogWatches, TurnsRefused
 
 TRANSIENT_ERRORS = (OutOfMemoryError, ReadOnlyError, MovedError, AskError, TryAgainError, ClusterDownError)
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MISCONF")
@@ -195,7 +196,11 @@ def _replay_key() -> str:
 
 
 def _turn_giver(wait_id: int) -> Callable[[], Awaitable[None]] | None:
-    """What signals the calling replay's run that its queued wait ``wait_id`` has its turn; None without a client."""
+    """What signals the calling replay's run that its queued wait ``wait_id`` has its turn; None without a client.
+
+    The signal raises ``TurnsRefused`` when the server denies it (PERMISSION_DENIED: the worker's identity may not
+    signal), ``temporalio.service.RPCError`` on any other refusal.
+    """
     if not activity.in_activity():
         return None
     info = activity.info()
@@ -205,7 +210,12 @@ def _turn_giver(wait_id: int) -> Callable[[], Awaitable[None]] | None:
         return None
 
     async def wake() -> None:
-        await handle.signal(TURN_SIGNAL, wait_id)
+        try:
+            await handle.signal(TURN_SIGNAL, wait_id)
+        except RPCError as err:
+            if err.status is RPCStatusCode.PERMISSION_DENIED:
+                raise TurnsRefused(f"the worker may not signal {TURN_SIGNAL!r} (docs/security.md): {err}") from err
+            raise
 
     return wake
 
@@ -323,6 +333,7 @@ class ResumptionActivities:
         self.reach = Reachability()
         self.watches = BacklogWatches()
         """The drain polls of this worker, sharing one backlog reading per measurement (``redisclient.watch``)."""
+        self._stopping: asyncio.Task[None] | None = None
 
     @property
     def redis(self) -> RedisClient:
@@ -392,10 +403,13 @@ class ResumptionActivities:
 
         On the readings every poll of this worker of the same measurement shares (``redisclient.watch``); a poll may
         stay queued past its bound (``req.queue_seconds``), given its turn by signal ``TURN_SIGNAL``. Without a
-        Temporal client (an ``ActivityEnvironment`` given none) it never queues.
+        Temporal client (an ``ActivityEnvironment`` given none) it never queues. Once its worker begins to stop, no
+        poll queues and every queued one has its turn at once (``_close_at_shutdown``).
         """
         _keys(req.ref)
         wake = _turn_giver(req.wait_id) if req.queue_seconds > 0 else None
+        if wake is not None and self._stopping is None:
+            self._stopping = asyncio.create_task(self._close_at_shutdown())
         async with _classified(self.redis, self.reach):
             return await self.watches.wait_for_drain(
                 self.redis,
@@ -414,6 +428,11 @@ class ResumptionActivities:
                 queue_seconds=req.queue_seconds if wake is not None else 0.0,
                 wake=wake,
             )
+
+    async def _close_at_shutdown(self) -> None:
+        """When the worker begins to stop, close the line (``BacklogWatches.close``): its queued replays go on."""
+        await activity.wait_for_worker_shutdown()  # the worker's event: this task runs in a poll's activity context
+        await self.watches.close()
 
     @activity.defn
     async def publish_rounds(self, req: PublishRequest) -> PublishRounds:

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from xmc_resumption.redisclient.watch import BacklogWatches
+from xmc_resumption.redisclient.watch import BacklogWatches, TurnsRefused
 
 STREAM, GROUP = "xmc-tasks-stream", "xmc-workers"
 
@@ -262,6 +262,86 @@ async def test_a_replay_polling_again_leaves_its_queued_place_and_a_failed_wake_
     await line.until(2)
     assert line.woken == ["a", "c"]
     assert "a queued replay's turn could not be given: workflow not found" in caplog.text
+
+
+async def queue_three(watches: BacklogWatches, redis: Redis, line: Line) -> None:
+    """Replays a, b and c queued at a backlog without headroom; none has its turn yet."""
+    await backlog_of(redis, 100)
+    waits = await asyncio.gather(*(queued_poll(watches, redis, line, name, 40) for name in "abc"))
+    assert [w.queued for w in waits] == [True] * 3 and line.woken == []
+
+
+async def test_a_reading_fault_gives_every_queued_waiter_its_turn(redis: Redis) -> None:
+    """A fault fails the polls still waiting (their activities retry) and wakes the queued ones: their replays go on
+    at their next turn, which measures afresh, instead of sleeping out their queue time."""
+    watches, line = BacklogWatches(), Line()
+    await queue_three(watches, redis, line)
+    polling = asyncio.create_task(poll(watches, redis, 10, max_seconds=30.0))
+    await redis.delete(STREAM)
+    await redis.set(STREAM, "not a stream")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await polling
+    await line.until(3)
+    assert sorted(line.woken) == ["a", "b", "c"] and watches.queued() == 0
+
+
+async def test_a_watch_that_stops_gives_every_queued_waiter_its_turn(redis: Redis) -> None:
+    watches, line = BacklogWatches(), Line()
+    await queue_three(watches, redis, line)
+    (watch_task,) = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_run"]  # type: ignore[union-attr]
+    watch_task.cancel()
+    await line.until(3)
+    assert sorted(line.woken) == ["a", "b", "c"] and watches.queued() == 0 and not watches._watches
+
+
+async def test_closing_gives_every_queued_waiter_its_turn_and_ends_queueing(redis: Redis) -> None:
+    """What a stopping worker does (``ResumptionActivities``, the plugin): its line's replays go on elsewhere."""
+    watches, line = BacklogWatches(), Line()
+    await queue_three(watches, redis, line)
+    await watches.close()  # it waits for the turns to be given
+    assert sorted(line.woken) == ["a", "b", "c"] and watches.queued() == 0
+    waits = await asyncio.gather(*(queued_poll(watches, redis, line, name, 40) for name in "de"))
+    assert [(w.queued, w.reached) for w in waits] == [(False, False)] * 2  # at their bound, as before turns
+    # polls running when the line closes end at their bound too: nobody would give them a turn
+    watches = BacklogWatches()
+    running = [
+        asyncio.create_task(
+            poll(watches, redis, 50, max_seconds=0.5, take=40, replay=n, queue_seconds=30.0, wake=line.wake(n))
+        )
+        for n in "fg"
+    ]
+    for _ in range(500):
+        if watches.polling() == 2:
+            break
+        await asyncio.sleep(0.01)
+    await watches.close()
+    waits = await asyncio.gather(*running)
+    assert [(w.queued, w.reached) for w in waits] == [(False, False)] * 2 and watches.queued() == 0
+
+
+async def test_a_refused_turn_ends_queueing_and_is_logged_once(redis: Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker that may not signal (PERMISSION_DENIED, ``activities.resumption._turn_giver``) gives no turn: its
+    polls no longer queue, and its line is left (the runs' own timers end their waits)."""
+    watches, line = BacklogWatches(), Line()
+    await queue_three(watches, redis, line)
+
+    async def refused() -> None:
+        raise TurnsRefused("PERMISSION_DENIED")
+
+    for waiter in (x for w in watches._watches.values() for x in w.waiters):
+        waiter.wake = refused
+    await drain_to(redis, 0)  # headroom 100: a and b have their turn, both refused
+    for _ in range(500):
+        if not watches.queueing:
+            break
+        await asyncio.sleep(0.01)
+    assert not watches.queueing and watches.queued() == 0 and line.woken == []
+    for i in range(100):  # no headroom again
+        await redis.xadd(STREAM, {"n": f"again{i}"})
+    waits = await asyncio.gather(*(queued_poll(watches, redis, line, name, 40) for name in "de"))
+    assert [(w.queued, w.reached) for w in waits] == [(False, False)] * 2  # at their bound, as before turns
+    await asyncio.sleep(0)  # a second refusal, if any, has run
+    assert caplog.text.count("polls no longer queue on this worker") == 1
 
 
 async def test_polls_of_replays_naming_other_groups_each_wait_on_their_own_groups(redis: Redis) -> None:

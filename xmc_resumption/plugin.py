@@ -247,7 +247,8 @@ class ResumptionPlugin(SimplePlugin):
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
         """Check the namespace, give the activities their Redis client, run the worker, close the client.
 
-        The client is closed when the run ends, however it ends.
+        The client is closed when the run ends, however it ends, once the replays queued on the worker were given
+        their turns (``BacklogWatches.close``).
 
         Raises:
             xmc_resumption.search_attributes.SearchAttributesMissingError: the namespace lacks some
@@ -267,6 +268,7 @@ class ResumptionPlugin(SimplePlugin):
         try:
             await next(worker)
         finally:
+            await activities.watches.close()  # its queued replays have their turns before the process ends
             await redis.aclose()
 
     def _activities_on(self, worker: Worker) -> ResumptionActivities:

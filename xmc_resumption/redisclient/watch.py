@@ -23,6 +23,11 @@ queued waiter woken keeps its ``take`` promised until its replay's next call rea
 (``BacklogWatches.called``) or ``PROMISE_SECONDS`` pass, since its replay publishes a signal's
 round trip later than a poll's. A replay's check, publish or release leaves its place in line
 (its wait ended another way).
+
+A line that ends with waiters in it gives each its turn at once: a reading's fault, a watch that stops,
+and ``BacklogWatches.close`` (the worker stops) wake every queued waiter, whose replay then goes on at
+its next turn (which measures afresh) instead of sleeping out its queue time. A wake refused for good
+(``TurnsRefused``: the worker may not signal) ends queueing in that process: polls end at their bound.
 """
 
 from __future__ import annotations
@@ -49,7 +54,14 @@ PROMISE_SECONDS = 0.5
 """How long a queued waiter woken keeps its ``take`` promised, at most (seconds): about a signal's round trip and a
 turn, under load. Its replay's calls may run on another worker, whose watch cannot end the promise sooner."""
 
+CLOSE_SECONDS = 5.0
+"""How long ``BacklogWatches.close`` waits for the turns it gives to be delivered, at most (seconds)."""
+
 logger = logging.getLogger(__name__)
+
+
+class TurnsRefused(Exception):
+    """A ``wake`` that can never succeed in this process: the worker may not give turns (it lacks the permission)."""
 
 
 @dataclass(frozen=True)
@@ -126,12 +138,12 @@ class _Watch:
 
     measurement: _Measurement
     client: RedisClient
+    watches: BacklogWatches
     waiters: list[_Waiter] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     promises: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Turns given to queued waiters: their replay's key -> (take, until when, monotonic seconds)."""
-    wakes: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def read(self) -> BacklogReading:
         m = self.measurement
@@ -139,18 +151,15 @@ class _Watch:
             self.client, m.stream, m.group, m.threshold, m.missing_group, m.max_bytes, m.groups, records=True
         )
 
-    async def run(self, watches: BacklogWatches) -> None:
-        """Read and hand out readings until no waiter is left; a fault fails every waiter with it."""
+    async def run(self) -> None:
+        """Read and hand out readings until no waiter is left; a fault ends the line with it (``end``)."""
         while self.waiters:
             self.arrived.clear()
             try:
-                watches.readings += 1
+                self.watches.readings += 1
                 reading = await self.read()
-            except Exception as err:  # every waiter's poll fails with it (the activity retries)
-                for waiter in self.waiters:
-                    if not waiter.done.done():
-                        waiter.done.set_exception(err)
-                self.waiters.clear()
+            except Exception as err:  # every waiting poll fails with it (the activity retries)
+                self.end(err)
                 return
             now = time.monotonic()
             self.hand_out(reading, now)
@@ -191,7 +200,7 @@ class _Watch:
                     self._wake(waiter)
                 else:
                     waiter.finish(reading, reached, at)
-            elif waiter.may_queue() and (queued > 0 or (bound and len(self.waiters) > 1)):
+            elif self.watches.queueing and waiter.may_queue() and (queued > 0 or (bound and len(self.waiters) > 1)):
                 queued += 1
                 waiter.queued, waiter.max_until = True, at + waiter.queue_seconds
                 waiter.finish(reading, reached, at, queued=True)
@@ -206,6 +215,20 @@ class _Watch:
                 kept.append(waiter)
         self.waiters[:] = kept
 
+    def give_turns(self) -> None:
+        """Give every queued waiter its turn now: they leave the line."""
+        for waiter in [w for w in self.waiters if w.queued]:
+            self.waiters.remove(waiter)
+            self._wake(waiter)
+
+    def end(self, err: BaseException) -> None:
+        """End the line: every queued waiter has its turn at once, every waiting poll fails with ``err``."""
+        self.give_turns()
+        for waiter in self.waiters:
+            if not waiter.done.done():
+                waiter.done.set_exception(err)
+        self.waiters.clear()
+
     def _wake(self, waiter: _Waiter) -> None:
         """Call a queued ``waiter``'s ``wake`` in a task of its own; a failure is logged (its run's timer ends it)."""
         wake = waiter.wake
@@ -214,13 +237,16 @@ class _Watch:
         async def run() -> None:
             try:
                 await wake()
+            except TurnsRefused as err:
+                self.promises.pop(waiter.key, None)
+                self.watches.refused(err)
             except Exception as err:  # the replay ended, or its workflow is unreachable: its own timer ends the wait
                 self.promises.pop(waiter.key, None)
                 logger.warning("a queued replay's turn could not be given: %s", err, extra={"replay": waiter.key})
 
         task = asyncio.create_task(run())
-        self.wakes.add(task)
-        task.add_done_callback(self.wakes.discard)
+        self.watches.wakes.add(task)
+        task.add_done_callback(self.watches.wakes.discard)
 
 
 class BacklogWatches:
@@ -230,6 +256,33 @@ class BacklogWatches:
         self._watches: dict[_Measurement, _Watch] = {}
         self.readings = 0
         """Backlog readings taken so far, by every watch."""
+        self.queueing = True
+        """Whether polls may queue past their bound: False once closed, or once a turn was refused."""
+        self.refusal: TurnsRefused | None = None
+        """The first turn refused for good, if any."""
+        self.wakes: set[asyncio.Task[None]] = set()
+        """The turns being given now (a task each)."""
+
+    def refused(self, err: TurnsRefused) -> None:
+        """A turn was refused for good (``err``): no poll queues any more, the line is left; logged once."""
+        if self.refusal is None:
+            self.refusal = err
+            logger.error("queued replays cannot be given their turn; polls no longer queue on this worker: %s", err)
+        self.queueing = False
+        for watch in self._watches.values():  # none of them can be woken: their runs' timers end their waits
+            watch.waiters[:] = [w for w in watch.waiters if not w.queued]
+
+    async def close(self, seconds: float = CLOSE_SECONDS) -> None:
+        """Stop queueing and give every queued waiter its turn now; wait up to ``seconds`` for the turns to be given.
+
+        The process stops taking turns (its worker stops): polls still running end at their bound. Closing again
+        gives the turns still undelivered more time.
+        """
+        self.queueing = False
+        for watch in self._watches.values():
+            watch.give_turns()
+        if self.wakes:
+            await asyncio.wait(set(self.wakes), timeout=seconds)
 
     def polling(self) -> int:
         """How many polls are waiting now (queued waiters not counted)."""
@@ -289,8 +342,10 @@ class BacklogWatches:
                 watermark whatever the others do).
             replay: who polls (its workflow and run ID; "" none): a queued waiter of it leaves the line.
             queue_seconds: how long to stay queued once the poll reaches its bound (seconds, 0 <= q <=
-                ``MAX_QUEUE_SECONDS``; 0: never), if ``wake`` is given and other waiters share the watch.
-            wake: what gives a queued waiter its turn (the worker signals the replay's workflow).
+                ``MAX_QUEUE_SECONDS``; 0: never), if ``wake`` is given, other waiters share the watch and
+                ``queueing`` holds.
+            wake: what gives a queued waiter its turn (the worker signals the replay's workflow); it raises
+                ``TurnsRefused`` when no turn can ever be given.
 
         Raises:
             ValueError: an argument out of its bounds (or not finite).
@@ -317,7 +372,7 @@ class BacklogWatches:
         )
         watch = self._watches.get(key)
         if watch is None:
-            watch = self._watches[key] = _Watch(key, client)
+            watch = self._watches[key] = _Watch(key, client, self)
         now = time.monotonic()
         waiter = _Waiter(
             low_watermark=low_watermark,
@@ -328,7 +383,7 @@ class BacklogWatches:
             poll_seconds=poll_seconds,
             done=asyncio.get_running_loop().create_future(),
             key=replay,
-            queue_seconds=queue_seconds,
+            queue_seconds=queue_seconds if self.queueing else 0.0,
             wake=wake,
         )
         if replay:
@@ -346,13 +401,10 @@ class BacklogWatches:
 
     async def _run(self, watch: _Watch) -> None:
         try:
-            await watch.run(self)
+            await watch.run()
         finally:
             # ended by something other than a reading's fault (cancelled, or a fault of its own): no poll waits for
-            # a reading that will not come
-            for waiter in watch.waiters:
-                if not waiter.done.done():
-                    waiter.done.set_exception(RuntimeError("the backlog watch stopped; poll again"))
-            watch.waiters.clear()
+            # a reading that will not come, no queued waiter for a turn
+            watch.end(RuntimeError("the backlog watch stopped; poll again"))
             if self._watches.get(watch.measurement) is watch:
                 del self._watches[watch.measurement]
