@@ -32,7 +32,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from xmc_resumption.activities.resumption import ResumptionActivities
@@ -59,6 +59,7 @@ without it imports redis-py again inside the sandbox, which the SDK warns about.
 async def resumption_worker(client: Client, task_queue: str, redis_url: str) -> AsyncIterator[Worker]:
     """Run a worker with the workflow and its activities (its own Redis client) while in the block."""
     redis = Redis.from_url(redis_url, decode_responses=False)
+    mark = len(STARTED)
     try:
         async with Worker(
             client,
@@ -70,14 +71,42 @@ async def resumption_worker(client: Client, task_queue: str, redis_url: str) -> 
             yield worker
     finally:
         await redis.aclose()
+    await assert_runs_replay(client, [h for q, h in STARTED[mark:] if q == task_queue])
+
+
+STARTED: list[tuple[str, WorkflowHandle]] = []
+"""Every run ``start`` started in this process, with its task queue: ``resumption_worker`` replays them at its end."""
 
 
 async def start(client: Client, task_queue: str, **fields: object) -> WorkflowHandle:
     """Start ``ResumptionWorkflow`` with ``ResumptionInput(**fields)`` under the conventional ID."""
     inp = ResumptionInput.model_validate(fields)
-    return await client.start_workflow(
+    handle = await client.start_workflow(
         ResumptionWorkflow.run, inp, id=f"resumption-{inp.experiment_id}", task_queue=task_queue
     )
+    STARTED.append((task_queue, handle))
+    return handle
+
+
+async def assert_runs_replay(client: Client, handles: list[WorkflowHandle]) -> None:
+    """Every run of ``handles`` (each continue-as-new chain) replays on the current workflow code.
+
+    A run and its replay can differ where the workflow reads time or history length after a local activity that
+    completed with its workflow task (docs/development.md, "Temporal facts"): every test run is checked, not only
+    those a query of an evicted run would catch.
+    """
+    if not handles:
+        return
+    histories = [h for handle in handles for h in await chain_histories(client, handle)]
+
+    async def each() -> AsyncIterator[WorkflowHistory]:
+        for history in histories:
+            yield history
+
+    replayer = Replayer(workflows=[ResumptionWorkflow], data_converter=client.data_converter, workflow_runner=RUNNER)
+    async with replayer.workflow_replay_iterator(each()) as results:
+        failures = [f"{r.history.workflow_id}: {r.replay_failure}" async for r in results if r.replay_failure]
+    assert not failures, failures
 
 
 async def hold_tasks(redis: Redis, experiment_id: str, n: int, start: int = 0) -> list[bytes]:
