@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from redis.asyncio import Redis
-from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -55,10 +55,10 @@ def releases() -> list[Path]:
     return sorted(folders, key=lambda p: tuple(int(n) for n in p.name.split(".")))
 
 
-Scenario = Callable[[Redis, WorkflowHandle, str], Awaitable[None]]
+Scenario = Callable[[Redis, WorkflowHandle, str, Client], Awaitable[None]]
 
 
-async def completed(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def completed(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     await wait_for(handle, throttled)
     stop, seen = asyncio.Event(), []
     consumer = asyncio.create_task(consume(redis, "c1", stop, seen))
@@ -67,7 +67,7 @@ async def completed(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await consumer
 
 
-async def continued(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def continued(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """As ``completed``, with a consumer slow enough (20 tasks/s) that no turn moves the rest at once."""
     await wait_for(handle, throttled)
     stop, seen = asyncio.Event(), []
@@ -77,19 +77,19 @@ async def continued(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await consumer
 
 
-async def paused(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def paused(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     await wait_for(handle, throttled)
     await held.pause(redis, ExperimentKeys(STREAM, e))
     await handle.result()
 
 
-async def fenced(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def fenced(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     await wait_for(handle, throttled)
     await fencing.acquire_claim(redis, ExperimentKeys(STREAM, e), "operator", 60_000)
     await handle.result()
 
 
-async def waited_for_redis(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def waited_for_redis(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     await wait_for(handle, throttled)
     async with redis_outage(redis):
         await redis.xgroup_setid(STREAM, GROUP, "$")
@@ -97,7 +97,7 @@ async def waited_for_redis(redis: Redis, handle: WorkflowHandle, e: str) -> None
     await completed(redis, handle, e)
 
 
-async def controlled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def controlled(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """Raise the threshold by Update during the throttle wait (it wakes the timer), then a
     rejected one, then let the consumers drain."""
     await wait_for(handle, throttled)
@@ -107,14 +107,14 @@ async def controlled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await completed(redis, handle, e)
 
 
-async def stopped(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def stopped(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """The pause Update during the throttle wait."""
     await wait_for(handle, throttled)
     await handle.execute_update(ResumptionWorkflow.pause)
     await handle.result()
 
 
-async def waited_for_group(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def waited_for_group(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """The group deleted during the throttle wait (``missing_group: wait``): the replay waits in
     ``waiting_for_group`` until it is back, at ``$``, then completes."""
     await wait_for(handle, throttled)
@@ -124,7 +124,7 @@ async def waited_for_group(redis: Redis, handle: WorkflowHandle, e: str) -> None
     await completed(redis, handle, e)
 
 
-async def stalled_naming_consumers(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def stalled_naming_consumers(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """A consumer reads the backlog and never acknowledges: the replay stalls, names it (the idle
     consumers' read) and ends ``stalled`` at ``max_stall_seconds``."""
     await wait_for(handle, throttled)
@@ -132,7 +132,7 @@ async def stalled_naming_consumers(redis: Redis, handle: WorkflowHandle, e: str)
     await handle.result()
 
 
-async def rate_limited(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def rate_limited(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """A stream-wide cap of 3/s with an empty bucket, set during the throttle wait, above the
     replay's own cap of 2/s: the first publish after the wait is ``rate_limited`` by the script
     (nothing moves; a wait for the stream's bucket), later ones move 2 and wait for the replay's
@@ -145,7 +145,7 @@ async def rate_limited(redis: Redis, handle: WorkflowHandle, e: str) -> None:
     await completed(redis, handle, e)
 
 
-async def release_failed(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def release_failed(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """Redis refuses the worker; the pause Update ends the Redis wait, and the release fails in
     rounds (a durable wait between them) until the claim's lease lapses: ``release_error``."""
     await wait_for(handle, throttled)
@@ -155,7 +155,7 @@ async def release_failed(redis: Redis, handle: WorkflowHandle, e: str) -> None:
         await handle.result()
 
 
-async def stalled_on_memory(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def stalled_on_memory(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """The backlog drains during the throttle wait, but Redis's used memory is over the input's
     fraction: memory waits, counted against ``max_stall_seconds``, end the run ``stalled``."""
     await wait_for(handle, throttled)
@@ -167,7 +167,7 @@ async def stalled_on_memory(redis: Redis, handle: WorkflowHandle, e: str) -> Non
         await redis.config_set("maxmemory", "0")
 
 
-async def cancelled(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def cancelled(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     await wait_for(handle, throttled)
     await handle.cancel()
     with contextlib.suppress(WorkflowFailureError):
@@ -178,12 +178,11 @@ COMPANIONS, COMPANION_TASKS = 2, 3
 """Replays of other experiments that ``queued_for_turn`` runs beside the recorded one, and the tasks each holds."""
 
 
-async def queued_for_turn(redis: Redis, handle: WorkflowHandle, e: str) -> None:
+async def queued_for_turn(redis: Redis, handle: WorkflowHandle, e: str, client: Client) -> None:
     """Two replays of other experiments on the same worker and stream, with the same threshold, nobody consuming:
     the polls share one reading and reach their bound, and the run's poll returns ``queued``; it waits durably for
-    its turn, which the worker gives by signal ``xmc-turn`` once consumers drain (docs/pacing.md, "Many replays on
-    one worker"). The companions finish too; their histories are not kept."""
-    client = handle._client  # the SDK's handle keeps its client; WorkflowHandle has no public accessor
+    its turn, which the worker gives by signal ``xmc-turn`` once consumers drain
+    (docs/pacing.md, "Many replays on one worker"). The companions finish too; their histories are not kept."""
     queue = (await handle.describe()).task_queue
     others = []
     for i in range(COMPANIONS):
@@ -320,7 +319,7 @@ async def record(names: list[str]) -> None:
                         id=f"resumption-{e}",
                         task_queue=queue,
                     )
-                    await scenario(redis, handle, e)
+                    await scenario(redis, handle, e, env.client)
                 # the first run's history (a continue-as-new chain's later runs start from a carry)
                 first = env.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
                 history = await first.fetch_history()
