@@ -408,7 +408,9 @@ class ResumptionActivities:
         """
         _keys(req.ref)
         wake = _turn_giver(req.wait_id) if req.queue_seconds > 0 else None
-        if wake is not None and self._stopping is None:
+        if wake is not None and (self._stopping is None or self._stopping.done()):
+            if self._stopping is not None:  # the worker that closed the line stopped: this poll's worker is another
+                self.watches.reopen()
             self._stopping = asyncio.create_task(self._close_at_shutdown())
         async with _classified(self.redis, self.reach):
             return await self.watches.wait_for_drain(

@@ -306,7 +306,7 @@ async def test_closing_gives_every_queued_waiter_its_turn_and_ends_queueing(redi
     watches = BacklogWatches()
     running = [
         asyncio.create_task(
-            poll(watches, redis, 50, max_seconds=0.5, take=40, replay=n, queue_seconds=30.0, wake=line.wake(n))
+            poll(watches, redis, 50, max_seconds=5.0, take=40, replay=n, queue_seconds=30.0, wake=line.wake(n))
         )
         for n in "fg"
     ]
@@ -314,9 +314,22 @@ async def test_closing_gives_every_queued_waiter_its_turn_and_ends_queueing(redi
         if watches.polling() == 2:
             break
         await asyncio.sleep(0.01)
+    assert watches.polling() == 2  # both still polling (bound 5 s) when the line closes
     await watches.close()
     waits = await asyncio.gather(*running)
     assert [(w.queued, w.reached) for w in waits] == [(False, False)] * 2 and watches.queued() == 0
+
+
+async def test_a_closed_line_reopened_for_the_next_worker_queues_again(redis: Redis) -> None:
+    """``ResumptionActivities`` reused by a worker after one stopped (``reopen`` at its first poll); never after a
+    refused turn."""
+    watches, line = BacklogWatches(), Line()
+    await watches.close()
+    watches.reopen()
+    await queue_three(watches, redis, line)  # all three queue
+    watches.refusal = TurnsRefused("PERMISSION_DENIED")
+    watches.reopen()
+    assert not watches.queueing
 
 
 async def test_a_refused_turn_ends_queueing_and_is_logged_once(redis: Redis, caplog: pytest.LogCaptureFixture) -> None:
@@ -330,12 +343,12 @@ async def test_a_refused_turn_ends_queueing_and_is_logged_once(redis: Redis, cap
 
     for waiter in (x for w in watches._watches.values() for x in w.waiters):
         waiter.wake = refused
-    await drain_to(redis, 0)  # headroom 100: a and b have their turn, both refused
+    await drain_to(redis, 0)  # headroom 100: a (40), b (80 < 100) and c (promised 80 < 100) have their turn, refused
     for _ in range(500):
-        if not watches.queueing:
+        if watches.refusals >= 2:
             break
         await asyncio.sleep(0.01)
-    assert not watches.queueing and watches.queued() == 0 and line.woken == []
+    assert not watches.queueing and watches.queued() == 0 and line.woken == [] and watches.refusals >= 2
     for i in range(100):  # no headroom again
         await redis.xadd(STREAM, {"n": f"again{i}"})
     waits = await asyncio.gather(*(queued_poll(watches, redis, line, name, 40) for name in "de"))

@@ -268,8 +268,10 @@ class ResumptionPlugin(SimplePlugin):
         try:
             await next(worker)
         finally:
-            await activities.watches.close()  # its queued replays have their turns before the process ends
-            await redis.aclose()
+            try:
+                await activities.watches.close()  # its queued replays have their turns before the process ends
+            finally:
+                await redis.aclose()
 
     def _activities_on(self, worker: Worker) -> ResumptionActivities:
         """The activities this plugin registered on ``worker``; raises ``RuntimeError`` if gone."""

@@ -27,7 +27,7 @@ round trip later than a poll's. A replay's check, publish or release leaves its 
 A line that ends with waiters in it gives each its turn at once: a reading's fault, a watch that stops,
 and ``BacklogWatches.close`` (the worker stops) wake every queued waiter, whose replay then goes on at
 its next turn (which measures afresh) instead of sleeping out its queue time. A wake refused for good
-(``TurnsRefused``: the worker may not signal) ends queueing in that process: polls end at their bound.
+(``TurnsRefused``: the worker may not signal) ends queueing on that worker: polls end at their bound.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 
 class TurnsRefused(Exception):
-    """A ``wake`` that can never succeed in this process: the worker may not give turns (it lacks the permission)."""
+    """A ``wake`` that can never succeed on this worker: the worker may not give turns (it lacks the permission)."""
 
 
 @dataclass(frozen=True)
@@ -217,8 +217,9 @@ class _Watch:
 
     def give_turns(self) -> None:
         """Give every queued waiter its turn now: they leave the line."""
-        for waiter in [w for w in self.waiters if w.queued]:
-            self.waiters.remove(waiter)
+        queued = [w for w in self.waiters if w.queued]
+        self.waiters[:] = [w for w in self.waiters if not w.queued]
+        for waiter in queued:
             self._wake(waiter)
 
     def end(self, err: BaseException) -> None:
@@ -250,7 +251,7 @@ class _Watch:
 
 
 class BacklogWatches:
-    """Every drain poll of one process (a worker's activities hold one), sharing readings per measurement."""
+    """Every drain poll of one worker (its activities hold one), sharing readings per measurement."""
 
     def __init__(self) -> None:
         self._watches: dict[_Measurement, _Watch] = {}
@@ -260,29 +261,38 @@ class BacklogWatches:
         """Whether polls may queue past their bound: False once closed, or once a turn was refused."""
         self.refusal: TurnsRefused | None = None
         """The first turn refused for good, if any."""
+        self.refusals = 0
+        """Turns refused for good so far."""
         self.wakes: set[asyncio.Task[None]] = set()
         """The turns being given now (a task each)."""
 
     def refused(self, err: TurnsRefused) -> None:
         """A turn was refused for good (``err``): no poll queues any more, the line is left; logged once."""
+        self.refusals += 1
         if self.refusal is None:
             self.refusal = err
             logger.error("queued replays cannot be given their turn; polls no longer queue on this worker: %s", err)
-        self.queueing = False
-        for watch in self._watches.values():  # none of them can be woken: their runs' timers end their waits
-            watch.waiters[:] = [w for w in watch.waiters if not w.queued]
+            self.queueing = False
+            for watch in self._watches.values():  # none of them can be woken: their runs' timers end their waits
+                watch.waiters[:] = [w for w in watch.waiters if not w.queued]
 
     async def close(self, seconds: float = CLOSE_SECONDS) -> None:
         """Stop queueing and give every queued waiter its turn now; wait up to ``seconds`` for the turns to be given.
 
-        The process stops taking turns (its worker stops): polls still running end at their bound. Closing again
-        gives the turns still undelivered more time.
+        The worker stops taking turns (it stops): polls still running end at their bound. A turn not delivered by
+        then is given up (its run's durable wait ends it). ``reopen`` lets the next worker on these watches queue.
         """
         self.queueing = False
         for watch in self._watches.values():
             watch.give_turns()
         if self.wakes:
-            await asyncio.wait(set(self.wakes), timeout=seconds)
+            _, late = await asyncio.wait(set(self.wakes), timeout=seconds)
+            for task in late:
+                task.cancel()
+
+    def reopen(self) -> None:
+        """A new worker polls after ``close``: polls may queue again (unless a turn was refused for good)."""
+        self.queueing = self.refusal is None
 
     def polling(self) -> int:
         """How many polls are waiting now (queued waiters not counted)."""
