@@ -34,9 +34,10 @@ async def test_one_reading_serves_every_poll_of_a_measurement(redis: Redis) -> N
     waits = await asyncio.gather(*(poll(watches, redis, 10, max_seconds=0.3, poll_seconds=0.02) for _ in range(20)))
     elapsed = time.monotonic() - started
     assert all(not w.reached and w.reading.backlog == 80 and w.seconds >= 0.3 for w in waits)
-    # every poll saw every reading; twenty polls on their own would have taken twenty times as many. At most one
-    # reading per poll period (a slow machine makes fewer, never more)
-    assert {w.polls for w in waits} == {watches.readings}
+    # the polls shared the readings: the first saw every one (under load a later poll may join a reading late: a CI
+    # run saw 14 and 15 of 15), and there was at most one a poll period, where twenty polls on their own would have
+    # taken twenty times as many (a slow machine makes fewer, never more)
+    assert max(w.polls for w in waits) == watches.readings
     assert 1 <= watches.readings <= elapsed / 0.02 + 3
     assert watches.polling() == 0
 
