@@ -86,7 +86,7 @@ async def test_a_pause_during_an_outage_says_the_claim_was_not_released(
     assert state is ExperimentState.RESUMING
     assert claim == {} and fence is not None and int(fence) == result.token
     # two rounds (the lease lapsed during the second): the first round's tries, a durable wait, the
-    # second round's (a local attempt's fault retries as a regular activity: its backoff is the server's)
+    # second round's; the call's own backoff past the task budget is on durable timers too
     calls = await redis_calls(handle)
     assert [k for k, _ in calls][-1] == "release_claim" and MAX_RELEASE_ROUNDS > 2
     again = [r for r in caplog.records if r.msg.startswith("claim not released yet; trying again")]

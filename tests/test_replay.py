@@ -75,7 +75,7 @@ def test_recorded_history_ends_as_its_name_says(path: Path) -> None:
         result = json.loads(last.workflow_execution_completed_event_attributes.result.payloads[0].data)
         moved = HELD if outcome == "completed" else 0
         assert (result["outcome"], result["replayed"], result["remaining"]) == (outcome, moved, HELD - moved)
-    # the workflow's own timers (a local activity's retry backoff past the task budget was a timer
+    # the workflow's own timers (a local activity's retry backoff past the task budget is a timer
     # of the SDK's, without a summary: workflows/calls.py)
     timers = [
         json.loads(e.user_metadata.summary.data)

@@ -247,8 +247,7 @@ async def call(
 
     A regular activity when the call (up to ``longest`` seconds) would pass the task's budget (``TaskClock``), or
     ``HandOff`` says so. A local call moves the clock on by ``took(result)`` (its own measure of its seconds), else
-    ``LOCAL_CALL_SECONDS``; a regular one syncs it. A local call is one attempt: a fault that retrying may mend runs
-    the call again as a regular activity under ``retry_policy`` (a connection fault under ``handed_on_retry``).
+    ``LOCAL_CALL_SECONDS``; a regular one syncs it.
 
     Raises:
         asyncio.CancelledError: the workflow was cancelled while the call ran or retried (never a Redis fault).
@@ -268,22 +267,22 @@ async def call(
         first = dataclasses.replace(retry_policy, non_retryable_error_types=faults)
     try:
         try:
-            if local:  # one attempt: a retry's backoff would pass unseen by the clock (``TaskClock``)
-                once = dataclasses.replace(first, maximum_attempts=1)
-                raw = await workflow.execute_local_activity(activity.__name__, arg, retry_policy=once, **options)
+            if local:
+                threshold = timedelta(seconds=TASK_BUDGET_SECONDS)
+                raw = await workflow.execute_local_activity(
+                    activity.__name__, arg, retry_policy=first, local_retry_threshold=threshold, **options
+                )
             else:
                 raw = await workflow.execute_activity(activity.__name__, arg, retry_policy=first, **options)
         except FAILED_CALL as err:
-            if handed or is_cancelled_exception(err) or permanent(err) or not (local or connection_fault(err)):
+            if handed or is_cancelled_exception(err) or not connection_fault(err):
                 raise
-            budget.charge(0.0) if local else budget.sync()
-            if connection_fault(err):
-                hand_off.fault(err, budget.now())
-                again = handed_on_retry(retry_policy)
-            else:  # a local attempt's fault that retrying may mend: its retries go to the task queue
-                again = retry_policy
+            budget.charge(0.0)
+            hand_off.fault(err, budget.now())
             local = False
-            raw = await workflow.execute_activity(activity.__name__, arg, retry_policy=again, **options)
+            raw = await workflow.execute_activity(
+                activity.__name__, arg, retry_policy=handed_on_retry(retry_policy), **options
+            )
     except FAILED_CALL as err:
         budget.charge(0.0) if local else budget.sync()
         if is_cancelled_exception(err):
