@@ -277,7 +277,7 @@ async def call(
         except FAILED_CALL as err:
             if handed or is_cancelled_exception(err) or not connection_fault(err):
                 raise
-            budget.charge(0.0)
+            budget.charge(0.0) if local else budget.sync()
             hand_off.fault(err, budget.now())
             local = False
             raw = await workflow.execute_activity(

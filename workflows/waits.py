@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -115,22 +116,24 @@ class Waits:
             inp.redis_retry_seconds,
             extra={"experiment_id": inp.experiment_id, "error": p.last_error},
         )
-        if not state.stopping:  # (a pause accepted while the call retried: no wait, so no sync right after a call)
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: state.stopping,
-                    timeout=inp.redis_retry_seconds,
-                    timeout_summary=f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s",
-                )
-            waited()
+        summary = f"Redis unavailable: retrying in {inp.redis_retry_seconds:g}s"
+        await self._until(lambda: state.stopping, inp.redis_retry_seconds, summary)
         state.stall.restart(clock_now())
 
     async def _timer(self, seconds: float, summary: str) -> None:
         """A durable timer of ``seconds`` that an accepted Update ends early (none at all after one this turn)."""
-        if self._state.wake:
+        await self._until(lambda: self._state.wake, seconds, summary)
+
+    @staticmethod
+    async def _until(done: Callable[[], bool], seconds: float, summary: str) -> None:
+        """A durable wait of ``seconds`` that ``done`` ends early, then the ``TaskClock`` syncs.
+
+        None when ``done`` already: nothing waited on the server, so the clock is not synced right after a local call.
+        """
+        if done():
             return
         with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(lambda: self._state.wake, timeout=seconds, timeout_summary=summary)
+            await workflow.wait_condition(done, timeout=seconds, timeout_summary=summary)
         waited()
 
     async def _poll(self, plan: WaitPlan, reason: str) -> None:
@@ -153,13 +156,8 @@ class Waits:
             p = state.progress
             p.wait_plan = f"{p.wait_plan}; then queued up to {queue:g}s for its turn of the headroom"
             p.throttled_until = clock_now() + timedelta(seconds=queue)
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: state.turn or state.wake,
-                    timeout=queue,
-                    timeout_summary=f"queued up to {queue:g}s for a turn of the headroom: {reason}",
-                )
-            waited()
+            summary = f"queued up to {queue:g}s for a turn of the headroom: {reason}"
+            await self._until(lambda: state.turn or state.wake, queue, summary)
             p.throttled_until = None
 
     async def _drain(
